@@ -1,0 +1,19 @@
+"""Privacy accounting for DP-SGD, DP-FEST, DP-AdaFEST and DP-AdaFEST+."""
+
+from sparse_dp.accounting.accountant import (AccountantKind, PrivacyAccountant,
+                                             gaussian_steps_event)
+from sparse_dp.accounting.algorithms import (Algorithm, effective_noise_multiplier,
+                                             split_noise_multiplier)
+from sparse_dp.accounting.calibration import (UnreachableTargetError, calibrate,
+                                              calibrate_noise_multiplier)
+from sparse_dp.accounting.report import PrivacyReport
+from sparse_dp.accounting.schedule import BatchPhase, BatchSchedule, steps_for_epochs
+from sparse_dp.accounting.selection import TopKSelectionCost
+from sparse_dp.accounting.spec import PrivacySpec
+
+__all__ = [
+    "AccountantKind", "Algorithm", "BatchPhase", "BatchSchedule", "PrivacyAccountant",
+    "PrivacyReport", "PrivacySpec", "TopKSelectionCost", "UnreachableTargetError",
+    "calibrate", "calibrate_noise_multiplier", "effective_noise_multiplier",
+    "gaussian_steps_event", "split_noise_multiplier", "steps_for_epochs",
+]

@@ -1,0 +1,78 @@
+"""The training algorithms sparse-dp offers and the noise each one adds.
+
+DP-SGD (Abadi et al.) adds Gaussian noise of std ``sigma * C`` to every gradient
+coordinate. DP-FEST (core paper §3.1) first keeps the top-k buckets of each
+feature (pure DP, ``epsilon1``), then runs DP-SGD on them. DP-AdaFEST (§3.2,
+Algorithm 1) adds two Gaussian mechanisms per step: noise ``sigma1 * C1`` on the
+contribution map and ``sigma2 * C2`` on the selected gradient rows. DP-AdaFEST+
+(§4.2) is DP-FEST's preselection followed by DP-AdaFEST.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+
+class Algorithm(str, enum.Enum):
+  """A training algorithm, by the name used on the command line."""
+
+  NONE = "none"
+  DPSGD = "dpsgd"
+  FEST = "fest"
+  ADAFEST = "adafest"
+  ADAFEST_PLUS = "adafest+"
+
+  @property
+  def is_private(self) -> bool:
+    return self is not Algorithm.NONE
+
+  @property
+  def uses_top_k_selection(self) -> bool:
+    """Whether the algorithm pays for a DP top-k bucket preselection."""
+    return self in (Algorithm.FEST, Algorithm.ADAFEST_PLUS)
+
+  @property
+  def uses_contribution_map(self) -> bool:
+    """Whether each step adds the noisy contribution map of Algorithm 1."""
+    return self in (Algorithm.ADAFEST, Algorithm.ADAFEST_PLUS)
+
+  @classmethod
+  def parse(cls, name: str) -> "Algorithm":
+    try:
+      return cls(name)
+    except ValueError:
+      choices = ", ".join(a.value for a in cls)
+      raise ValueError(
+          f"unknown algorithm {name!r}; choose one of: {choices}") from None
+
+
+def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
+  """Noise multiplier of one Gaussian equivalent to DP-AdaFEST's two.
+
+  Composing Gaussian mechanisms with noise multipliers ``sigma1`` (contribution
+  map) and ``sigma2`` (gradient) is exactly one Gaussian mechanism with
+  ``sigma = (sigma1**-2 + sigma2**-2) ** -1/2`` (Dong, Roth, Su, Cor. 3.3; core
+  paper §3.3; App. C.4 prints the exponent as -2, a typo).
+  """
+  check_positive("sigma1", sigma1)
+  check_positive("sigma2", sigma2)
+  return (sigma1 ** -2 + sigma2 ** -2) ** -0.5
+
+
+def split_noise_multiplier(sigma: float, ratio: float) -> tuple[float, float]:
+  """Inverse of :func:`effective_noise_multiplier` at ``ratio = sigma1/sigma2``.
+
+  From ``sigma**-2 = sigma2**-2 * (ratio**-2 + 1)``:
+  ``sigma2 = sigma * sqrt(1 + ratio**-2)`` and ``sigma1 = ratio * sigma2``.
+  """
+  check_positive("sigma", sigma)
+  check_positive("sigma ratio (sigma1/sigma2)", ratio)
+  sigma2 = sigma * math.sqrt(1.0 + ratio ** -2)
+  return ratio * sigma2, sigma2
+
+
+def check_positive(name: str, value: float) -> None:
+  """Raises ValueError unless ``value`` is a finite number > 0."""
+  if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -1,0 +1,93 @@
+"""Smallest noise that meets a target (epsilon, delta).
+
+Wraps ``dp_accounting.calibrate_dp_mechanism`` (Brent's method on the noise
+multiplier, whose result is guaranteed to be within budget) with a bracket
+found by doubling, so that unreachable targets fail with a clear message.
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+
+from sparse_dp.accounting.accountant import AccountantKind, PrivacyAccountant
+from sparse_dp.accounting.algorithms import (Algorithm, check_positive,
+                                             split_noise_multiplier)
+from sparse_dp.accounting.schedule import BatchSchedule
+from sparse_dp.accounting.spec import PrivacySpec
+
+# Noise multipliers outside this range are not searched: below it the PLD
+# discretisation is meaningless, above it training learns nothing.
+MIN_NOISE_MULTIPLIER = 0.05
+MAX_NOISE_MULTIPLIER = 1e4
+_RELATIVE_TOLERANCE = 1e-5
+
+
+class UnreachableTargetError(ValueError):
+  """No noise multiplier in the searched range meets the target."""
+
+
+def calibrate_noise_multiplier(target_epsilon: float, delta: float,
+                               schedule: BatchSchedule,
+                               kind: "str | AccountantKind" = "pld") -> float:
+  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target."""
+  check_positive("target epsilon", target_epsilon)
+  kind = AccountantKind.parse(kind)
+
+  def epsilon_of(sigma: float) -> float:
+    return PrivacyAccountant(kind).step_schedule(
+        sigma, schedule).get_training_epsilon(delta)
+
+  if schedule.total_steps == 0:
+    raise UnreachableTargetError("the schedule has no steps: there is nothing to calibrate")
+  low, high = 1.0, 1.0
+  if epsilon_of(1.0) > target_epsilon:
+    while epsilon_of(high) > target_epsilon:
+      low, high = high, high * 2
+      if high > MAX_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target_epsilon:g} at delta {delta:g} needs a noise "
+            f"multiplier above {MAX_NOISE_MULTIPLIER:g}: use fewer steps, a "
+            "smaller sampling rate or a larger target epsilon")
+  else:
+    while epsilon_of(low) <= target_epsilon:
+      low, high = low / 2, low
+      if low < MIN_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target_epsilon:g} at delta {delta:g} is met even with a "
+            f"noise multiplier below {MIN_NOISE_MULTIPLIER:g}; such a target "
+            "protects nothing: choose a smaller target epsilon")
+  return dp_accounting.calibrate_dp_mechanism(
+      make_fresh_accountant=kind.new,
+      make_event_from_param=lambda sigma: PrivacyAccountant(kind).step_schedule(
+          sigma, schedule).training_event(),
+      target_epsilon=target_epsilon,
+      target_delta=delta,
+      bracket_interval=dp_accounting.ExplicitBracketInterval(low, high),
+      tol=_RELATIVE_TOLERANCE * low)
+
+
+def calibrate(algorithm: "str | Algorithm", target_epsilon: float, delta: float,
+              schedule: BatchSchedule, kind: "str | AccountantKind" = "pld", *,
+              sigma_ratio: float = 5.0, selection_epsilon: float = 0.0) -> PrivacySpec:
+  """The spec of ``algorithm`` with the least noise meeting ``target_epsilon``.
+
+  DP-FEST and DP-AdaFEST+ first deduct ``selection_epsilon`` from the target
+  (App. C.3); DP-AdaFEST keeps ``sigma1 / sigma2 = sigma_ratio``.
+  """
+  algorithm = Algorithm.parse(algorithm)
+  check_positive("target epsilon", target_epsilon)
+  training_target = target_epsilon
+  if algorithm.uses_top_k_selection:
+    check_positive("top-k selection epsilon (epsilon1)", selection_epsilon)
+    training_target = target_epsilon - selection_epsilon
+    if training_target <= 0:
+      raise UnreachableTargetError(
+          f"target epsilon {target_epsilon:g} leaves nothing for training after "
+          f"the top-k selection's epsilon1 = {selection_epsilon:g}; lower epsilon1 "
+          "or raise the target")
+  sigma = calibrate_noise_multiplier(training_target, delta, schedule, kind)
+  noise = {"noise_multiplier": sigma}
+  if algorithm.uses_contribution_map:
+    noise = dict(zip(("sigma1", "sigma2"), split_noise_multiplier(sigma, sigma_ratio)))
+  return PrivacySpec(algorithm=algorithm, schedule=schedule,
+                     selection_epsilon=selection_epsilon, **noise)

@@ -1,0 +1,107 @@
+"""A privacy report: the numbers a run spent and a statement of what they mean."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+from sparse_dp.accounting.algorithms import Algorithm
+from sparse_dp.accounting.spec import PrivacySpec
+
+_NAMES = {
+    Algorithm.DPSGD: "DP-SGD",
+    Algorithm.FEST: "DP-FEST",
+    Algorithm.ADAFEST: "DP-AdaFEST",
+    Algorithm.ADAFEST_PLUS: "DP-AdaFEST+",
+}
+
+POISSON_CAVEAT = (
+    "This epsilon assumes Poisson sampling: each example joins each batch "
+    "independently with probability q (core paper §3.3). Batches cut from a "
+    "shuffled dataset at a fixed size, as most input pipelines make them, are "
+    "not covered by this proof; use sparse-dp's Poisson sampling for a proved "
+    "guarantee.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyReport:
+  """Epsilon of a :class:`PrivacySpec` at ``delta``, with its breakdown."""
+
+  spec: PrivacySpec
+  epsilon: float
+  delta: float
+  training_epsilon: float
+  accountant: str
+  num_examples: Optional[int] = None
+  poisson_sampling: bool = True
+
+  @classmethod
+  def compute(cls, spec: PrivacySpec, delta: float, accountant: str = "pld", *,
+              num_examples: Optional[int] = None,
+              poisson_sampling: bool = True) -> "PrivacyReport":
+    ledger = spec.accountant(accountant)
+    return cls(spec=spec, epsilon=ledger.get_epsilon(delta), delta=delta,
+               training_epsilon=ledger.get_training_epsilon(delta),
+               accountant=ledger.kind.value, num_examples=num_examples,
+               poisson_sampling=poisson_sampling)
+
+  def to_dict(self) -> dict[str, Any]:
+    spec = self.spec
+    rates = spec.schedule.sampling_rates
+    out: dict[str, Any] = {
+        "algorithm": spec.algorithm.value,
+        "epsilon": self.epsilon,
+        "delta": self.delta,
+        "steps": spec.schedule.total_steps,
+        "sampling_rate": rates[0] if len(rates) == 1 else list(rates),
+        "accountant": self.accountant,
+        "training_epsilon": self.training_epsilon,
+        "poisson_sampling": self.poisson_sampling,
+    }
+    if self.num_examples is not None:
+      out["num_examples"] = self.num_examples
+    if spec.algorithm.uses_contribution_map:
+      out.update(sigma1=spec.sigma1, sigma2=spec.sigma2,
+                 effective_noise_multiplier=spec.training_noise_multiplier)
+    else:
+      out["noise_multiplier"] = spec.noise_multiplier
+    if spec.algorithm.uses_top_k_selection:
+      out["selection_epsilon"] = spec.selection_epsilon
+    return out
+
+  def statement(self) -> str:
+    """A readable account, in the manner of TF Privacy's privacy statement."""
+    spec = self.spec
+    steps = spec.schedule.total_steps
+    lines = [f"{_NAMES[spec.algorithm]} with {self.accountant.upper()} accounting."]
+    for phase in spec.schedule.phases:
+      size = ""
+      if self.num_examples:
+        batch = phase.sampling_rate * self.num_examples
+        size = (f" (expected batch size {batch:,.0f} of {self.num_examples:,} "
+                f"examples, {phase.steps * phase.sampling_rate:.3g} epochs)")
+      lines.append(f"  {phase.steps:,} steps at sampling rate q = "
+                   f"{phase.sampling_rate:.6g}{size}")
+    if spec.algorithm.uses_contribution_map:
+      lines.append(
+          f"  Noise: sigma1 = {spec.sigma1:.6g} on the contribution map, sigma2 = "
+          f"{spec.sigma2:.6g} on the selected gradient rows; each step is one "
+          f"Gaussian mechanism with noise multiplier {spec.training_noise_multiplier:.6g}.")
+    else:
+      lines.append(f"  Noise multiplier: {spec.noise_multiplier:.6g}.")
+    if spec.algorithm.uses_top_k_selection:
+      lines.append(
+          f"  Top-k bucket preselection: epsilon1 = {spec.selection_epsilon:.6g} "
+          f"(pure DP), added by basic composition to the training epsilon "
+          f"{self.training_epsilon:.6g}.")
+    lines.append(
+        f"The run of {steps:,} steps satisfies ({_fmt(self.epsilon)}, "
+        f"{self.delta:.3g})-DP for adding or removing one example.")
+    lines.append(POISSON_CAVEAT if self.poisson_sampling else
+                 "WARNING: batches were NOT Poisson-sampled; " + POISSON_CAVEAT)
+    return "\n".join(lines)
+
+
+def _fmt(epsilon: float) -> str:
+  return "inf" if math.isinf(epsilon) else f"{epsilon:.4g}"

@@ -1,0 +1,38 @@
+"""The ``sparse-dp`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from sparse_dp.cli import privacy
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+  """Reports a bad flag in one line and exits 2."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = _OneLineErrorParser(
+      prog="sparse-dp",
+      description="Differentially private training of large embedding models "
+                  "without destroying gradient sparsity.")
+  commands = parser.add_subparsers(dest="command", required=True,
+                                   parser_class=_OneLineErrorParser)
+  privacy.add_parser(commands)
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    return args.run(args)
+  except ValueError as error:  # bad input: one line naming it, never a traceback
+    print(f"sparse-dp {args.command}: error: {error}", file=sys.stderr)
+    return 2
+
