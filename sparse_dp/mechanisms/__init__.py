@@ -1,0 +1,23 @@
+"""The sparse DP mechanisms of DP-FEST and DP-AdaFEST, as TensorFlow functions.
+
+All are usable inside ``tf.function`` and take explicit ``[2]``-shaped seeds
+(stateless random ops), so a step's noise is reproducible from its seed.
+"""
+
+from sparse_dp.mechanisms.activations import Activations, activations
+from sparse_dp.mechanisms.contribution_map import (ContributionMap,
+                                                   contribution_clip_weights,
+                                                   contribution_maps)
+from sparse_dp.mechanisms.remapping import BucketRemapping
+from sparse_dp.mechanisms.row_noise import add_row_sparse_noise
+from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
+                                                false_positive_probability,
+                                                sample_zero_rows, select_rows)
+from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
+
+__all__ = [
+    "Activations", "BucketRemapping", "ContributionMap", "RowSelection", "activations",
+    "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
+    "contribution_clip_weights", "contribution_maps", "dp_top_k",
+    "false_positive_probability", "public_top_k", "sample_zero_rows", "select_rows",
+]

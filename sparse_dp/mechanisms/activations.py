@@ -1,0 +1,52 @@
+"""Which (example, row) pairs a batch of categorical ids activates.
+
+Ids of one feature come as a dense ``[B]`` or ``[B, L]`` int tensor, a
+``tf.RaggedTensor`` ``[B, None]``, or a ``tf.SparseTensor`` ``[B, L]``. Each is
+reduced to the distinct pairs ``(example, row)``: an id repeated within one
+example activates its row once (``../shared/NOTES.md`` §2).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+import tensorflow as tf
+
+Ids = Union[tf.Tensor, tf.RaggedTensor, tf.SparseTensor]
+
+
+class Activations(NamedTuple):
+  """Distinct activated pairs of one table: ``example[i]`` activates ``row[i]``."""
+
+  example: tf.Tensor  # int64 [n], in [0, batch_size)
+  row: tf.Tensor  # int64 [n]
+  batch_size: tf.Tensor  # int64 scalar
+
+
+def activations(ids: Ids) -> Activations:
+  """Distinct ``(example, row)`` pairs of ``ids``, for any supported id layout."""
+  if isinstance(ids, tf.RaggedTensor):
+    if ids.ragged_rank != 1:
+      raise ValueError(f"ragged ids must have shape [batch, None], got ragged rank {ids.ragged_rank}")
+    example, row, batch = ids.value_rowids(), ids.flat_values, ids.nrows()
+  elif isinstance(ids, tf.SparseTensor):
+    example, row, batch = ids.indices[:, 0], ids.values, ids.dense_shape[0]
+  else:
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank not in (1, 2):
+      raise ValueError(f"dense ids must have shape [batch] or [batch, L], got {ids.shape}")
+    batch = tf.shape(ids, out_type=tf.int64)[0]
+    if ids.shape.rank == 1:
+      example, row = tf.range(batch), ids
+    else:
+      width = tf.shape(ids, out_type=tf.int64)[1]
+      example = tf.repeat(tf.range(batch), width)
+      row = tf.reshape(ids, [-1])
+  example = tf.cast(example, tf.int64)
+  row = tf.cast(row, tf.int64)
+  batch = tf.cast(batch, tf.int64)
+  tf.debugging.assert_non_negative(row, message="categorical ids must be >= 0")
+  # One key per pair; rows below 2**63 / batch_size cannot collide.
+  keys, _ = tf.unique(row * tf.maximum(batch, 1) + example)
+  batch_or_one = tf.maximum(batch, 1)
+  return Activations(keys % batch_or_one, keys // batch_or_one, batch)

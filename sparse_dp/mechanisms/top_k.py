@@ -1,0 +1,57 @@
+"""DP-FEST's bucket preselection (core paper §3.1, App. B.1, Algorithm 2).
+
+``dp_top_k`` adds Gumbel noise of scale ``b = k / epsilon`` to each bucket's
+count of distinct examples and keeps the ``k`` largest: ``epsilon``-DP (see
+:mod:`sparse_dp.accounting.selection` for why the scale is ``k / epsilon``, not
+the paper's ``1 / epsilon``). ``public_top_k`` keeps the ``k`` most frequent
+buckets of counts that are public (e.g. from a public corpus) at no privacy
+cost.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms.activations import Ids, activations
+
+
+def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
+  """Number of distinct examples that activate each bucket: float32 ``[vocabulary_size]``.
+
+  An example counts once per bucket however often it repeats the id, so one
+  example moves each count by at most 1 (the sensitivity ``dp_top_k`` assumes).
+  """
+  rows = activations(ids).row
+  tf.debugging.assert_less(rows, tf.cast(vocabulary_size, tf.int64),
+                           message="bucket id outside the vocabulary")
+  return tf.math.unsorted_segment_sum(tf.ones_like(rows, tf.float32), rows, vocabulary_size)
+
+
+def dp_top_k(counts: tf.Tensor, k: int, epsilon: float, seed: tf.Tensor) -> tf.Tensor:
+  """``k`` buckets chosen ``epsilon``-DP by one-shot Gumbel top-k; sorted int64 ids.
+
+  ``counts`` has shape ``[..., vocabulary_size]``; leading axes are independent
+  selections (each costs ``epsilon``).
+  """
+  check_positive("top-k epsilon", epsilon)
+  counts = tf.convert_to_tensor(counts, tf.float32)
+  uniform = tf.random.stateless_uniform(tf.shape(counts), seed, minval=1e-30, maxval=1.0)
+  gumbel = -tf.math.log(-tf.math.log(uniform)) * (_check_k(k, counts) / epsilon)
+  return public_top_k(counts + gumbel, k)
+
+
+def public_top_k(counts: tf.Tensor, k: int) -> tf.Tensor:
+  """The ``k`` largest of ``counts`` along the last axis; sorted int64 ids."""
+  counts = tf.convert_to_tensor(counts)
+  _, top = tf.math.top_k(counts, k=_check_k(k, counts), sorted=False)
+  return tf.sort(tf.cast(top, tf.int64))
+
+
+def _check_k(k: int, counts: tf.Tensor) -> int:
+  if not isinstance(k, int) or k < 1:
+    raise ValueError(f"k must be an integer >= 1, got {k!r}")
+  size = counts.shape[-1]
+  if size is not None and k > size:
+    raise ValueError(f"k = {k} exceeds the vocabulary of {size} buckets")
+  return k
