@@ -32,10 +32,15 @@ class AccountantKind(str, enum.Enum):
     except ValueError:
       raise ValueError(f"unknown accountant {name!r}; choose 'pld' or 'rdp'") from None
 
-  def new(self) -> dp_accounting.PrivacyAccountant:
-    """A fresh, empty ``dp_accounting`` accountant of this kind."""
+  def new(self, coarse: bool = False) -> dp_accounting.PrivacyAccountant:
+    """A fresh, empty ``dp_accounting`` accountant of this kind.
+
+    ``coarse`` PLD discretises privacy losses on a 10x coarser grid (1e-3 vs
+    dp_accounting's 1e-4): pessimistic rounding onto a coarser grid that
+    contains the fine one, so its epsilon is an upper bound, found ~10x faster.
+    """
     if self is AccountantKind.PLD:
-      return dp_pld.PLDAccountant()
+      return dp_pld.PLDAccountant(value_discretization_interval=1e-3 if coarse else 1e-4)
     return dp_rdp.RdpAccountant()
 
 

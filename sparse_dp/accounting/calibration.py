@@ -19,7 +19,9 @@ from sparse_dp.accounting.spec import PrivacySpec
 # discretisation is meaningless, above it training learns nothing.
 MIN_NOISE_MULTIPLIER = 0.05
 MAX_NOISE_MULTIPLIER = 1e4
-_RELATIVE_TOLERANCE = 1e-5
+_RELATIVE_TOLERANCE = 1e-4
+# How far under the target the exact epsilon of the result may fall.
+_EPSILON_SLACK = 0.005
 
 
 class UnreachableTargetError(ValueError):
@@ -29,41 +31,64 @@ class UnreachableTargetError(ValueError):
 def calibrate_noise_multiplier(target_epsilon: float, delta: float,
                                schedule: BatchSchedule,
                                kind: "str | AccountantKind" = "pld") -> float:
-  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target."""
+  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target.
+
+  A search on the coarse (pessimistic, fast) accountant finds a multiplier that
+  meets the target. If the exact accountant puts it more than 0.5% under the
+  target, a search on the exact accountant narrows it down from there. Either
+  way the result meets the target exactly and comes within 0.5% of it.
+  """
   check_positive("target epsilon", target_epsilon)
   kind = AccountantKind.parse(kind)
-
-  def epsilon_of(sigma: float) -> float:
-    return PrivacyAccountant(kind).step_schedule(
-        sigma, schedule).get_training_epsilon(delta)
-
   if schedule.total_steps == 0:
     raise UnreachableTargetError("the schedule has no steps: there is nothing to calibrate")
-  low, high = 1.0, 1.0
-  if epsilon_of(1.0) > target_epsilon:
-    while epsilon_of(high) > target_epsilon:
-      low, high = high, high * 2
+
+  def event(sigma: float):
+    return PrivacyAccountant(kind).step_schedule(sigma, schedule).training_event()
+
+  def epsilon(sigma: float, coarse: bool) -> float:
+    return kind.new(coarse).compose(event(sigma)).get_epsilon(delta)
+
+  def solve(start: float, factor: float, coarse: bool) -> float:
+    low, high = _bracket(lambda sigma: epsilon(sigma, coarse), target_epsilon, delta,
+                         start, factor)
+    return dp_accounting.calibrate_dp_mechanism(
+        make_fresh_accountant=lambda: kind.new(coarse), make_event_from_param=event,
+        target_epsilon=target_epsilon, target_delta=delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(low, high),
+        tol=_RELATIVE_TOLERANCE * low)
+
+  sigma = solve(1.0, 2.0, coarse=True)
+  if kind is AccountantKind.RDP or epsilon(sigma, False) >= (1 - _EPSILON_SLACK) * target_epsilon:
+    return sigma
+  return solve(sigma, 1.02, coarse=False)
+
+
+def _bracket(epsilon, target: float, delta: float, start: float,
+             factor: float) -> tuple[float, float]:
+  """``(low, high)`` with ``epsilon(low) > target >= epsilon(high)``, stepping by ``factor``."""
+  low = high = start
+  if epsilon(start) > target:
+    while True:
+      low, high = high, high * factor
+      if epsilon(high) <= target:
+        break
       if high > MAX_NOISE_MULTIPLIER:
         raise UnreachableTargetError(
-            f"epsilon {target_epsilon:g} at delta {delta:g} needs a noise "
-            f"multiplier above {MAX_NOISE_MULTIPLIER:g}: use fewer steps, a "
-            "smaller sampling rate or a larger target epsilon")
+            f"epsilon {target:g} at delta {delta:g} needs a noise multiplier above "
+            f"{MAX_NOISE_MULTIPLIER:g}: use fewer steps, a smaller sampling rate "
+            "or a larger target epsilon")
   else:
-    while epsilon_of(low) <= target_epsilon:
-      low, high = low / 2, low
+    while True:
+      low, high = low / factor, low
+      if epsilon(low) > target:
+        break
       if low < MIN_NOISE_MULTIPLIER:
         raise UnreachableTargetError(
-            f"epsilon {target_epsilon:g} at delta {delta:g} is met even with a "
-            f"noise multiplier below {MIN_NOISE_MULTIPLIER:g}; such a target "
-            "protects nothing: choose a smaller target epsilon")
-  return dp_accounting.calibrate_dp_mechanism(
-      make_fresh_accountant=kind.new,
-      make_event_from_param=lambda sigma: PrivacyAccountant(kind).step_schedule(
-          sigma, schedule).training_event(),
-      target_epsilon=target_epsilon,
-      target_delta=delta,
-      bracket_interval=dp_accounting.ExplicitBracketInterval(low, high),
-      tol=_RELATIVE_TOLERANCE * low)
+            f"epsilon {target:g} at delta {delta:g} is met even with a noise "
+            f"multiplier below {MIN_NOISE_MULTIPLIER:g}; such a target protects "
+            "nothing: choose a smaller target epsilon")
+  return low, high
 
 
 def calibrate(algorithm: "str | Algorithm", target_epsilon: float, delta: float,

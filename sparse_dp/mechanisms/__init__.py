@@ -8,6 +8,10 @@ from sparse_dp.mechanisms.activations import Activations, activations
 from sparse_dp.mechanisms.contribution_map import (ContributionMap,
                                                    contribution_clip_weights,
                                                    contribution_maps)
+from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
+                                                    clipped_row_sum,
+                                                    per_example_row_gradients,
+                                                    restrict_to_rows, squared_norms)
 from sparse_dp.mechanisms.remapping import BucketRemapping
 from sparse_dp.mechanisms.row_noise import add_row_sparse_noise
 from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
@@ -16,8 +20,10 @@ from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_position
 from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
-    "Activations", "BucketRemapping", "ContributionMap", "RowSelection", "activations",
-    "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
-    "contribution_clip_weights", "contribution_maps", "dp_top_k",
-    "false_positive_probability", "public_top_k", "sample_zero_rows", "select_rows",
+    "Activations", "BucketRemapping", "ContributionMap", "RowGradients", "RowSelection",
+    "activations", "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
+    "clip_factors", "clipped_row_sum", "contribution_clip_weights", "contribution_maps",
+    "dp_top_k", "false_positive_probability", "per_example_row_gradients",
+    "public_top_k", "restrict_to_rows", "sample_zero_rows", "select_rows",
+    "squared_norms",
 ]

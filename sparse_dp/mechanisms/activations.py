@@ -46,7 +46,17 @@ def activations(ids: Ids) -> Activations:
   row = tf.cast(row, tf.int64)
   batch = tf.cast(batch, tf.int64)
   tf.debugging.assert_non_negative(row, message="categorical ids must be >= 0")
-  # One key per pair; rows below 2**63 / batch_size cannot collide.
-  keys, _ = tf.unique(row * tf.maximum(batch, 1) + example)
-  batch_or_one = tf.maximum(batch, 1)
-  return Activations(keys % batch_or_one, keys // batch_or_one, batch)
+  example, row, _ = distinct_pairs(example, row, batch)
+  return Activations(example, row, batch)
+
+
+def distinct_pairs(example: tf.Tensor, row: tf.Tensor,
+                   batch_size: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """Distinct ``(example, row)`` pairs, and for each input pair its distinct index.
+
+  Pairs are keyed as ``row * batch_size + example`` (int64), exact for rows
+  below ``2**63 / batch_size``.
+  """
+  stride = tf.maximum(tf.cast(batch_size, tf.int64), 1)
+  keys, index = tf.unique(row * stride + example, out_idx=tf.int64)
+  return keys % stride, keys // stride, index

@@ -1,0 +1,75 @@
+"""Per-example clipping of embedding-row gradients without a per-example table.
+
+For a lookup ``z = W[j]`` the per-example gradient of ``W`` is zero except on
+row ``j``, where it is ``dL_i/dz`` (core paper §2.1). So example ``i``'s
+gradient on a table is a handful of rows, held as :class:`RowGradients`
+triples ``(example, row, values)``; no ``[B, vocabulary, d]`` tensor exists.
+
+DP-AdaFEST first zeroes the rows that did not pass the threshold (Algorithm 1,
+line 8), then clips each example's gradient jointly over all parameters to
+``C2``: ``[g_i]_C2 = g_i * min(1, C2 / ||g_i||)`` with
+``||g_i||^2 = sum over tables of its row norms^2 + its dense-layer norm^2``
+(line 9; ``../shared/NOTES.md`` §2). Adding or removing an example then moves
+the clipped sum by at most ``C2`` in L2 norm.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from sparse_dp.mechanisms.activations import distinct_pairs
+from sparse_dp.mechanisms.sorted_ids import sorted_lookup
+
+
+class RowGradients(NamedTuple):
+  """Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``."""
+
+  example: tf.Tensor  # int64 [n]
+  row: tf.Tensor  # int64 [n]
+  values: tf.Tensor  # float [n, d]
+
+
+def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
+                              output_gradients: tf.Tensor,
+                              batch_size: tf.Tensor) -> RowGradients:
+  """Sums lookups of the same row by the same example into one row gradient.
+
+  ``output_gradients[i]`` is ``dL/dz`` for the lookup of ``row[i]`` by
+  ``example[i]`` (already scaled by the combiner, e.g. ``1/n`` for a mean).
+  An id repeated within an example contributes the sum of its lookups.
+  """
+  example, row, index = distinct_pairs(tf.cast(example, tf.int64),
+                                       tf.cast(row, tf.int64), batch_size)
+  values = tf.math.unsorted_segment_sum(output_gradients, index, tf.size(row))
+  return RowGradients(example, row, values)
+
+
+def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
+  """Keeps only the gradients of ``rows`` (sorted, distinct): Algorithm 1, line 8."""
+  _, keep = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
+  return RowGradients(*(tf.boolean_mask(t, keep) for t in gradients))
+
+
+def squared_norms(gradients: RowGradients, batch_size: tf.Tensor) -> tf.Tensor:
+  """``||g_i||^2`` of each example's row gradients on this table: ``[batch_size]``."""
+  per_row = tf.reduce_sum(tf.square(gradients.values), axis=-1)
+  return tf.math.unsorted_segment_sum(per_row, gradients.example, batch_size)
+
+
+def clip_factors(squared_norms_total: tf.Tensor, clip_norm: float) -> tf.Tensor:
+  """``min(1, C / ||g_i||)`` from each example's total squared gradient norm."""
+  norms = tf.sqrt(squared_norms_total)
+  clip_norm = tf.cast(clip_norm, norms.dtype)
+  return tf.where(norms > clip_norm, clip_norm / tf.maximum(norms, 1e-30),
+                  tf.ones_like(norms))
+
+
+def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
+                    dense_shape: tf.Tensor) -> tf.IndexedSlices:
+  """``sum_i factors[i] * g_i`` on this table, one slice per distinct row."""
+  scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
+  rows, index = tf.unique(gradients.row, out_idx=tf.int64)
+  return tf.IndexedSlices(tf.math.unsorted_segment_sum(scaled, index, tf.size(rows)),
+                          rows, tf.cast(dense_shape, tf.int64))
