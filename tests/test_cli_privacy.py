@@ -1,0 +1,89 @@
+"""``sparse-dp privacy`` agrees with dp_accounting and rejects bad flags in one line."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import dp_accounting
+import pytest
+from dp_accounting import pld
+
+from sparse_dp.cli import main
+
+N, B, STEPS = 500_000, 1000, 2000
+COMMON = ["--num-examples", str(N), "--batch-size", str(B), "--steps", str(STEPS)]
+
+
+def run_json(capsys, *flags):
+  assert main(["privacy", *COMMON, *flags, "--json"]) == 0
+  return json.loads(capsys.readouterr().out)
+
+
+def reference_epsilon(sigma, delta=1 / N):
+  event = dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(B / N, dp_accounting.GaussianDpEvent(sigma)), STEPS)
+  return pld.PLDAccountant().compose(event).get_epsilon(delta)
+
+
+def test_dpsgd(capsys):
+  out = run_json(capsys, "--algorithm", "dpsgd", "--noise-multiplier", "1.0")
+  assert out["epsilon"] == pytest.approx(reference_epsilon(1.0), rel=0.01)
+  assert out["delta"] == pytest.approx(1 / N)
+  assert out["steps"] == STEPS and out["sampling_rate"] == pytest.approx(B / N)
+  assert out["accountant"] == "pld" and out["noise_multiplier"] == 1.0
+
+
+def test_adafest(capsys):
+  out = run_json(capsys, "--algorithm", "adafest", "--sigma1", "4", "--sigma2", "0.9")
+  sigma = (4 ** -2 + 0.9 ** -2) ** -0.5
+  assert out["effective_noise_multiplier"] == pytest.approx(sigma)
+  assert out["epsilon"] == pytest.approx(reference_epsilon(sigma), rel=0.01)
+  assert (out["sigma1"], out["sigma2"]) == (4.0, 0.9)
+
+
+def test_fest(capsys):
+  out = run_json(capsys, "--algorithm", "fest", "--noise-multiplier", "1.2",
+                 "--fest-epsilon", "0.05", "--delta", "1e-7")
+  assert out["epsilon"] == pytest.approx(0.05 + reference_epsilon(1.2, 1e-7), rel=0.01)
+
+
+def test_target_epsilon_for_adafest(capsys):
+  out = run_json(capsys, "--algorithm", "adafest", "--target-epsilon", "2", "--sigma-ratio", "3")
+  assert out["sigma1"] / out["sigma2"] == pytest.approx(3)
+  assert 0.98 * 2 <= reference_epsilon(out["effective_noise_multiplier"]) <= 2
+
+
+def test_epochs_and_statement(capsys):
+  assert main(["privacy", "--algorithm", "dpsgd", "--num-examples", "60000",
+               "--batch-size", "256", "--epochs", "2", "--noise-multiplier", "1.1"]) == 0
+  text = capsys.readouterr().out
+  assert "469 steps" in text and "Poisson sampling" in text and "-DP" in text
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--algorithm", "dpsgd", "--noise-multiplier", "-1"], "noise multiplier must be"),
+    (["--algorithm", "dpsgd", "--noise-multiplier", "1", "--batch-size", str(2 * N)], "q = B/N"),
+    (["--algorithm", "dpsgd", "--target-epsilon", "1e-5"], "needs a noise multiplier above"),
+    (["--algorithm", "dpsgd"], "needs --noise-multiplier"),
+    (["--algorithm", "fest", "--noise-multiplier", "1"], "needs --fest-epsilon"),
+    (["--algorithm", "adafest", "--noise-multiplier", "1"], "does not apply"),
+    (["--algorithm", "dpsgd", "--noise-multiplier", "1", "--target-epsilon", "1"], "not both"),
+])
+def test_bad_flags_exit_nonzero_with_one_line(capsys, flags, message):
+  assert main(["privacy", *COMMON, *flags]) != 0
+  err = capsys.readouterr().err
+  assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_installed_command_runs_from_any_folder(tmp_path):
+  command = pathlib.Path(sys.executable).with_name("sparse-dp")
+  if not command.exists():
+    pytest.skip("sparse-dp is not installed next to this Python (run from an installed venv)")
+  result = subprocess.run([str(command), "privacy", *COMMON, "--algorithm", "dpsgd",
+                           "--noise-multiplier", "1.0", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, check=True)
+  assert json.loads(result.stdout)["epsilon"] == pytest.approx(reference_epsilon(1.0), rel=0.01)
+  bad = subprocess.run([str(command), "privacy", "--algorithm", "dpsgd"], cwd=tmp_path,
+                       capture_output=True, text=True)
+  assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
