@@ -20,7 +20,7 @@ POISSON_CAVEAT = (
     "This epsilon assumes Poisson sampling: each example joins each batch "
     "independently with probability q (core paper §3.3). Batches cut from a "
     "shuffled dataset at a fixed size, as most input pipelines make them, are "
-    "not covered by this proof; use sparse-dp's Poisson sampling for a proved "
+    "not covered by this proof; sample batches by Poisson sampling for a proved "
     "guarantee.")
 
 
@@ -79,8 +79,9 @@ class PrivacyReport:
       size = ""
       if self.num_examples:
         batch = phase.sampling_rate * self.num_examples
+        epochs = phase.steps * phase.sampling_rate
         size = (f" (expected batch size {batch:,.0f} of {self.num_examples:,} "
-                f"examples, {phase.steps * phase.sampling_rate:.3g} epochs)")
+                f"examples, {epochs:.3g} epoch{'' if epochs == 1 else 's'})")
       lines.append(f"  {phase.steps:,} steps at sampling rate q = "
                    f"{phase.sampling_rate:.6g}{size}")
     if spec.algorithm.uses_contribution_map:
