@@ -48,7 +48,12 @@ def contribution_maps(ids_per_table: Sequence[Ids],
   """
   if not ids_per_table:
     raise ValueError("contribution_maps needs the ids of at least one table")
-  per_table = [activations(ids) for ids in ids_per_table]
+  return clipped_contribution_maps([activations(ids) for ids in ids_per_table], clip_norm)
+
+
+def clipped_contribution_maps(per_table: Sequence[Activations],
+                              clip_norm: float) -> list[ContributionMap]:
+  """:func:`contribution_maps` from each table's distinct activated pairs."""
   weights = contribution_clip_weights(per_table, clip_norm)
   return [_sum_by_row(a.row, tf.gather(weights, a.example)) for a in per_table]
 

@@ -1,0 +1,132 @@
+"""An embedding layer whose lookups DP training can clip and noise row by row."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from sparse_dp.layers.recording import Lookup, record_lookup
+
+_COMBINERS = ("sum", "mean", None)
+
+
+@tf.keras.utils.register_keras_serializable(package="sparse_dp")
+class Embedding(tf.keras.layers.Layer):
+  """One embedding table of ``vocabulary_size`` rows of ``output_dim``.
+
+  Ids may be:
+
+  * a dense ``[B]`` tensor (single-valent): output ``[B, output_dim]``;
+  * a dense ``[B, L]`` tensor: with ``combiner`` ``"sum"`` or ``"mean"`` output
+    ``[B, output_dim]``; with ``combiner=None`` one vector per token,
+    ``[B, L, output_dim]`` (text models);
+  * a ``tf.RaggedTensor [B, None]`` or ``tf.SparseTensor [B, L]`` (multi-valent),
+    combined by ``combiner`` into ``[B, output_dim]``; an empty row gives zeros.
+
+  An id repeated within one example is looked up once per occurrence (a sum
+  counts it twice). Call the same layer on several features, or on every
+  token of a sequence, to share one table among them.
+
+  Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer,
+  the id and the vocabulary size, also inside ``tf.function``; nothing is
+  clamped. The forward pass uses only ``tf.gather`` and segment sums, so an
+  exported SavedModel serves with plain TensorFlow.
+
+  DP training does not touch the table variable directly: each call reports
+  its row ids and the gathered vectors to :mod:`sparse_dp.layers.recording`,
+  and the DP step works on those, so the lookup itself can be replaced (by the
+  TPU embedding API, say) without changing the mechanisms.
+  """
+
+  def __init__(self, vocabulary_size: int, output_dim: int, combiner: Optional[str] = "sum",
+               embeddings_initializer="uniform", embeddings_regularizer=None, **kwargs):
+    super().__init__(**kwargs)
+    if not isinstance(vocabulary_size, int) or vocabulary_size < 1:
+      raise ValueError(f"layer '{self.name}': vocabulary_size must be an integer >= 1, "
+                       f"got {vocabulary_size!r}")
+    if not isinstance(output_dim, int) or output_dim < 1:
+      raise ValueError(f"layer '{self.name}': output_dim must be an integer >= 1, "
+                       f"got {output_dim!r}")
+    if combiner not in _COMBINERS:
+      raise ValueError(f"layer '{self.name}': combiner must be 'sum', 'mean' or None, "
+                       f"got {combiner!r}")
+    if embeddings_regularizer is not None:
+      raise ValueError(f"layer '{self.name}': regularizers add a gradient to every row "
+                       "of the table, which would make DP updates dense; use the "
+                       "optimizer's decoupled weight decay instead")
+    self.vocabulary_size = vocabulary_size
+    self.output_dim = output_dim
+    self.combiner = combiner
+    self.embeddings_initializer = tf.keras.initializers.get(embeddings_initializer)
+
+  def build(self, input_shape):
+    self.embeddings = self.add_weight(
+        name="embeddings", shape=(self.vocabulary_size, self.output_dim),
+        initializer=self.embeddings_initializer, trainable=True)
+    super().build(input_shape)
+
+  def call(self, ids):
+    example, flat_ids, batch_size = self._flatten(ids)
+    flat_ids = self._checked(flat_ids)
+    vectors = tf.gather(self.embeddings, flat_ids)
+    record_lookup(Lookup(self, example, flat_ids, vectors, batch_size))
+    if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+      if self.combiner is None:
+        raise ValueError(f"layer '{self.name}': ragged or sparse ids need a combiner "
+                         "('sum' or 'mean'); combiner=None takes dense [batch, L] ids")
+      return self._combine(vectors, example, batch_size)
+    if ids.shape.rank == 1:
+      return vectors
+    if self.combiner is None:
+      return tf.reshape(vectors, tf.concat([tf.shape(ids), [self.output_dim]], axis=0))
+    return self._combine(vectors, example, batch_size)
+
+  def _flatten(self, ids):
+    """``(example index, id)`` per lookup, and the batch size."""
+    if isinstance(ids, tf.RaggedTensor):
+      if ids.ragged_rank != 1:
+        raise ValueError(f"layer '{self.name}': ragged ids must be [batch, None]")
+      return ids.value_rowids(), ids.flat_values, ids.nrows()
+    if isinstance(ids, tf.SparseTensor):
+      return ids.indices[:, 0], ids.values, ids.dense_shape[0]
+    if ids.shape.rank not in (1, 2):
+      raise ValueError(f"layer '{self.name}': dense ids must be [batch] or [batch, L], "
+                       f"got shape {ids.shape}")
+    batch = tf.shape(ids, out_type=tf.int64)[0]
+    if ids.shape.rank == 1:
+      return tf.range(batch), ids, batch
+    width = tf.shape(ids, out_type=tf.int64)[1]
+    return tf.repeat(tf.range(batch), width), tf.reshape(ids, [-1]), batch
+
+  def _checked(self, flat_ids):
+    flat_ids = tf.cast(flat_ids, tf.int64)
+    outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
+    first_bad = tf.gather(flat_ids, tf.argmax(tf.cast(outside, tf.int32)))
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(outside)),
+        [f"layer '{self.name}': id outside the vocabulary [0, {self.vocabulary_size}):",
+         first_bad], summarize=1)
+    with tf.control_dependencies([check]):
+      return tf.identity(flat_ids)
+
+  def _combine(self, vectors, example, batch_size):
+    example = tf.cast(example, tf.int32)
+    segments = tf.cast(batch_size, tf.int32)
+    summed = tf.math.unsorted_segment_sum(vectors, example, segments)
+    if self.combiner == "mean":
+      counts = tf.math.unsorted_segment_sum(tf.ones_like(example, vectors.dtype), example, segments)
+      summed = summed / tf.maximum(counts, 1.0)[:, None]
+    return summed
+
+  def compute_output_shape(self, input_shape):
+    input_shape = tf.TensorShape(input_shape)
+    if input_shape.rank == 2 and self.combiner is None:
+      return input_shape.concatenate([self.output_dim])
+    return tf.TensorShape([input_shape[0], self.output_dim])
+
+  def get_config(self):
+    return {**super().get_config(), "vocabulary_size": self.vocabulary_size,
+            "output_dim": self.output_dim, "combiner": self.combiner,
+            "embeddings_initializer": tf.keras.initializers.serialize(
+                self.embeddings_initializer)}

@@ -1,0 +1,63 @@
+"""Recording of embedding lookups during a DP training step.
+
+A DP step needs, per table, which example looked up which row and the tensor
+of looked-up vectors, so that it can take the loss gradient with respect to
+those vectors (the per-example row gradients, core paper §2.1). Embedding
+layers report each lookup to the innermost active :func:`recording` scope;
+outside one they report nothing and cost nothing. Recording happens when the
+step is traced, so it works inside ``tf.function``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, NamedTuple
+
+import tensorflow as tf
+
+
+class Lookup(NamedTuple):
+  """Example ``example[i]`` looked up row ``row[i]`` of ``layer``'s table as ``vectors[i]``."""
+
+  layer: tf.keras.layers.Layer
+  example: tf.Tensor  # int64 [n]
+  row: tf.Tensor  # int64 [n]
+  vectors: tf.Tensor  # [n, d], the gathered rows, on the gradient tape
+  batch_size: tf.Tensor  # int64 scalar
+
+
+class Recorder:
+  """Collects the lookups made while it is active."""
+
+  def __init__(self):
+    self.lookups: list[Lookup] = []
+
+  def by_layer(self) -> dict[tf.keras.layers.Layer, list[Lookup]]:
+    """Lookups grouped by table (a layer called on several features has several)."""
+    groups: dict = {}
+    for lookup in self.lookups:
+      groups.setdefault(lookup.layer, []).append(lookup)
+    return groups
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+  """Activates a :class:`Recorder` for the lookups made inside the block."""
+  stack = _state.__dict__.setdefault("stack", [])
+  recorder = Recorder()
+  stack.append(recorder)
+  try:
+    yield recorder
+  finally:
+    stack.pop()
+
+
+def record_lookup(lookup: Lookup) -> None:
+  """Called by embedding layers; a no-op outside :func:`recording`."""
+  stack = getattr(_state, "stack", None)
+  if stack:
+    stack[-1].lookups.append(lookup)

@@ -1,0 +1,65 @@
+"""Configuration of DP training: algorithm, clipping norms, noise, threshold."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.algorithms import check_positive
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+  """What :func:`sparse_dp.make_private` trains with.
+
+  Attributes:
+    algorithm: ``none``, ``dpsgd``, ``fest``, ``adafest`` or ``adafest+``.
+    l2_norm_clip: ``C2``, the joint per-example gradient norm bound.
+    noise_multiplier: ``sigma`` of ``dpsgd`` and ``fest``.
+    sigma1: contribution-map noise multiplier of ``adafest`` / ``adafest+``.
+    sigma2: gradient noise multiplier of ``adafest`` / ``adafest+``.
+    target_epsilon: instead of the noise, calibrate it to this epsilon over
+      the planned epochs (``sigma1 / sigma2 = sigma_ratio`` for AdaFEST).
+    sigma_ratio: ``sigma1 / sigma2`` when calibrating AdaFEST (paper: 5 or 10).
+    contribution_clip: ``C1``, the contribution-vector norm bound.
+    threshold: ``tau``, the noisy contribution a row needs to be updated.
+    selection_epsilon: ``epsilon1`` already spent on a DP top-k preselection
+      of the tables' buckets (``fest``, ``adafest+``); charged by the accountant.
+    delta: target delta; default ``1 / num_examples``.
+    epsilon_budget: training stops before a step that would exceed it
+      (default: ``target_epsilon`` when given).
+    seed: seed of the noise; each step uses ``fold_in(seed, step)``.
+  """
+
+  algorithm: str = "adafest"
+  l2_norm_clip: float = 1.0
+  noise_multiplier: Optional[float] = None
+  sigma1: Optional[float] = None
+  sigma2: Optional[float] = None
+  target_epsilon: Optional[float] = None
+  sigma_ratio: float = 5.0
+  contribution_clip: float = 1.0
+  threshold: float = 5.0
+  selection_epsilon: float = 0.0
+  delta: Optional[float] = None
+  epsilon_budget: Optional[float] = None
+  seed: int = 0
+
+  def __post_init__(self):
+    algorithm = Algorithm.parse(self.algorithm)
+    object.__setattr__(self, "algorithm", algorithm.value)
+    check_positive("l2_norm_clip (C2)", self.l2_norm_clip)
+    check_positive("contribution_clip (C1)", self.contribution_clip)
+    check_positive("threshold (tau)", self.threshold)
+    if algorithm.is_private and self.target_epsilon is None:
+      needed = (("sigma1", "sigma2") if algorithm.uses_contribution_map
+                else ("noise_multiplier",))
+      missing = [n for n in needed if getattr(self, n) is None]
+      if missing:
+        raise ValueError(f"algorithm '{algorithm.value}' needs {' and '.join(missing)} "
+                         "or target_epsilon")
+
+  @property
+  def kind(self) -> Algorithm:
+    return Algorithm(self.algorithm)

@@ -1,0 +1,105 @@
+"""Per-example gradient norms and clipped sums of ``Dense`` layers (ghost clipping).
+
+For ``z = x W + b`` with per-example input ``X_i`` (``[T, k]``: one row per
+token, or ``T = 1``) and output gradient ``D_i = dL_i/dz_i`` (``[T, n]``), the
+per-example gradients are ``dW_i = X_i^T D_i`` and ``db_i = sum_t D_i[t]``, so
+
+``||dW_i||_F^2 = sum((X_i X_i^T) * (D_i D_i^T))`` (``= ||x_i||^2 ||d_i||^2`` when
+``T = 1``) and the clipped sum is ``sum_i f_i X_i^T D_i``, both without ever
+forming a per-example weight gradient (Goodfellow 2015; Li et al. 2021; TF
+Privacy's ``fast_gradient_clipping``; ``../shared/NOTES.md`` §2).
+
+During a DP step each ``Dense`` layer's ``call`` is replaced by one that
+computes ``z`` itself and records ``(x, z)``; the step then differentiates the
+loss with respect to ``z``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, NamedTuple
+
+import tensorflow as tf
+
+from sparse_dp.layers.embedding import Embedding
+
+
+class UnsupportedLayerError(ValueError):
+  """A layer with trainable weights whose per-example gradients cannot be clipped."""
+
+
+class DenseCall(NamedTuple):
+  layer: tf.keras.layers.Dense
+  inputs: tf.Tensor  # [B, T, k]
+  preactivation: tf.Tensor  # [B, T, n]
+
+
+def trainable_leaf_layers(model: tf.keras.Model) -> list[tf.keras.layers.Layer]:
+  """Layers that own trainable weights, with a clear error for unsupported ones."""
+  leaves = []
+  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+    own = [w for w in layer._trainable_weights if w.trainable]  # pylint: disable=protected-access
+    if not own:
+      continue
+    if not isinstance(layer, (tf.keras.layers.Dense, Embedding)):
+      raise UnsupportedLayerError(
+          f"layer '{layer.name}' ({type(layer).__name__}) has trainable weights whose "
+          "per-example gradients sparse-dp cannot clip; DP training supports "
+          "tf.keras.layers.Dense and sparse_dp.layers.Embedding (replace "
+          "tf.keras.layers.Embedding by sparse_dp.layers.Embedding, or freeze the layer "
+          "with layer.trainable = False)")
+    leaves.append(layer)
+  return leaves
+
+
+@contextlib.contextmanager
+def recording_dense_calls(layers) -> Iterator[list[DenseCall]]:
+  """Within the block, every call of a ``Dense`` in ``layers`` is recorded."""
+  calls: list[DenseCall] = []
+  dense = [l for l in layers if isinstance(l, tf.keras.layers.Dense)]
+  for layer in dense:
+    layer.call = _recording_call(layer, calls)
+  try:
+    yield calls
+  finally:
+    for layer in dense:
+      del layer.call  # back to the class's method
+
+
+def _recording_call(layer: tf.keras.layers.Dense, calls: list):
+  def call(inputs):
+    x = tf.cast(tf.convert_to_tensor(inputs), layer.compute_dtype)
+    if x.shape.rank not in (2, 3):
+      raise UnsupportedLayerError(
+          f"layer '{layer.name}': DP training supports Dense inputs of rank 2 or 3, "
+          f"got shape {x.shape}")
+    tokens = x if x.shape.rank == 3 else x[:, None, :]
+    z = tf.einsum("btk,kn->btn", tokens, layer.kernel)
+    if layer.use_bias:
+      z = z + layer.bias
+    calls.append(DenseCall(layer, tokens, z))
+    out = z if x.shape.rank == 3 else z[:, 0, :]
+    return layer.activation(out) if layer.activation is not None else out
+  return call
+
+
+def squared_norms(inputs: tf.Tensor, output_gradients: tf.Tensor, use_bias: bool) -> tf.Tensor:
+  """``||dW_i||^2 + ||db_i||^2`` per example from ``[B, T, k]`` and ``[B, T, n]``."""
+  if inputs.shape[1] == 1:
+    norms = (tf.reduce_sum(tf.square(inputs), [1, 2]) *
+             tf.reduce_sum(tf.square(output_gradients), [1, 2]))
+  else:
+    input_gram = tf.einsum("btk,bsk->bts", inputs, inputs)
+    gradient_gram = tf.einsum("btn,bsn->bts", output_gradients, output_gradients)
+    norms = tf.reduce_sum(input_gram * gradient_gram, [1, 2])
+  if use_bias:
+    norms += tf.reduce_sum(tf.square(tf.reduce_sum(output_gradients, 1)), -1)
+  return norms
+
+
+def clipped_sums(inputs: tf.Tensor, output_gradients: tf.Tensor, factors: tf.Tensor,
+                 use_bias: bool) -> tuple[tf.Tensor, tf.Tensor | None]:
+  """``(sum_i f_i dW_i, sum_i f_i db_i)``."""
+  scaled = output_gradients * factors[:, None, None]
+  kernel = tf.einsum("btk,btn->kn", inputs, scaled)
+  return kernel, (tf.reduce_sum(scaled, [0, 1]) if use_bias else None)

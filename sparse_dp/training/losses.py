@@ -1,0 +1,59 @@
+"""Per-example losses of a Keras model or a TFRS model, as DP clipping needs them."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def per_example_loss_fn(model: tf.keras.Model):
+  """``f(data) -> (losses [B], y, y_pred)`` for ``model``.
+
+  * A ``tfrs.Model`` (anything with ``compute_loss``): its ``compute_loss``
+    must return one loss per example; build its task with
+    ``loss=tf.keras.losses.<Loss>(reduction=tf.keras.losses.Reduction.NONE)``.
+  * Any other model: the loss given to ``compile``, applied without reduction.
+  """
+  if hasattr(model, "compute_loss") and _is_tfrs(model):
+    def tfrs_losses(data):
+      losses = model.compute_loss(data, training=True)
+      if losses.shape.rank != 1:
+        raise ValueError(
+            f"{type(model).__name__}.compute_loss returned a loss of shape {losses.shape}; "
+            "DP training needs one loss per example: give its task "
+            "loss=...(reduction=tf.keras.losses.Reduction.NONE)")
+      return losses, None, None
+    return tfrs_losses
+
+  loss = model.loss
+  if loss is None:
+    raise ValueError("compile the model with a loss before make_private")
+  if isinstance(loss, (dict, list, tuple)):
+    raise ValueError("DP training supports one loss for one output; got several")
+  loss = tf.keras.losses.get(loss)
+  if isinstance(loss, tf.keras.losses.Loss):
+    config = {**loss.get_config(), "reduction": tf.keras.losses.Reduction.NONE}
+    loss = type(loss).from_config(config)
+
+  def keras_losses(data):
+    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+    y_pred = model(x, training=True)
+    if y_pred.shape.rank == y.shape.rank + 1 and y_pred.shape[-1] == 1:
+      y = y[..., None]  # else Keras squeezes [B, 1] and averages over the batch
+    losses = loss(y, y_pred)
+    if losses.shape.rank == 0:
+      raise ValueError(f"the loss reduced labels {y.shape} and predictions {y_pred.shape} "
+                       "to one number; DP training needs one loss per example")
+    if losses.shape.rank > 1:
+      losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+    if sample_weight is not None:
+      losses *= tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
+    return losses, y, y_pred
+  return keras_losses
+
+
+def _is_tfrs(model) -> bool:
+  try:
+    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return isinstance(model, tfrs.Model)
