@@ -37,11 +37,25 @@ class PrivateTraining:
     self.delta = config.delta if config.delta is not None else 1.0 / num_examples
     self.spec = spec
     self.poisson_sampling = False
-    self.accountant = PrivacyAccountant("pld")
+    self._accountant = PrivacyAccountant("pld")
     if spec is not None and spec.algorithm.uses_top_k_selection:
-      self.accountant.spend_pure(spec.selection_epsilon)
+      self._accountant.spend_pure(spec.selection_epsilon)
     self.epsilon_budget = (config.epsilon_budget if config.epsilon_budget is not None
                            else config.target_epsilon)
+    # Steps the DP train_step has taken, counted in the graph; the accountant
+    # follows it, so epsilon is right with or without the callback.
+    self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_steps_taken")
+    self.step_limit = tf.Variable(-1, dtype=tf.int64, trainable=False, name="dp_step_limit")
+    if spec is not None and self.epsilon_budget is not None:
+      self.step_limit.assign(self.max_steps_within_budget())
+
+  @property
+  def accountant(self) -> PrivacyAccountant:
+    """The accountant, brought up to the steps taken."""
+    behind = int(self.steps_taken.numpy()) - self._accountant.steps
+    if behind > 0:
+      self._accountant.step(self.step_noise_multiplier, self.sampling_rate, behind)
+    return self._accountant
 
   @property
   def is_private(self) -> bool:
@@ -125,7 +139,7 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
       threshold=config.threshold, expected_batch_size=float(batch_size))
   model.optimizer = sparse_optimizer(model.optimizer)
   training = PrivateTraining(model, config, num_examples, batch_size, spec)
-  model.train_step = types.MethodType(_dp_train_step(leaves, noise, config.seed), model)
+  model.train_step = types.MethodType(_dp_train_step(leaves, noise, training), model)
   model.train_function = None
   return training
 
@@ -147,21 +161,27 @@ def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> Privacy
                    sigma_ratio=config.sigma_ratio, selection_epsilon=config.selection_epsilon)
 
 
-def _dp_train_step(leaves, noise: StepNoise, seed: int):
-  base_seed = tf.constant([seed, 0x2545F491], tf.int64)
+def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
+  base_seed = tf.constant([training.config.seed, 0x2545F491], tf.int64)
 
   def train_step(self, data):
     losses_of = per_example_loss_fn(self)
     outputs = {}
+    within_budget = tf.debugging.Assert(
+        tf.logical_or(training.step_limit < 0, training.steps_taken < training.step_limit),
+        [f"sparse-dp: the epsilon budget {training.epsilon_budget} allows no further step "
+         "(pass private.callback() to fit to stop cleanly)"])
 
     def compute_losses():
       losses, outputs["y"], outputs["y_pred"] = losses_of(data)
       return losses
 
-    step_seed = tf.random.experimental.stateless_fold_in(base_seed, self.optimizer.iterations)
+    with tf.control_dependencies([within_budget]):
+      step_seed = tf.random.experimental.stateless_fold_in(base_seed, training.steps_taken)
     gradients, losses, stats = private_gradients(leaves, compute_losses, noise, step_seed)
     variables = [v for v in self.trainable_variables if v.ref() in gradients]
     self.optimizer.apply_gradients([(gradients[v.ref()], v) for v in variables])
+    training.steps_taken.assign_add(1)
     if outputs["y"] is not None:
       self.compiled_loss(outputs["y"], outputs["y_pred"], regularization_losses=self.losses)
       self.compiled_metrics.update_state(outputs["y"], outputs["y_pred"])

@@ -1,0 +1,121 @@
+"""make_private trains Keras models with every algorithm through model.fit."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from keras_models import N, VOCAB, SubclassedModel, functional_model, synthetic_data
+from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k
+
+CONFIGS = {
+    "dpsgd": dict(noise_multiplier=0.8),
+    "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0),
+}
+
+
+def fit(model, private, ids, labels, epochs=3):
+  dataset = private.poisson_dataset(ids, labels, epochs=epochs)
+  return model.fit(dataset, verbose=0, callbacks=[private.callback()])
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_algorithm_lowers_loss_and_reports_epsilon(algorithm):
+  ids, labels = synthetic_data()
+  model = functional_model()
+  before = model.evaluate(ids, labels, verbose=0)
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, **CONFIGS[algorithm]),
+                                   num_examples=N, batch_size=256)
+  history = fit(model, private, ids, labels)
+  assert model.evaluate(ids, labels, verbose=0) < before - 0.1
+  epsilon = history.history["epsilon"][-1]
+  assert 0 < epsilon == pytest.approx(private.epsilon()) and private.accountant.steps == 48
+  assert private.report().poisson_sampling
+  if algorithm == "adafest":
+    assert np.mean(history.history["gradient_size_reduction"]) > 2
+
+
+@pytest.mark.parametrize("algorithm", ["fest", "adafest+"])
+def test_preselection_algorithms_train_on_kept_buckets(algorithm, seed):
+  ids, labels = synthetic_data()
+  k, epsilon1 = 30, 1.0  # Gumbel scale k / epsilon1 = 30 against counts in the hundreds
+  kept = dp_top_k(bucket_counts(tf.constant(ids), VOCAB), k, epsilon1, seed)
+  remap = BucketRemapping(kept)
+  remapped = remap(tf.constant(ids)).numpy()
+  model = functional_model(vocabulary=remap.vocabulary_size)
+  before = model.evaluate(remapped, labels, verbose=0)
+  noise = CONFIGS["dpsgd" if algorithm == "fest" else "adafest"]
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig(algorithm, selection_epsilon=epsilon1, **noise),
+      num_examples=N, batch_size=256)
+  history = fit(model, private, remapped, labels)
+  assert model.evaluate(remapped, labels, verbose=0) < before - 0.05
+  assert history.history["epsilon"][-1] > epsilon1  # the selection is charged
+  assert private.report().to_dict()["selection_epsilon"] == epsilon1
+
+
+def test_none_equals_plain_keras():
+  ids, labels = synthetic_data()
+  plain, private_model = functional_model(seed=7), functional_model(seed=7)
+  sparse_dp.make_private(private_model, sparse_dp.DPConfig("none"), num_examples=N, batch_size=128)
+  for model in (plain, private_model):
+    tf.keras.utils.set_random_seed(11)
+    model.fit(ids, labels, batch_size=128, epochs=2, verbose=0)
+  for a, b in zip(plain.get_weights(), private_model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_subclassed_model_and_target_epsilon():
+  ids, labels = synthetic_data()
+  model = SubclassedModel()
+  model.compile(optimizer=tf.keras.optimizers.Adam(0.02),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  model(tf.constant(ids[:2]))
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", target_epsilon=2.0, threshold=3.0),
+      num_examples=N, batch_size=256, epochs=2)
+  assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)
+  assert private.spec.sigma1 / private.spec.sigma2 == pytest.approx(5.0)
+  fit(model, private, ids, labels, epochs=2)
+  assert 1.9 < private.epsilon() <= 2.0
+
+
+def test_training_stops_before_exceeding_the_budget(capsys):
+  ids, labels = synthetic_data()
+  model = functional_model()
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=2.0, epsilon_budget=1.0),
+      num_examples=N, batch_size=256)
+  fit(model, private, ids, labels, epochs=10)
+  steps = private.accountant.steps
+  assert 0 < steps < 160
+  assert private.epsilon() <= 1.0 < private.epsilon(steps + 1)
+  assert "would exceed the epsilon budget" in capsys.readouterr().out
+  # A second fit on the spent budget fails before taking a step.
+  weights = model.get_weights()
+  with pytest.raises(sparse_dp.training.BudgetExhaustedError, match="allows no further step"):
+    fit(model, private, ids, labels)
+  assert private.accountant.steps == steps
+  for a, b in zip(weights, model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_budget_holds_without_the_callback():
+  ids, labels = synthetic_data()
+  model = functional_model()
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=2.0, epsilon_budget=1.0),
+      num_examples=N, batch_size=256)
+  limit = int(private.step_limit.numpy())
+  with pytest.raises(tf.errors.InvalidArgumentError, match="allows no further step"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=10), verbose=0)
+  assert private.accountant.steps == limit and private.epsilon() <= 1.0
+
+
+def test_model_without_loss_or_with_unsupported_layer_is_refused():
+  inputs = tf.keras.Input(shape=(3,))
+  model = tf.keras.Model(inputs, tf.keras.layers.LayerNormalization(name="norm")(inputs))
+  model.compile(optimizer="sgd", loss="mse")
+  with pytest.raises(sparse_dp.training.UnsupportedLayerError, match="'norm'"):
+    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
+                           num_examples=10, batch_size=2)
