@@ -105,7 +105,7 @@ class Embedding(tf.keras.layers.Layer):
     first_bad = tf.gather(flat_ids, tf.argmax(tf.cast(outside, tf.int32)))
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(outside)),
-        [f"layer '{self.name}': id outside the vocabulary [0, {self.vocabulary_size}):",
+        [f"Embedding layer {self.name}: id outside the vocabulary [0, {self.vocabulary_size}):",
          first_bad], summarize=1)
     with tf.control_dependencies([check]):
       return tf.identity(flat_ids)

@@ -1,0 +1,91 @@
+"""sparse_dp.layers.Embedding: id layouts, shared tables, bad ids, config, SavedModel."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparse_dp.layers import Embedding
+
+
+def table(layer):
+  return layer.embeddings.numpy()
+
+
+def test_layouts_and_combiners():
+  layer = Embedding(10, 3, combiner="sum")
+  ragged = tf.ragged.constant([[1, 1, 4], [], [9]], tf.int64)
+  out = layer(ragged).numpy()  # builds lazily on first call
+  w = table(layer)
+  np.testing.assert_allclose(out, [2 * w[1] + w[4], np.zeros(3), w[9]], rtol=1e-6)
+  np.testing.assert_allclose(layer(ragged.to_sparse()).numpy(), out, rtol=1e-6)
+  mean = Embedding(10, 3, combiner="mean")
+  got = mean(tf.constant([[1, 2], [3, 3]], tf.int64)).numpy()
+  w = table(mean)
+  np.testing.assert_allclose(got, [(w[1] + w[2]) / 2, w[3]], rtol=1e-6)
+  tokens = Embedding(10, 3, combiner=None)
+  assert tokens(tf.constant([[1, 2, 3]], tf.int64)).shape == (1, 3, 3)
+  assert Embedding(10, 3)(tf.constant([5])).shape == (1, 3)
+  with pytest.raises(ValueError, match="need a combiner"):
+    tokens(ragged)
+
+
+def test_shared_table_across_features():
+  shared = Embedding(20, 2, name="shared")
+  a, b = tf.keras.Input(shape=(), dtype=tf.int64), tf.keras.Input(shape=(), dtype=tf.int64)
+  model = tf.keras.Model([a, b], tf.keras.layers.Add()([shared(a), shared(b)]))
+  assert len(model.trainable_weights) == 1
+  w = table(shared)
+  np.testing.assert_allclose(model([tf.constant([3]), tf.constant([4])]).numpy(), [w[3] + w[4]])
+
+
+@pytest.mark.parametrize("bad", [-1, 10, 10**12])
+def test_out_of_range_ids_fail_naming_layer_id_and_vocabulary(bad):
+  layer = Embedding(10, 2, name="user_id")
+  with pytest.raises(tf.errors.InvalidArgumentError) as eager:
+    layer(tf.constant([1, bad, 2], tf.int64))
+  graph = tf.function(lambda ids: layer(ids))
+  with pytest.raises(tf.errors.InvalidArgumentError) as traced:
+    graph(tf.constant([bad], tf.int64))
+  for error in (eager, traced):
+    assert "Embedding layer user_id:" in str(error.value) and "[0, 10)" in str(error.value)
+    assert str(bad) in str(error.value)
+
+
+def test_config_round_trip_and_bad_arguments():
+  layer = Embedding(1000, 16, combiner="mean", name="item")
+  clone = Embedding.from_config(layer.get_config())
+  assert (clone.vocabulary_size, clone.output_dim, clone.combiner, clone.name) == (1000, 16, "mean", "item")
+  assert json.dumps(layer.get_config())
+  with pytest.raises(ValueError, match="vocabulary_size"):
+    Embedding(0, 4)
+  with pytest.raises(ValueError, match="combiner"):
+    Embedding(4, 4, combiner="max")
+
+
+def test_saved_model_serves_without_sparse_dp(tmp_path):
+  ids = tf.keras.Input(shape=(None,), dtype=tf.int64, ragged=True)
+  model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(Embedding(50, 4, name="tokens")(ids)))
+  sample = tf.ragged.constant([[1, 2], [7]], tf.int64)
+  expected = model(sample).numpy()
+  model.save(str(tmp_path / "model"))  # SavedModel format
+
+  # Keras reload with the layer registered.
+  reloaded = tf.keras.models.load_model(str(tmp_path / "model"))
+  np.testing.assert_allclose(reloaded(sample).numpy(), expected, rtol=1e-6)
+  # Plain TensorFlow serving, with sparse_dp made unimportable.
+  script = textwrap.dedent(f"""
+      import sys
+      sys.modules["sparse_dp"] = None
+      import tensorflow as tf
+      served = tf.saved_model.load({str(tmp_path / "model")!r})
+      out = served(tf.ragged.constant([[1, 2], [7]], tf.int64))
+      print(out.numpy().ravel().tolist())
+  """)
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+  np.testing.assert_allclose(json.loads(result.stdout.strip().splitlines()[-1]), expected.ravel(),
+                             rtol=1e-6)
