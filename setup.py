@@ -3,7 +3,7 @@ gradients sparse (DP-FEST, DP-AdaFEST, DP-AdaFEST+)."""
 
 import pathlib
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # The one stack on which TF Privacy, TFRS, dp_accounting and TF import together
 # (../shared/NOTES.md §1): TF Privacy caps tensorflow<=2.15 and python<3.12.
@@ -29,12 +29,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.12",
-    packages=[
-        "sparse_dp",
-        "sparse_dp.accounting",
-        "sparse_dp.cli",
-        "sparse_dp.mechanisms",
-    ],
+    packages=find_packages(include=["sparse_dp", "sparse_dp.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sparse-dp = sparse_dp.cli:main"]},

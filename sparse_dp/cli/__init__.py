@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from sparse_dp.bench import select_rows, step_time
 from sparse_dp.cli import privacy
 
 
@@ -24,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest="command", required=True,
                                    parser_class=_OneLineErrorParser)
   privacy.add_parser(commands)
+  bench = commands.add_parser("bench", help="speed and memory benchmarks (JSON)")
+  benchmarks = bench.add_subparsers(dest="benchmark", required=True,
+                                    parser_class=_OneLineErrorParser)
+  step_time.add_parser(benchmarks)
+  select_rows.add_parser(benchmarks)
   return parser
 
 

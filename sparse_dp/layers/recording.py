@@ -28,10 +28,19 @@ class Lookup(NamedTuple):
 
 
 class Recorder:
-  """Collects the lookups made while it is active."""
+  """Collects the lookups made while it is active, in the graph it was opened in.
+
+  Calls traced in another graph (Keras builds a lazily-built ``Sequential``
+  by calling its layers in a scratch graph) are not part of the step and are
+  ignored.
+  """
 
   def __init__(self):
     self.lookups: list[Lookup] = []
+    self.graph = tf.compat.v1.get_default_graph()
+
+  def is_current(self) -> bool:
+    return tf.compat.v1.get_default_graph() is self.graph
 
   def by_layer(self) -> dict[tf.keras.layers.Layer, list[Lookup]]:
     """Lookups grouped by table (a layer called on several features has several)."""
@@ -59,5 +68,5 @@ def recording() -> Iterator[Recorder]:
 def record_lookup(lookup: Lookup) -> None:
   """Called by embedding layers; a no-op outside :func:`recording`."""
   stack = getattr(_state, "stack", None)
-  if stack:
+  if stack and stack[-1].is_current():
     stack[-1].lookups.append(lookup)

@@ -14,7 +14,7 @@ from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
                                                     per_example_row_gradients,
                                                     restrict_to_rows, squared_norms)
 from sparse_dp.mechanisms.remapping import BucketRemapping
-from sparse_dp.mechanisms.row_noise import add_row_sparse_noise
+from sparse_dp.mechanisms.row_noise import add_row_sparse_noise, sum_on_rows
 from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
                                                 false_positive_probability,
                                                 sample_zero_rows, select_rows)
@@ -26,5 +26,5 @@ __all__ = [
     "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "contribution_clip_weights", "contribution_maps",
     "dp_top_k", "false_positive_probability", "per_example_row_gradients",
     "public_top_k", "restrict_to_rows", "sample_zero_rows", "select_rows",
-    "squared_norms",
+    "squared_norms", "sum_on_rows",
 ]

@@ -14,6 +14,20 @@ import tensorflow as tf
 from sparse_dp.mechanisms.sorted_ids import sorted_lookup
 
 
+def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.Tensor:
+  """``clipped_sum`` restricted to ``selected_rows`` (sorted, distinct): dense ``[m, d]``.
+
+  Repeated indices are summed; indices outside ``selected_rows`` are dropped;
+  a selected row without a gradient gets zeros.
+  """
+  selected_rows = tf.cast(selected_rows, tf.int64)
+  slot, is_selected = sorted_lookup(selected_rows, tf.cast(clipped_sum.indices, tf.int64))
+  values = tf.convert_to_tensor(clipped_sum.values)
+  return tf.math.unsorted_segment_sum(tf.boolean_mask(values, is_selected),
+                                      tf.boolean_mask(slot, is_selected),
+                                      tf.size(selected_rows, out_type=tf.int64))
+
+
 def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor,
                          noise_stddev: float, seed: tf.Tensor) -> tf.IndexedSlices:
   """Masks ``clipped_sum`` to ``selected_rows`` and noises every selected row.
@@ -29,13 +43,7 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
   Returns:
     ``tf.IndexedSlices`` with one row per selected row, in ``selected_rows`` order.
   """
-  selected_rows = tf.cast(selected_rows, tf.int64)
-  indices = tf.cast(clipped_sum.indices, tf.int64)
-  values = tf.convert_to_tensor(clipped_sum.values)
-  num_selected = tf.size(selected_rows, out_type=tf.int64)
-  slot, is_selected = sorted_lookup(selected_rows, indices)
-  kept = tf.math.unsorted_segment_sum(
-      tf.boolean_mask(values, is_selected), tf.boolean_mask(slot, is_selected), num_selected)
-  noise_shape = tf.concat([[num_selected], tf.shape(values, out_type=tf.int64)[1:]], axis=0)
-  noise = tf.random.stateless_normal(noise_shape, seed, stddev=noise_stddev, dtype=values.dtype)
-  return tf.IndexedSlices(kept + noise, selected_rows, clipped_sum.dense_shape)
+  kept = sum_on_rows(clipped_sum, selected_rows)
+  noise = tf.random.stateless_normal(tf.shape(kept), seed, stddev=noise_stddev, dtype=kept.dtype)
+  return tf.IndexedSlices(kept + noise, tf.cast(selected_rows, tf.int64),
+                          clipped_sum.dense_shape)

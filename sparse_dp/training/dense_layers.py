@@ -57,8 +57,9 @@ def recording_dense_calls(layers) -> Iterator[list[DenseCall]]:
   """Within the block, every call of a ``Dense`` in ``layers`` is recorded."""
   calls: list[DenseCall] = []
   dense = [l for l in layers if isinstance(l, tf.keras.layers.Dense)]
+  graph = tf.compat.v1.get_default_graph()  # calls traced elsewhere are not the step's
   for layer in dense:
-    layer.call = _recording_call(layer, calls)
+    layer.call = _recording_call(layer, calls, graph)
   try:
     yield calls
   finally:
@@ -66,7 +67,7 @@ def recording_dense_calls(layers) -> Iterator[list[DenseCall]]:
       del layer.call  # back to the class's method
 
 
-def _recording_call(layer: tf.keras.layers.Dense, calls: list):
+def _recording_call(layer: tf.keras.layers.Dense, calls: list, graph):
   def call(inputs):
     x = tf.cast(tf.convert_to_tensor(inputs), layer.compute_dtype)
     if x.shape.rank not in (2, 3):
@@ -77,7 +78,8 @@ def _recording_call(layer: tf.keras.layers.Dense, calls: list):
     z = tf.einsum("btk,kn->btn", tokens, layer.kernel)
     if layer.use_bias:
       z = z + layer.bias
-    calls.append(DenseCall(layer, tokens, z))
+    if tf.compat.v1.get_default_graph() is graph:
+      calls.append(DenseCall(layer, tokens, z))
     out = z if x.shape.rank == 3 else z[:, 0, :]
     return layer.activation(out) if layer.activation is not None else out
   return call

@@ -44,8 +44,12 @@ class PrivateTraining:
                            else config.target_epsilon)
     # Steps the DP train_step has taken, counted in the graph; the accountant
     # follows it, so epsilon is right with or without the callback.
-    self.steps_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_steps_taken")
-    self.step_limit = tf.Variable(-1, dtype=tf.int64, trainable=False, name="dp_step_limit")
+    with model.distribute_strategy.scope():
+      counter = dict(dtype=tf.int64, trainable=False,
+                     synchronization=tf.VariableSynchronization.ON_WRITE,
+                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self.steps_taken = tf.Variable(0, name="dp_steps_taken", **counter)
+      self.step_limit = tf.Variable(-1, name="dp_step_limit", **counter)
     if spec is not None and self.epsilon_budget is not None:
       self.step_limit.assign(self.max_steps_within_budget())
 

@@ -13,6 +13,14 @@ For a batch with per-example losses ``l_i``:
    weights and on the selected rows only (DP-AdaFEST) or on every row
    (DP-SGD, the dense reference); the noisy sum is divided by the *expected*
    batch size, as the accounting assumes.
+
+Under a ``tf.distribute`` strategy with several replicas, each replica holds
+part of the batch: all replicas gather every replica's activated rows, so the
+contribution map and the selection (same seed) are those of the whole batch;
+each replica clips its own examples; only the first replica adds noise, so the
+optimizer's sum over replicas carries the noise once per step. The step
+statistics come from the first replica; its ``gradient_snr`` measures only its
+own share of the clipped sum.
 """
 
 from __future__ import annotations
@@ -44,6 +52,19 @@ class StepNoise:
     return self.contribution_multiplier is not None
 
 
+@dataclasses.dataclass
+class _Recorded:
+  """Per-example gradients of one batch, by layer."""
+
+  losses: tf.Tensor
+  rows: dict  # Embedding -> mechanisms.RowGradients
+  dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
+
+  @property
+  def batch_size(self) -> tf.Tensor:
+    return tf.shape(self.losses, out_type=tf.int64)[0]
+
+
 def private_gradients(leaves: list, compute_losses: Callable[[], tf.Tensor],
                       noise: StepNoise, seed: tf.Tensor):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
@@ -51,6 +72,19 @@ def private_gradients(leaves: list, compute_losses: Callable[[], tf.Tensor],
   ``compute_losses`` runs the model forward and returns per-example losses
   ``[B]``. Returns ``(gradients by variable ref, losses, statistics)``.
   """
+  recorded = _per_example_gradients(leaves, compute_losses)
+  tables = [l for l in leaves if isinstance(l, Embedding)]
+  selection_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  selections = (_select_rows(tables, recorded, noise, selection_seed)
+                if noise.sparse and tables else {})
+  for layer, selection in selections.items():
+    recorded.rows[layer] = mechanisms.restrict_to_rows(recorded.rows[layer], selection.rows)
+  factors = mechanisms.clip_factors(_squared_norms(recorded), noise.l2_norm_clip)
+  gradients, stats = _noisy_sums(leaves, recorded, selections, factors, noise, noise_seed)
+  return gradients, recorded.losses, stats
+
+
+def _per_example_gradients(leaves, compute_losses) -> _Recorded:
   with tf.GradientTape() as tape:
     with recording() as lookups, dense_layers.recording_dense_calls(leaves) as dense_calls:
       losses = compute_losses()
@@ -59,101 +93,126 @@ def private_gradients(leaves: list, compute_losses: Callable[[], tf.Tensor],
   dense_by_layer: dict = {}
   for call in dense_calls:
     dense_by_layer.setdefault(call.layer, []).append(call)
-  targets = ([[l.vectors for l in ls] for ls in tables.values()],
-             [[c.preactivation for c in cs] for cs in dense_by_layer.values()])
-  table_grads, dense_grads = tape.gradient(total, targets)
+  table_grads, dense_grads = tape.gradient(
+      total, ([[l.vectors for l in ls] for ls in tables.values()],
+              [[c.preactivation for c in cs] for cs in dense_by_layer.values()]))
   batch_size = tf.shape(losses, out_type=tf.int64)[0]
-  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 2 * len(leaves) + 2))
+  rows = {
+      layer: mechanisms.per_example_row_gradients(
+          tf.concat([l.example for l in ls], 0), tf.concat([l.row for l in ls], 0),
+          tf.concat(grads, 0), batch_size)
+      for (layer, ls), grads in zip(tables.items(), table_grads)
+  }
+  dense = {layer: (tf.concat([c.inputs for c in calls], 1), tf.concat(grads, 1))
+           for (layer, calls), grads in zip(dense_by_layer.items(), dense_grads)}
+  return _Recorded(losses, rows, dense)
 
-  # Per-example row gradients of each table, masked to the selected rows.
-  row_grads, selections = {}, {}
-  activations = {}
-  for layer, layer_lookups in tables.items():
-    example = tf.concat([l.example for l in layer_lookups], 0)
-    row = tf.concat([l.row for l in layer_lookups], 0)
-    grads = tf.concat(table_grads[list(tables).index(layer)], 0)
-    row_grads[layer] = mechanisms.per_example_row_gradients(example, row, grads, batch_size)
-    activations[layer] = mechanisms.Activations(row_grads[layer].example, row_grads[layer].row,
-                                                batch_size)
-  if noise.sparse and tables:
-    maps = mechanisms.clipped_contribution_maps(list(activations.values()),
-                                                noise.contribution_clip)
-    for i, (layer, contribution) in enumerate(zip(tables, maps)):
-      selections[layer] = mechanisms.select_rows(
-          contribution, layer.vocabulary_size, noise.threshold,
-          noise.contribution_multiplier * noise.contribution_clip, seeds[i])
-      row_grads[layer] = mechanisms.restrict_to_rows(row_grads[layer], selections[layer].rows)
 
-  # Joint per-example norms and clip factors.
-  dense_inputs = {layer: (tf.concat([c.inputs for c in calls], 1),
-                          tf.concat(dense_grads[i], 1))
-                  for i, (layer, calls) in enumerate(dense_by_layer.items())}
+def _select_rows(tables, recorded: _Recorded, noise: StepNoise, seed) -> dict:
+  """Each table's selected rows, from the contribution map of the whole batch."""
+  empty = mechanisms.RowGradients(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
+                                  tf.zeros([0, 1]))
+  pairs = [(recorded.rows.get(layer, empty).example, recorded.rows.get(layer, empty).row)
+           for layer in tables]
+  pairs, batch_size = _gather_across_replicas(pairs, recorded.batch_size)
+  activations = [mechanisms.Activations(example, row, batch_size) for example, row in pairs]
+  maps = mechanisms.clipped_contribution_maps(activations, noise.contribution_clip)
+  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, len(tables)))
+  return {layer: mechanisms.select_rows(contribution, layer.vocabulary_size, noise.threshold,
+                                        noise.contribution_multiplier * noise.contribution_clip,
+                                        table_seed)
+          for layer, contribution, table_seed in zip(tables, maps, seeds)}
+
+
+def _gather_across_replicas(pairs, batch_size):
+  """All replicas' ``(example, row)`` pairs, examples numbered across replicas."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return pairs, batch_size
+  sizes = context.all_gather(batch_size[None], axis=0)
+  offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
+  gathered = []
+  for example, row in pairs:
+    local = tf.stack([example + offset, row], axis=1)
+    length = tf.shape(local, out_type=tf.int64)[0]
+    longest = tf.reduce_max(context.all_gather(length[None], axis=0))
+    padded = tf.pad(local, [[0, longest - length], [0, 0]], constant_values=-1)
+    everyone = context.all_gather(padded, axis=0)
+    everyone = tf.boolean_mask(everyone, everyone[:, 0] >= 0)
+    gathered.append((everyone[:, 0], everyone[:, 1]))
+  return gathered, tf.reduce_sum(sizes)
+
+
+def _squared_norms(recorded: _Recorded) -> tf.Tensor:
+  """``||g_i||^2`` over every weight, per example."""
+  batch_size = recorded.batch_size
   squared = [tf.zeros([batch_size])]
-  squared += [mechanisms.squared_norms(g, batch_size) for g in row_grads.values()]
+  squared += [mechanisms.squared_norms(g, batch_size) for g in recorded.rows.values()]
   squared += [dense_layers.squared_norms(x, d, layer.use_bias)
-              for layer, (x, d) in dense_inputs.items()]
-  factors = mechanisms.clip_factors(tf.add_n(squared), noise.l2_norm_clip)
+              for layer, (x, d) in recorded.dense.items()]
+  return tf.add_n(squared)
 
-  # Clipped sums plus noise, per variable.
+
+def _noisy_sums(leaves, recorded: _Recorded, selections, factors, noise: StepNoise, seed):
+  """Clipped sums plus noise, divided by the expected batch size, per variable."""
+  context = tf.distribute.get_replica_context()
+  adds_noise = 1.0 if context is None else tf.cast(
+      tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
   std = noise.gradient_multiplier * noise.l2_norm_clip
-  gradients, signal, noise_sq = {}, [], []
+  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 2 * len(leaves)))
+  gradients, signal, noise_squared = {}, [], []
   nonzero_rows = tf.constant(0, tf.int64)
+
+  def finish(variable, clipped, noisy):
+    signal.append(tf.reduce_sum(tf.square(clipped)))
+    noise_squared.append(tf.reduce_sum(tf.square(noisy - clipped)))
+    gradients[variable.ref()] = noisy
+
   for i, layer in enumerate(leaves):
-    layer_seed = seeds[len(leaves) + 2 + i] if len(seeds) > len(leaves) + 2 + i else seeds[-1]
     if isinstance(layer, Embedding):
       shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
-      clipped = (mechanisms.clipped_row_sum(row_grads[layer], factors, shape) if layer in row_grads
-                 else tf.IndexedSlices(tf.zeros([0, layer.output_dim]), tf.zeros([0], tf.int64), shape))
+      row_grads = recorded.rows.get(layer, mechanisms.RowGradients(
+          tf.zeros([0], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0, layer.output_dim])))
+      clipped = mechanisms.clipped_row_sum(row_grads, factors, shape)
       if noise.sparse:
-        rows = (selections[layer].rows if layer in selections
-                else mechanisms.select_rows(mechanisms.ContributionMap(
-                    tf.zeros([0], tf.int64), tf.zeros([0])), layer.vocabulary_size,
-                    noise.threshold, noise.contribution_multiplier * noise.contribution_clip,
-                    layer_seed).rows)
-        noisy = mechanisms.add_row_sparse_noise(clipped, rows, std, layer_seed)
-        signal.append(tf.reduce_sum(tf.square(clipped.values)))
-        noise_sq.append(tf.reduce_sum(tf.square(noisy.values - _dense_rows(clipped, rows))))
+        rows = selections[layer].rows
+        kept = mechanisms.sum_on_rows(clipped, rows)
+        noisy = kept + tf.random.stateless_normal(tf.shape(kept), seeds[2 * i],
+                                                  stddev=std) * adds_noise
+        finish(layer.embeddings, kept, noisy)
+        gradients[layer.embeddings.ref()] = tf.IndexedSlices(
+            noisy / noise.expected_batch_size, rows, shape)
         nonzero_rows += tf.size(rows, out_type=tf.int64)
-        gradients[layer.embeddings.ref()] = _scaled(noisy, noise.expected_batch_size)
-      else:
-        dense_sum = tf.convert_to_tensor(clipped)
-        table_noise = tf.random.stateless_normal(tf.shape(dense_sum), layer_seed, stddev=std)
-        signal.append(tf.reduce_sum(tf.square(dense_sum)))
-        noise_sq.append(tf.reduce_sum(tf.square(table_noise)))
+      else:  # DP-SGD: noise on every row; the clipped rows are scattered into it
+        table_noise = tf.random.stateless_normal(shape, seeds[2 * i], stddev=std) * adds_noise
+        signal.append(tf.reduce_sum(tf.square(clipped.values)))
+        noise_squared.append(tf.reduce_sum(tf.square(table_noise)))
+        noisy = tf.tensor_scatter_nd_add(table_noise, clipped.indices[:, None], clipped.values)
+        gradients[layer.embeddings.ref()] = noisy / noise.expected_batch_size
         nonzero_rows += layer.vocabulary_size
-        gradients[layer.embeddings.ref()] = (dense_sum + table_noise) / noise.expected_batch_size
-    else:
-      if layer in dense_inputs:
-        kernel, bias = dense_layers.clipped_sums(*dense_inputs[layer], factors, layer.use_bias)
-      else:  # not called this step: its clipped sum is zero, the noise is not
-        kernel = tf.zeros_like(layer.kernel)
-        bias = tf.zeros_like(layer.bias) if layer.use_bias else None
-      kernel_seed, bias_seed = tf.unstack(tf.random.experimental.stateless_split(layer_seed, 2))
-      for variable, value, s in ((layer.kernel, kernel, kernel_seed), (layer.bias, bias, bias_seed)):
-        if value is None:
-          continue
-        n = tf.random.stateless_normal(tf.shape(value), s, stddev=std)
-        signal.append(tf.reduce_sum(tf.square(value)))
-        noise_sq.append(tf.reduce_sum(tf.square(n)))
-        gradients[variable.ref()] = (value + n) / noise.expected_batch_size
+      continue
+    if layer in recorded.dense:
+      kernel, bias = dense_layers.clipped_sums(*recorded.dense[layer], factors, layer.use_bias)
+    else:  # not called this step: its clipped sum is zero, its noise is not
+      kernel = tf.zeros_like(layer.kernel)
+      bias = tf.zeros_like(layer.bias) if layer.use_bias else None
+    for variable, value, s in ((layer.kernel, kernel, seeds[2 * i]),
+                               (layer.bias, bias, seeds[2 * i + 1])):
+      if value is not None:
+        draw = tf.random.stateless_normal(tf.shape(value), s, stddev=std)
+        finish(variable, value, value + draw * adds_noise)
+        gradients[variable.ref()] /= noise.expected_batch_size
 
   table_rows = sum(l.vocabulary_size for l in leaves if isinstance(l, Embedding))
   stats = {
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
       "gradient_size_reduction": table_rows / tf.maximum(tf.cast(nonzero_rows, tf.float32), 1.0),
-      "gradient_snr": tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_sq), 1e-30)),
+      "gradient_snr": tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30)),
   }
-  if noise.sparse:
-    stats["rows_dropped"] = tf.cast(sum(s.num_dropped for s in selections.values()), tf.float32)
+  if selections:
+    stats["rows_dropped"] = tf.cast(tf.add_n([s.num_dropped for s in selections.values()]),
+                                    tf.float32)
     stats["false_positive_rows"] = tf.cast(
-        sum(s.num_false_positives for s in selections.values()), tf.float32)
-  return gradients, losses, stats
-
-
-def _dense_rows(clipped: tf.IndexedSlices, rows: tf.Tensor) -> tf.Tensor:
-  """The clipped sum on ``rows`` (zeros where it has none), for the SNR statistic."""
-  return mechanisms.add_row_sparse_noise(clipped, rows, 0.0, tf.constant([0, 0], tf.int64)).values
-
-
-def _scaled(slices: tf.IndexedSlices, divisor: float) -> tf.IndexedSlices:
-  return tf.IndexedSlices(slices.values / divisor, slices.indices, slices.dense_shape)
+        tf.add_n([s.num_false_positives for s in selections.values()]), tf.float32)
+  # Keras sums (or takes the first of) per-replica logs: report once.
+  return gradients, {name: value * adds_noise for name, value in stats.items()}

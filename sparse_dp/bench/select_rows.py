@@ -6,26 +6,25 @@ geometric skips. With the expected number of false positives held fixed
 (``--false-positives``, by setting tau), time should stay flat from 1e5 to
 1e9 rows; with tau fixed it grows only with the rows selected.
 
-    python benchmarks/select_rows.py --out select_rows.json
+    sparse-dp bench select-rows --out select_rows.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import resource
 import statistics
 import time
 
-import numpy as np
-import tensorflow as tf
-from scipy import stats
-
-from sparse_dp.mechanisms import contribution_maps, false_positive_probability, select_rows
 
 
 def measure(vocabulary: int, tau: float, noise_std: float, batch: int, steps: int) -> dict:
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from sparse_dp.mechanisms import (contribution_maps, false_positive_probability,  # pylint: disable=import-outside-toplevel
+                                    select_rows)
+
   ids = tf.constant(np.random.default_rng(0).zipf(1.1, batch) % vocabulary, tf.int64)
 
   @tf.function
@@ -48,8 +47,9 @@ def measure(vocabulary: int, tau: float, noise_std: float, batch: int, steps: in
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_parser(commands) -> None:
+  parser = commands.add_parser("select-rows", help="seconds per row selection against vocabulary",
+                               description=__doc__.splitlines()[0])
   parser.add_argument("--vocab", default="100000,1000000,10000000,100000000,1000000000")
   parser.add_argument("--tau", type=float, default=5.0, help="fixed threshold run")
   parser.add_argument("--false-positives", type=float, default=1000.0,
@@ -59,7 +59,13 @@ def main() -> None:
   parser.add_argument("--batch-size", type=int, default=1024)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--out", help="write the JSON here as well as to stdout")
-  args = parser.parse_args()
+  parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+
   noise_std = args.sigma1 * args.clip
   results = []
   for vocabulary in (int(float(v)) for v in args.vocab.split(",")):
@@ -74,7 +80,4 @@ def main() -> None:
   if args.out:
     with open(args.out, "w") as f:
       f.write(text + "\n")
-
-
-if __name__ == "__main__":
-  main()
+  return 0

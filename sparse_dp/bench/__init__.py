@@ -1,0 +1,1 @@
+"""Benchmarks behind ``sparse-dp bench``; each writes JSON."""

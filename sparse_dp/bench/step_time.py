@@ -1,0 +1,168 @@
+"""Seconds per training step against vocabulary size (core paper Table 4, App. D.2.1).
+
+The model of ``../shared/NOTES.md`` §4: one embedding table of ``--dim`` (64),
+one Zipf-distributed id per example (exponent 1.1), the embedding summed to
+one logit, sigmoid cross-entropy, batch ``--batch-size`` (1024). Trainers:
+
+* ``nonprivate``: plain Keras (``tf.keras.layers.Embedding``), sparse updates;
+* ``dpsgd-tfp``: TF Privacy 0.9.0 ``DPModel`` with its fast gradient clipping;
+* ``dpsgd``: sparse-dp's DP-SGD (dense noise on the whole table);
+* ``adafest``: sparse-dp's DP-AdaFEST.
+
+Each trainer and size runs in its own subprocess (``TF_ENABLE_ONEDNN_OPTS=0``,
+so freed buffers do not inflate the resident memory), times ``--steps`` calls
+of the compiled train function after warm-up, and reports the median.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+TRAINERS = ("nonprivate", "dpsgd-tfp", "dpsgd", "adafest")
+OPTIMIZERS = ("sgd", "adam", "adagrad")
+_WARMUP_STEPS = 3
+
+
+def add_parser(commands) -> None:
+  parser = commands.add_parser("step", help="seconds per training step against vocabulary size",
+                               description=__doc__.splitlines()[0])
+  parser.add_argument("--vocab", default="100000,1000000,10000000",
+                      help="comma-separated vocabulary sizes")
+  parser.add_argument("--trainers", default=",".join(TRAINERS),
+                      help=f"comma-separated, from {', '.join(TRAINERS)}")
+  parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+  parser.add_argument("--dim", type=int, default=64)
+  parser.add_argument("--batch-size", type=int, default=1024)
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--clip", type=float, default=1.0, help="C1 and C2")
+  parser.add_argument("--sigma1", type=float, default=1.414)
+  parser.add_argument("--sigma2", type=float, default=1.414,
+                      help="also the noise multiplier of the DP-SGD trainers")
+  parser.add_argument("--tau", type=float, default=5.0)
+  parser.add_argument("--timeout", type=float, default=1800, help="seconds per trainer and size")
+  parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+  trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
+  unknown = sorted(set(trainers) - set(TRAINERS))
+  if unknown:
+    raise ValueError(f"unknown trainer(s) {', '.join(unknown)}; choose from {', '.join(TRAINERS)}")
+  vocabularies = [int(float(v)) for v in args.vocab.split(",")]
+  if any(v < 2 for v in vocabularies) or args.steps < 1 or args.batch_size < 1:
+    raise ValueError("--vocab sizes must be >= 2, --steps and --batch-size >= 1")
+  results = []
+  for vocabulary in vocabularies:
+    for trainer in trainers:
+      settings = {**{k: getattr(args, k) for k in ("optimizer", "dim", "batch_size", "steps",
+                                                    "clip", "sigma1", "sigma2", "tau")},
+                  "trainer": trainer, "vocab": vocabulary}
+      results.append(_in_subprocess(settings, args.timeout))
+      if not args.json:
+        _print_row(results[-1])
+  report = {"benchmark": "step_time", "optimizer": args.optimizer, "dim": args.dim,
+            "batch_size": args.batch_size, "steps": args.steps, "results": results}
+  if args.json:
+    print(json.dumps(report))
+  return 0
+
+
+def _in_subprocess(settings: dict, timeout: float) -> dict:
+  env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+  try:
+    done = subprocess.run([sys.executable, "-m", "sparse_dp.bench.step_time", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+  except subprocess.TimeoutExpired:
+    return {**_key(settings), "error": f"timed out after {timeout:g} s"}
+  if done.returncode != 0:
+    return {**_key(settings), "error": done.stderr.strip().splitlines()[-1] if done.stderr else
+            f"exit {done.returncode}"}
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _key(settings):
+  return {"trainer": settings["trainer"], "vocab": settings["vocab"]}
+
+
+def _print_row(result: dict) -> None:
+  if "error" in result:
+    print(f"{result['trainer']:>11} vocab {result['vocab']:>11,}: {result['error']}")
+    return
+  print(f"{result['trainer']:>11} vocab {result['vocab']:>11,}: "
+        f"{result['seconds_per_step']:.4f} s/step, {result['peak_rss_mb']:,.0f} MB peak, "
+        f"{result['nonzero_rows_per_step']:,.0f} nonzero rows/step", flush=True)
+
+
+def measure(settings: dict) -> dict:
+  """Builds one trainer, warms it up, and times its train function (in this process)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  vocabulary, batch, steps = settings["vocab"], settings["batch_size"], settings["steps"]
+  rng = np.random.default_rng(0)
+  total = steps + _WARMUP_STEPS
+  ids = (rng.zipf(1.1, (total, batch)) % vocabulary).astype("int64")
+  labels = rng.integers(0, 2, (total, batch, 1)).astype("float32")
+  model, private = _build(settings, tf)
+  iterator = iter(tf.data.Dataset.from_tensor_slices((ids, labels)).repeat())
+  train = model.make_train_function()
+  seconds, nonzero = [], []
+  for step in range(total):
+    start = time.perf_counter()
+    logs = train(iterator)
+    rows = float(logs["nonzero_rows"]) if "nonzero_rows" in logs else None
+    elapsed = time.perf_counter() - start
+    if step >= _WARMUP_STEPS:
+      seconds.append(elapsed)
+      nonzero.append(rows if rows is not None else
+                     (vocabulary if private != "none" else len(np.unique(ids[step]))))
+  return {"trainer": settings["trainer"], "vocab": vocabulary,
+          "seconds_per_step": statistics.median(seconds),
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "nonzero_rows_per_step": statistics.mean(nonzero)}
+
+
+def _build(settings: dict, tf):
+  """``(compiled model, kind)`` for one trainer."""
+  from sparse_dp import DPConfig, make_private  # pylint: disable=import-outside-toplevel
+  from sparse_dp.layers import Embedding  # pylint: disable=import-outside-toplevel
+  from sparse_dp.optimizers import sparse_optimizer  # pylint: disable=import-outside-toplevel
+
+  trainer, vocabulary, dim = settings["trainer"], settings["vocab"], settings["dim"]
+  optimizer = sparse_optimizer({"sgd": tf.keras.optimizers.legacy.SGD(0.1),
+                                "adam": tf.keras.optimizers.Adam(0.001),
+                                "adagrad": tf.keras.optimizers.legacy.Adagrad(0.1)}[settings["optimizer"]])
+  loss = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+  ids = tf.keras.Input(shape=(), dtype=tf.int64)
+  plain = trainer in ("nonprivate", "dpsgd-tfp")
+  table = (tf.keras.layers.Embedding(vocabulary, dim) if plain else Embedding(vocabulary, dim))
+  logit = tf.keras.layers.Lambda(lambda e: tf.reduce_sum(e, -1, keepdims=True))(table(ids))
+  if trainer == "dpsgd-tfp":
+    import tensorflow_privacy  # pylint: disable=import-outside-toplevel
+    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry  # pylint: disable=import-outside-toplevel
+    model = tensorflow_privacy.DPModel(
+        l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"], use_xla=False,
+        layer_registry=layer_registry.make_default_layer_registry(), inputs=ids, outputs=logit)
+    model.compile(optimizer=optimizer, loss=loss)
+    return model, "dense"
+  model = tf.keras.Model(ids, logit)
+  model.compile(optimizer=optimizer, loss=loss)
+  if trainer == "nonprivate":
+    return model, "none"
+  config = (DPConfig("dpsgd", l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"])
+            if trainer == "dpsgd" else
+            DPConfig("adafest", l2_norm_clip=settings["clip"], contribution_clip=settings["clip"],
+                     sigma1=settings["sigma1"], sigma2=settings["sigma2"], threshold=settings["tau"]))
+  make_private(model, config, num_examples=1_000_000_000, batch_size=settings["batch_size"])
+  return model, "dp"
+
+
+if __name__ == "__main__":
+  print(json.dumps(measure(json.loads(sys.argv[1]))))

@@ -1,0 +1,46 @@
+"""Trains a few DP steps on one device and on two mirrored replicas; prints the weights.
+
+Run as a script: logical CPU devices must be configured before TensorFlow
+starts, so ``test_distribute.py`` runs this in a fresh process.
+"""
+
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import sparse_dp  # noqa: E402
+from sparse_dp.layers import Embedding  # noqa: E402
+
+VOCAB, BATCH = 200, 64
+
+
+def train(strategy, config):
+  rng = np.random.default_rng(0)
+  ids = (rng.zipf(1.5, BATCH * 3) % VOCAB).astype("int64")
+  labels = rng.integers(0, 2, (BATCH * 3, 1)).astype("float32")
+  with strategy.scope():
+    tf.keras.utils.set_random_seed(5)
+    inputs = tf.keras.Input(shape=(), dtype=tf.int64)
+    hidden = tf.keras.layers.Dense(8, activation="relu")(Embedding(VOCAB, 4)(inputs))
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
+                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig(**config), num_examples=10_000,
+                                     batch_size=BATCH)
+  dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+  history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+  return {"weights": [w.tolist() for w in model.get_weights()],
+          "steps": private.accountant.steps,
+          "nonzero_rows": history.history["nonzero_rows"][-1]}
+
+
+if __name__ == "__main__":
+  config = json.loads(sys.argv[1])
+  one = train(tf.distribute.OneDeviceStrategy("/cpu:0"), config)
+  two = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), config)
+  print(json.dumps({"one": one, "two": two}))

@@ -1,0 +1,54 @@
+"""A subclassed tfrs.Model trains privately (its own train_step sums gradients)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+import sparse_dp
+from keras_models import N, VOCAB, synthetic_data
+from sparse_dp.layers import Embedding
+
+
+class RankingModel(tfrs.Model):
+
+  def __init__(self, reduction):
+    super().__init__()
+    self.table = Embedding(VOCAB, 8)
+    self.score = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"),
+                                      tf.keras.layers.Dense(1)])
+    self.task = tfrs.tasks.Ranking(
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=reduction),
+        metrics=[tf.keras.metrics.BinaryAccuracy(threshold=0.0)])
+
+  def call(self, ids):
+    return self.score(self.table(ids))
+
+  def compute_loss(self, features, training=False):
+    ids, labels = features
+    return self.task(labels=labels[:, None], predictions=self(ids))
+
+
+def test_tfrs_model_trains_with_adafest():
+  tf.keras.utils.set_random_seed(4)
+  ids, labels = synthetic_data()
+  model = RankingModel(tf.keras.losses.Reduction.NONE)
+  model.compile(optimizer=tf.keras.optimizers.Adagrad(0.3))
+  before = float(tf.reduce_mean(model.compute_loss((ids, labels))))
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", sigma1=3.0, sigma2=0.8, threshold=3.0),
+      num_examples=N, batch_size=256)
+  history = model.fit(private.poisson_dataset(ids, labels, epochs=3), verbose=0,
+                      callbacks=[private.callback()])
+  assert float(tf.reduce_mean(model.compute_loss((ids, labels)))) < before - 0.1
+  assert history.history["epsilon"][-1] > 0 and "binary_accuracy" in history.history
+
+
+def test_tfrs_model_with_reduced_loss_is_refused_clearly():
+  ids, labels = synthetic_data()
+  model = RankingModel(tf.keras.losses.Reduction.SUM)
+  model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1))
+  sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
+                         num_examples=N, batch_size=256)
+  with pytest.raises(ValueError, match="reduction=tf.keras.losses.Reduction.NONE"):
+    model.fit(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(256), verbose=0)
