@@ -57,10 +57,19 @@ def reference_clipped_sum(model, x, y, clip, keep_rows=None):
   return total
 
 
-def run_step(model, x, y, noise):
+def run_step(model, x, y, noise, microbatch_size=None):
   leaves = dense_layers.trainable_leaf_layers(model)
-  grads, _, stats = private_gradients(leaves, lambda: per_example_losses(model, x, y), noise,
-                                      tf.constant([1, 2], tf.int64))
+
+  def losses_of(data):
+    return per_example_losses(model, *data), None, None
+
+  @tf.function
+  def step(x, y):
+    return private_gradients(leaves, losses_of, (x, y), noise, tf.constant([1, 2], tf.int64),
+                             microbatch_size)
+
+  grads, losses, stats = step(x, y)
+  assert losses.shape == (12,)
   return [tf.convert_to_tensor(grads[v.ref()]).numpy() for v in model.trainable_variables], stats
 
 
@@ -102,3 +111,16 @@ def test_unsupported_layer_is_named():
   keras_table = tf.keras.Model(inputs, tf.keras.layers.Embedding(10, 2, name="plain")(inputs))
   with pytest.raises(dense_layers.UnsupportedLayerError, match="sparse_dp.layers.Embedding"):
     dense_layers.trainable_leaf_layers(keras_table)
+
+
+@pytest.mark.parametrize("contribution_multiplier", [None, 0.5])
+def test_micro_batches_give_the_sums_of_one_batch(contribution_multiplier):
+  model, (x, y) = build_model(), batch()
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=contribution_multiplier,
+                    l2_norm_clip=0.7, contribution_clip=3.0, threshold=1.0,
+                    expected_batch_size=1.0)
+  whole, whole_stats = run_step(model, x, y, noise)
+  parts, parts_stats = run_step(model, x, y, noise, microbatch_size=5)  # 5 + 5 + 2
+  for a, b in zip(whole, parts):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  assert float(whole_stats["nonzero_rows"]) == float(parts_stats["nonzero_rows"])

@@ -119,3 +119,18 @@ def test_model_without_loss_or_with_unsupported_layer_is_refused():
   with pytest.raises(sparse_dp.training.UnsupportedLayerError, match="'norm'"):
     sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
                            num_examples=10, batch_size=2)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_gradient_accumulation_trains_with_noise_once_per_batch(algorithm):
+  ids, labels = synthetic_data()
+  model = functional_model()
+  model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
+  before = model.evaluate(ids, labels, verbose=0)[0]
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig(algorithm, microbatch_size=64, **CONFIGS[algorithm]),
+      num_examples=N, batch_size=256)
+  history = fit(model, private, ids, labels)
+  assert model.evaluate(ids, labels, verbose=0)[0] < before - 0.1
+  assert private.accountant.steps == 48  # one accounted step per logical batch
+  assert 0 < history.history["accuracy"][-1] <= 1

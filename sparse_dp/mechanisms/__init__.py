@@ -4,7 +4,7 @@ All are usable inside ``tf.function`` and take explicit ``[2]``-shaped seeds
 (stateless random ops), so a step's noise is reproducible from its seed.
 """
 
-from sparse_dp.mechanisms.activations import Activations, activations
+from sparse_dp.mechanisms.activations import Activations, activations, distinct_pairs
 from sparse_dp.mechanisms.contribution_map import (ContributionMap,
                                                    clipped_contribution_maps,
                                                    contribution_clip_weights,
@@ -23,7 +23,7 @@ from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
 __all__ = [
     "Activations", "BucketRemapping", "ContributionMap", "RowGradients", "RowSelection",
     "activations", "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
-    "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "contribution_clip_weights", "contribution_maps",
+    "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "distinct_pairs", "contribution_clip_weights", "contribution_maps",
     "dp_top_k", "false_positive_probability", "per_example_row_gradients",
     "public_top_k", "restrict_to_rows", "sample_zero_rows", "select_rows",
     "squared_norms", "sum_on_rows",

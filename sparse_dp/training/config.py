@@ -30,6 +30,9 @@ class DPConfig:
     epsilon_budget: training stops before a step that would exceed it
       (default: ``target_epsilon`` when given).
     seed: seed of the noise; each step uses ``fold_in(seed, step)``.
+    microbatch_size: process each (logical) batch in micro-batches of this
+      many examples and add the noise once (gradient accumulation): memory
+      then depends on the micro-batch, not the batch. ``None``: one pass.
   """
 
   algorithm: str = "adafest"
@@ -45,6 +48,7 @@ class DPConfig:
   delta: Optional[float] = None
   epsilon_budget: Optional[float] = None
   seed: int = 0
+  microbatch_size: Optional[int] = None
 
   def __post_init__(self):
     algorithm = Algorithm.parse(self.algorithm)
@@ -52,6 +56,9 @@ class DPConfig:
     check_positive("l2_norm_clip (C2)", self.l2_norm_clip)
     check_positive("contribution_clip (C1)", self.contribution_clip)
     check_positive("threshold (tau)", self.threshold)
+    if self.microbatch_size is not None and (
+        not isinstance(self.microbatch_size, int) or self.microbatch_size < 1):
+      raise ValueError(f"microbatch_size must be an integer >= 1, got {self.microbatch_size!r}")
     if algorithm.is_private and self.target_epsilon is None:
       needed = (("sigma1", "sigma2") if algorithm.uses_contribution_map
                 else ("noise_multiplier",))

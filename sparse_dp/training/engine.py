@@ -169,26 +169,22 @@ def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
   base_seed = tf.constant([training.config.seed, 0x2545F491], tf.int64)
 
   def train_step(self, data):
-    losses_of = per_example_loss_fn(self)
-    outputs = {}
     within_budget = tf.debugging.Assert(
         tf.logical_or(training.step_limit < 0, training.steps_taken < training.step_limit),
         [f"sparse-dp: the epsilon budget {training.epsilon_budget} allows no further step "
          "(pass private.callback() to fit to stop cleanly)"])
-
-    def compute_losses():
-      losses, outputs["y"], outputs["y_pred"] = losses_of(data)
-      return losses
-
     with tf.control_dependencies([within_budget]):
       step_seed = tf.random.experimental.stateless_fold_in(base_seed, training.steps_taken)
-    gradients, losses, stats = private_gradients(leaves, compute_losses, noise, step_seed)
+    def update_metrics(y, y_pred):
+      self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+      self.compiled_metrics.update_state(y, y_pred)
+
+    gradients, losses, stats = private_gradients(
+        leaves, per_example_loss_fn(self), data, noise, step_seed,
+        training.config.microbatch_size, on_outputs=update_metrics)
     variables = [v for v in self.trainable_variables if v.ref() in gradients]
     self.optimizer.apply_gradients([(gradients[v.ref()], v) for v in variables])
     training.steps_taken.assign_add(1)
-    if outputs["y"] is not None:
-      self.compiled_loss(outputs["y"], outputs["y_pred"], regularization_losses=self.losses)
-      self.compiled_metrics.update_state(outputs["y"], outputs["y_pred"])
     logs = {m.name: m.result() for m in self.metrics}
     logs.setdefault("loss", tf.reduce_mean(losses))
     return {**logs, **stats}

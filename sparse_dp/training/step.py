@@ -21,6 +21,12 @@ each replica clips its own examples; only the first replica adds noise, so the
 optimizer's sum over replicas carries the noise once per step. The step
 statistics come from the first replica; its ``gradient_snr`` measures only its
 own share of the clipped sum.
+
+With ``microbatch_size`` the logical batch is processed in micro-batches (Anil
+et al. §5.3): a forward-only pass over them collects every activated row, so
+the contribution map and the selection are the whole logical batch's; a second
+pass clips and accumulates each micro-batch's gradients; the noise is added
+once. Memory then depends on the micro-batch, not the logical batch.
 """
 
 from __future__ import annotations
@@ -54,9 +60,9 @@ class StepNoise:
 
 @dataclasses.dataclass
 class _Recorded:
-  """Per-example gradients of one batch, by layer."""
+  """Per-example gradients of one (micro-)batch, by layer."""
 
-  losses: tf.Tensor
+  losses: tf.Tensor  # [B]
   rows: dict  # Embedding -> mechanisms.RowGradients
   dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
 
@@ -65,30 +71,55 @@ class _Recorded:
     return tf.shape(self.losses, out_type=tf.int64)[0]
 
 
-def private_gradients(leaves: list, compute_losses: Callable[[], tf.Tensor],
-                      noise: StepNoise, seed: tf.Tensor):
+@dataclasses.dataclass
+class _ClippedSums:
+  """``sum_i [g_i]_C2`` per variable; table sums may repeat indices."""
+
+  tables: dict  # Embedding -> tf.IndexedSlices
+  dense: dict  # variable ref -> tf.Tensor
+
+
+LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
+
+
+def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
+                      seed: tf.Tensor, microbatch_size: Optional[int] = None,
+                      on_outputs: Optional[Callable] = None):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
 
-  ``compute_losses`` runs the model forward and returns per-example losses
-  ``[B]``. Returns ``(gradients by variable ref, losses, statistics)``.
+  ``losses_of(data)`` runs the model forward on a batch and returns its
+  per-example losses ``[B]``, with labels and predictions (or ``None``s);
+  ``on_outputs(labels, predictions)`` (e.g. Keras metric updates) is called
+  once per (micro-)batch of the gradient pass. Returns ``(gradients by
+  variable ref, per-example losses, statistics)``.
   """
-  recorded = _per_example_gradients(leaves, compute_losses)
   tables = [l for l in leaves if isinstance(l, Embedding)]
   selection_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-  selections = (_select_rows(tables, recorded, noise, selection_seed)
-                if noise.sparse and tables else {})
-  for layer, selection in selections.items():
-    recorded.rows[layer] = mechanisms.restrict_to_rows(recorded.rows[layer], selection.rows)
-  factors = mechanisms.clip_factors(_squared_norms(recorded), noise.l2_norm_clip)
-  gradients, stats = _noisy_sums(leaves, recorded, selections, factors, noise, noise_seed)
-  return gradients, recorded.losses, stats
+  if microbatch_size is None:
+    recorded = _per_example_gradients(leaves, lambda: losses_of(data), on_outputs)
+    pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
+    selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
+                  if noise.sparse and tables else {})
+    sums, losses = _clipped_sums(leaves, recorded, selections, noise), recorded.losses
+  else:
+    chunks = _Chunks(data, microbatch_size)
+    selections = {}
+    if noise.sparse and tables:
+      pairs = _activated_pairs(tables, losses_of, chunks)
+      selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
+    sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise,
+                                             on_outputs)
+  gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed)
+  return gradients, losses, stats
 
 
-def _per_example_gradients(leaves, compute_losses) -> _Recorded:
+def _per_example_gradients(leaves, compute, on_outputs=None) -> _Recorded:
   with tf.GradientTape() as tape:
     with recording() as lookups, dense_layers.recording_dense_calls(leaves) as dense_calls:
-      losses = compute_losses()
+      losses, labels, predictions = compute()
     total = tf.reduce_sum(losses)
+  if on_outputs is not None and labels is not None:
+    on_outputs(labels, predictions)
   tables = lookups.by_layer()
   dense_by_layer: dict = {}
   for call in dense_calls:
@@ -108,14 +139,16 @@ def _per_example_gradients(leaves, compute_losses) -> _Recorded:
   return _Recorded(losses, rows, dense)
 
 
-def _select_rows(tables, recorded: _Recorded, noise: StepNoise, seed) -> dict:
-  """Each table's selected rows, from the contribution map of the whole batch."""
-  empty = mechanisms.RowGradients(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
-                                  tf.zeros([0, 1]))
-  pairs = [(recorded.rows.get(layer, empty).example, recorded.rows.get(layer, empty).row)
-           for layer in tables]
-  pairs, batch_size = _gather_across_replicas(pairs, recorded.batch_size)
-  activations = [mechanisms.Activations(example, row, batch_size) for example, row in pairs]
+def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
+  """Each table's selected rows, from the contribution map of the whole batch.
+
+  ``pairs[layer] = (example, row)`` lists the batch's lookups (a table absent
+  from ``pairs`` was not looked up).
+  """
+  none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+  everyone, batch_size = _gather_across_replicas([pairs.get(l, none) for l in tables], batch_size)
+  activations = [mechanisms.Activations(*mechanisms.distinct_pairs(example, row, batch_size)[:2],
+                                        batch_size) for example, row in everyone]
   maps = mechanisms.clipped_contribution_maps(activations, noise.contribution_clip)
   seeds = tf.unstack(tf.random.experimental.stateless_split(seed, len(tables)))
   return {layer: mechanisms.select_rows(contribution, layer.vocabulary_size, noise.threshold,
@@ -143,17 +176,116 @@ def _gather_across_replicas(pairs, batch_size):
   return gathered, tf.reduce_sum(sizes)
 
 
-def _squared_norms(recorded: _Recorded) -> tf.Tensor:
-  """``||g_i||^2`` over every weight, per example."""
+def _clipped_sums(leaves, recorded: _Recorded, selections: dict, noise: StepNoise) -> _ClippedSums:
+  """Masks to the selected rows, clips each example jointly to ``C2``, sums."""
+  for layer, selection in selections.items():
+    if layer in recorded.rows:
+      recorded.rows[layer] = mechanisms.restrict_to_rows(recorded.rows[layer], selection.rows)
   batch_size = recorded.batch_size
   squared = [tf.zeros([batch_size])]
   squared += [mechanisms.squared_norms(g, batch_size) for g in recorded.rows.values()]
   squared += [dense_layers.squared_norms(x, d, layer.use_bias)
               for layer, (x, d) in recorded.dense.items()]
-  return tf.add_n(squared)
+  factors = mechanisms.clip_factors(tf.add_n(squared), noise.l2_norm_clip)
+  sums = _ClippedSums({}, {})
+  for layer in leaves:
+    if isinstance(layer, Embedding):
+      shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
+      if layer in recorded.rows:
+        sums.tables[layer] = mechanisms.clipped_row_sum(recorded.rows[layer], factors, shape)
+      else:
+        sums.tables[layer] = tf.IndexedSlices(tf.zeros([0, layer.output_dim]),
+                                              tf.zeros([0], tf.int64), shape)
+      continue
+    if layer in recorded.dense:
+      kernel, bias = dense_layers.clipped_sums(*recorded.dense[layer], factors, layer.use_bias)
+    else:  # not called: its clipped sum is zero
+      kernel = tf.zeros_like(layer.kernel)
+      bias = tf.zeros_like(layer.bias) if layer.use_bias else None
+    sums.dense[layer.kernel.ref()] = kernel
+    if bias is not None:
+      sums.dense[layer.bias.ref()] = bias
+  return sums
 
 
-def _noisy_sums(leaves, recorded: _Recorded, selections, factors, noise: StepNoise, seed):
+class _Chunks:
+  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors."""
+
+  def __init__(self, data, size: int):
+    if not isinstance(size, int) or size < 1:
+      raise ValueError(f"microbatch_size must be an integer >= 1, got {size!r}")
+    self.data, self.size = data, size
+    first = tf.nest.flatten(data, expand_composites=False)[0]
+    self.batch_size = tf.cast(first.nrows() if isinstance(first, tf.RaggedTensor)
+                              else tf.shape(first)[0], tf.int64)
+    self.count = (self.batch_size + size - 1) // size
+
+  def start(self, index):
+    return tf.cast(index, tf.int64) * self.size
+
+  def __getitem__(self, index):
+    start = self.start(index)
+    end = tf.minimum(start + self.size, self.batch_size)
+    return tf.nest.map_structure(lambda t: t[start:end], self.data)
+
+
+def _activated_pairs(tables, losses_of, chunks: _Chunks) -> dict:
+  """Every ``(example, row)`` the logical batch looks up, by table: a forward-only pass."""
+  def body(index, found):
+    with recording() as lookups:
+      losses_of(chunks[index])
+    by_layer = lookups.by_layer()
+    written = []
+    for layer, (examples, rows) in zip(tables, found):
+      ls = by_layer.get(layer, [])
+      example = (tf.concat([l.example for l in ls], 0) if ls else tf.zeros([0], tf.int64))
+      row = tf.concat([l.row for l in ls], 0) if ls else tf.zeros([0], tf.int64)
+      written.append((examples.write(index, example + chunks.start(index)),
+                      rows.write(index, row)))
+    return index + 1, written
+
+  empty = [(_array(tf.int64, [None]), _array(tf.int64, [None])) for _ in tables]
+  _, found = tf.while_loop(lambda index, _: tf.cast(index, tf.int64) < chunks.count, body,
+                           (tf.constant(0), empty))
+  return {layer: (examples.concat(), rows.concat())
+          for layer, (examples, rows) in zip(tables, found)}
+
+
+def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise, on_outputs):
+  """:func:`_clipped_sums` of every micro-batch, added up; and the per-example losses."""
+  tables = [l for l in leaves if isinstance(l, Embedding)]
+  dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
+                for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
+
+  def body(index, dense, table_parts, losses):
+    recorded = _per_example_gradients(leaves, lambda: losses_of(chunks[index]), on_outputs)
+    sums = _clipped_sums(leaves, recorded, selections, noise)
+    dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
+    table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
+                    values.write(index, sums.tables[layer].values))
+                   for layer, (indices, values) in zip(tables, table_parts)]
+    return index + 1, dense, table_parts, losses.write(index, recorded.losses)
+
+  start = (tf.constant(0), [tf.zeros(ref.deref().shape, ref.deref().dtype) for ref in dense_refs],
+           [(_array(tf.int64, [None]), _array(tf.float32, [None, layer.output_dim]))
+            for layer in tables],
+           _array(tf.float32, [None]))
+  _, dense, table_parts, losses = tf.while_loop(
+      lambda index, *_: tf.cast(index, tf.int64) < chunks.count, body, start)
+  sums = _ClippedSums(
+      {layer: tf.IndexedSlices(values.concat(), indices.concat(),
+                               tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
+       for layer, (indices, values) in zip(tables, table_parts)},
+      dict(zip(dense_refs, dense)))
+  return sums, losses.concat()
+
+
+def _array(dtype, element_shape) -> tf.TensorArray:
+  return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False,
+                        element_shape=tf.TensorShape(element_shape))
+
+
+def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed):
   """Clipped sums plus noise, divided by the expected batch size, per variable."""
   context = tf.distribute.get_replica_context()
   adds_noise = 1.0 if context is None else tf.cast(
@@ -163,45 +295,33 @@ def _noisy_sums(leaves, recorded: _Recorded, selections, factors, noise: StepNoi
   gradients, signal, noise_squared = {}, [], []
   nonzero_rows = tf.constant(0, tf.int64)
 
-  def finish(variable, clipped, noisy):
+  def noised(variable, clipped, draw_seed):
+    draw = tf.random.stateless_normal(tf.shape(clipped), draw_seed, stddev=std) * adds_noise
     signal.append(tf.reduce_sum(tf.square(clipped)))
-    noise_squared.append(tf.reduce_sum(tf.square(noisy - clipped)))
-    gradients[variable.ref()] = noisy
+    noise_squared.append(tf.reduce_sum(tf.square(draw)))
+    return (clipped + draw) / noise.expected_batch_size
 
   for i, layer in enumerate(leaves):
     if isinstance(layer, Embedding):
-      shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
-      row_grads = recorded.rows.get(layer, mechanisms.RowGradients(
-          tf.zeros([0], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0, layer.output_dim])))
-      clipped = mechanisms.clipped_row_sum(row_grads, factors, shape)
-      if noise.sparse:
+      clipped = sums.tables[layer]
+      if noise.sparse:  # DP-AdaFEST: noise on the selected rows only
         rows = selections[layer].rows
-        kept = mechanisms.sum_on_rows(clipped, rows)
-        noisy = kept + tf.random.stateless_normal(tf.shape(kept), seeds[2 * i],
-                                                  stddev=std) * adds_noise
-        finish(layer.embeddings, kept, noisy)
-        gradients[layer.embeddings.ref()] = tf.IndexedSlices(
-            noisy / noise.expected_batch_size, rows, shape)
+        values = noised(layer.embeddings, mechanisms.sum_on_rows(clipped, rows), seeds[2 * i])
+        gradients[layer.embeddings.ref()] = tf.IndexedSlices(values, rows, clipped.dense_shape)
         nonzero_rows += tf.size(rows, out_type=tf.int64)
       else:  # DP-SGD: noise on every row; the clipped rows are scattered into it
-        table_noise = tf.random.stateless_normal(shape, seeds[2 * i], stddev=std) * adds_noise
-        signal.append(tf.reduce_sum(tf.square(clipped.values)))
-        noise_squared.append(tf.reduce_sum(tf.square(table_noise)))
-        noisy = tf.tensor_scatter_nd_add(table_noise, clipped.indices[:, None], clipped.values)
+        rows, index = tf.unique(tf.cast(clipped.indices, tf.int64), out_idx=tf.int64)
+        values = tf.math.unsorted_segment_sum(clipped.values, index, tf.size(rows))
+        draw = tf.random.stateless_normal(clipped.dense_shape, seeds[2 * i], stddev=std)
+        signal.append(tf.reduce_sum(tf.square(values)))
+        noise_squared.append(tf.reduce_sum(tf.square(draw * adds_noise)))
+        noisy = tf.tensor_scatter_nd_add(draw * adds_noise, rows[:, None], values)
         gradients[layer.embeddings.ref()] = noisy / noise.expected_batch_size
         nonzero_rows += layer.vocabulary_size
       continue
-    if layer in recorded.dense:
-      kernel, bias = dense_layers.clipped_sums(*recorded.dense[layer], factors, layer.use_bias)
-    else:  # not called this step: its clipped sum is zero, its noise is not
-      kernel = tf.zeros_like(layer.kernel)
-      bias = tf.zeros_like(layer.bias) if layer.use_bias else None
-    for variable, value, s in ((layer.kernel, kernel, seeds[2 * i]),
-                               (layer.bias, bias, seeds[2 * i + 1])):
-      if value is not None:
-        draw = tf.random.stateless_normal(tf.shape(value), s, stddev=std)
-        finish(variable, value, value + draw * adds_noise)
-        gradients[variable.ref()] /= noise.expected_batch_size
+    for variable, draw_seed in ((layer.kernel, seeds[2 * i]), (layer.bias, seeds[2 * i + 1])):
+      if variable is not None and variable.ref() in sums.dense:
+        gradients[variable.ref()] = noised(variable, sums.dense[variable.ref()], draw_seed)
 
   table_rows = sum(l.vocabulary_size for l in leaves if isinstance(l, Embedding))
   stats = {
