@@ -1,6 +1,5 @@
 """A subclassed tfrs.Model trains privately (its own train_step sums gradients)."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_recommenders as tfrs

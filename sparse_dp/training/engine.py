@@ -9,7 +9,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from sparse_dp.accounting import (Algorithm, BatchSchedule, PrivacyAccountant, PrivacyReport,
+from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
                                   PrivacySpec, calibrate, steps_for_epochs)
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training import dense_layers
