@@ -29,7 +29,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.12",
-    packages=find_packages(include=["sparse_dp", "sparse_dp.*"]),
+    # Top-level folders install under the sparse_dp namespace, never as
+    # generic top-level names such as `data`.
+    packages=find_packages(include=["sparse_dp", "sparse_dp.*"]) + ["sparse_dp.data"],
+    package_dir={"sparse_dp.data": "data"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sparse-dp = sparse_dp.cli:main"]},

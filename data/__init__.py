@@ -1,0 +1,1 @@
+"""Criteo readers and the synthetic Criteo generator (installed as ``sparse_dp.data``)."""
