@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "numpy==1.26.4",
     "scipy>=1.11,<2",
     "pandas>=2.1,<4",
+    "matplotlib>=3.7,<4",
 ]
 
 EXTRAS = {
@@ -31,8 +32,9 @@ setup(
     python_requires=">=3.10,<3.12",
     # Top-level folders install under the sparse_dp namespace, never as
     # generic top-level names such as `data`.
-    packages=find_packages(include=["sparse_dp", "sparse_dp.*"]) + ["sparse_dp.data"],
-    package_dir={"sparse_dp.data": "data"},
+    packages=find_packages(include=["sparse_dp", "sparse_dp.*"]) + ["sparse_dp.data",
+                                                                    "sparse_dp.models"],
+    package_dir={"sparse_dp.data": "data", "sparse_dp.models": "models"},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sparse-dp = sparse_dp.cli:main"]},

@@ -87,3 +87,21 @@ def test_planted_model_is_learnable_and_days_drift():
   day24 = synthetic.examples(24, 20_000)
   assert len(top(day1) & top(day24)) < 40  # popular buckets move over the days
   assert len(top(day1) & top(synthetic.examples(1, 20_000))) >= 45
+
+
+def test_vocabulary_ids_thresholds_hashing_and_round_trip(tmp_path):
+  import pandas as pd
+  from sparse_dp.data.criteo_format import CATEGORICAL_NAMES
+  from sparse_dp.data.vocabulary import MISSING_ID, OOV_ID, Vocabulary
+
+  frame = pd.DataFrame({name: ["a", "a", "b", None, "c", "a"] for name in CATEGORICAL_NAMES})
+  vocabulary = Vocabulary.build([frame], min_count=1, max_size=2)
+  first = vocabulary.features[0]
+  assert first.buckets == ["a", "b"] and first.counts == [3, 1] and first.size == 4
+  ids = vocabulary.encode(pd.DataFrame({n: ["b", "zzz", None] for n in CATEGORICAL_NAMES}))
+  assert ids[:, 0].tolist() == [3, OOV_ID, MISSING_ID]
+  assert Vocabulary.build([frame], min_count=2).features[0].buckets == ["a"]
+  hashed = Vocabulary.build([frame], hash_buckets=10)
+  assert hashed.sizes[0] == 12 and 2 <= hashed.encode(frame)[0, 0] < 12
+  reloaded = Vocabulary.load(vocabulary.save(tmp_path / "vocabulary.json"))
+  assert reloaded.encode(frame).tolist() == vocabulary.encode(frame).tolist()

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from sparse_dp.bench import select_rows, step_time
 from sparse_dp.cli import privacy
+from sparse_dp.models import train_job
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest="command", required=True,
                                    parser_class=_OneLineErrorParser)
   privacy.add_parser(commands)
+  train_job.add_parser(commands)
   bench = commands.add_parser("bench", help="speed and memory benchmarks (JSON)")
   benchmarks = bench.add_subparsers(dest="benchmark", required=True,
                                     parser_class=_OneLineErrorParser)
@@ -38,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   try:
     return args.run(args)
-  except ValueError as error:  # bad input: one line naming it, never a traceback
+  except (ValueError, FileNotFoundError) as error:  # bad input: one line, never a traceback
     print(f"sparse-dp {args.command}: error: {error}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,39 @@
+"""The Criteo pCTR model of the core paper (App. D.1.1).
+
+One embedding table per categorical feature, of dimension ``int(2 V^0.25)``
+for a vocabulary of ``V`` rows; the embeddings are concatenated with the
+log-transformed integer features and go through four ReLU layers of 598 units
+and one logit. Built on :class:`sparse_dp.layers.Embedding`, so every
+algorithm of sparse-dp can train it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from sparse_dp.data.criteo_format import NUM_INTEGER
+from sparse_dp.layers import Embedding
+
+HIDDEN_UNITS = (598, 598, 598, 598)
+
+
+def embedding_dim(vocabulary_size: int) -> int:
+  """``int(2 V^0.25)``, the paper's heuristic."""
+  return int(2 * vocabulary_size ** 0.25)
+
+
+def build_pctr_model(vocabulary_sizes: Sequence[int],
+                     hidden_units: Sequence[int] = HIDDEN_UNITS) -> tf.keras.Model:
+  """Inputs ``{"integers": [B, 13] float32, "categorical": [B, 26] int64}``; output a logit."""
+  integers = tf.keras.Input(shape=(NUM_INTEGER,), dtype=tf.float32, name="integers")
+  categorical = tf.keras.Input(shape=(len(vocabulary_sizes),), dtype=tf.int64,
+                               name="categorical")
+  embedded = [Embedding(size, embedding_dim(size), name=f"embedding_{i}")(categorical[:, i])
+              for i, size in enumerate(vocabulary_sizes)]
+  hidden = tf.keras.layers.Concatenate()(embedded + [integers])
+  for units in hidden_units:
+    hidden = tf.keras.layers.Dense(units, activation="relu")(hidden)
+  logit = tf.keras.layers.Dense(1, name="logit")(hidden)
+  return tf.keras.Model({"integers": integers, "categorical": categorical}, logit, name="pctr")
