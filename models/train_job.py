@@ -36,7 +36,12 @@ def add_parser(commands) -> None:
   parser.add_argument("--tau", type=float, default=5.0, help="AdaFEST threshold")
   parser.add_argument("--min-count", type=int, default=1, help="vocabulary frequency threshold")
   parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the synthetic data and the initial weights")
+  parser.add_argument("--noise-seed", type=int,
+                      help="fix the DP noise for a reproducible experiment (never for a "
+                           "release: the noise is only as secret as this number); "
+                           "default: a secret seed from the OS")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
@@ -91,7 +96,8 @@ def train(args: argparse.Namespace) -> dict:
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   config = sparse_dp.DPConfig(
       args.algorithm, l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
-      threshold=args.tau, sigma_ratio=args.sigma_ratio, delta=args.delta, seed=args.seed,
+      threshold=args.tau, sigma_ratio=args.sigma_ratio, delta=args.delta,
+      noise_seed=args.noise_seed,
       target_epsilon=None if args.algorithm == "none" else args.epsilon)
   batch = min(args.batch_size, len(train_frame))
   private = sparse_dp.make_private(model, config, num_examples=len(train_frame),

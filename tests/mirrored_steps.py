@@ -30,7 +30,7 @@ def train(strategy, config):
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(hidden))
     model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
                   loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-    private = sparse_dp.make_private(model, sparse_dp.DPConfig(**config), num_examples=10_000,
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config), num_examples=10_000,
                                      batch_size=BATCH)
   dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
   history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)

@@ -24,7 +24,7 @@ def test_algorithm_lowers_loss_and_reports_epsilon(algorithm):
   ids, labels = synthetic_data()
   model = functional_model()
   before = model.evaluate(ids, labels, verbose=0)
-  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, **CONFIGS[algorithm]),
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
                                    num_examples=N, batch_size=256)
   history = fit(model, private, ids, labels)
   assert model.evaluate(ids, labels, verbose=0) < before - 0.1
@@ -46,7 +46,7 @@ def test_preselection_algorithms_train_on_kept_buckets(algorithm, seed):
   before = model.evaluate(remapped, labels, verbose=0)
   noise = CONFIGS["dpsgd" if algorithm == "fest" else "adafest"]
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig(algorithm, selection_epsilon=epsilon1, **noise),
+      model, sparse_dp.DPConfig(algorithm, noise_seed=1, selection_epsilon=epsilon1, **noise),
       num_examples=N, batch_size=256)
   history = fit(model, private, remapped, labels)
   assert model.evaluate(remapped, labels, verbose=0) < before - 0.05
@@ -57,7 +57,7 @@ def test_preselection_algorithms_train_on_kept_buckets(algorithm, seed):
 def test_none_equals_plain_keras():
   ids, labels = synthetic_data()
   plain, private_model = functional_model(seed=7), functional_model(seed=7)
-  sparse_dp.make_private(private_model, sparse_dp.DPConfig("none"), num_examples=N, batch_size=128)
+  sparse_dp.make_private(private_model, sparse_dp.DPConfig("none", noise_seed=1), num_examples=N, batch_size=128)
   for model in (plain, private_model):
     tf.keras.utils.set_random_seed(11)
     model.fit(ids, labels, batch_size=128, epochs=2, verbose=0)
@@ -72,7 +72,7 @@ def test_subclassed_model_and_target_epsilon():
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   model(tf.constant(ids[:2]))
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("adafest", target_epsilon=2.0, threshold=3.0),
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, target_epsilon=2.0, threshold=3.0),
       num_examples=N, batch_size=256, epochs=2)
   assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)
   assert private.spec.sigma1 / private.spec.sigma2 == pytest.approx(5.0)
@@ -84,7 +84,7 @@ def test_training_stops_before_exceeding_the_budget(capsys):
   ids, labels = synthetic_data()
   model = functional_model()
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=2.0, epsilon_budget=1.0),
+      model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=2.0, epsilon_budget=1.0),
       num_examples=N, batch_size=256)
   fit(model, private, ids, labels, epochs=10)
   steps = private.accountant.steps
@@ -104,7 +104,7 @@ def test_budget_holds_without_the_callback():
   ids, labels = synthetic_data()
   model = functional_model()
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=2.0, epsilon_budget=1.0),
+      model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=2.0, epsilon_budget=1.0),
       num_examples=N, batch_size=256)
   limit = int(private.step_limit.numpy())
   with pytest.raises(tf.errors.InvalidArgumentError, match="allows no further step"):
@@ -117,7 +117,7 @@ def test_model_without_loss_or_with_unsupported_layer_is_refused():
   model = tf.keras.Model(inputs, tf.keras.layers.LayerNormalization(name="norm")(inputs))
   model.compile(optimizer="sgd", loss="mse")
   with pytest.raises(sparse_dp.training.UnsupportedLayerError, match="'norm'"):
-    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
+    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=1.0),
                            num_examples=10, batch_size=2)
 
 
@@ -128,9 +128,24 @@ def test_gradient_accumulation_trains_with_noise_once_per_batch(algorithm):
   model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
   before = model.evaluate(ids, labels, verbose=0)[0]
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig(algorithm, microbatch_size=64, **CONFIGS[algorithm]),
+      model, sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=64, **CONFIGS[algorithm]),
       num_examples=N, batch_size=256)
   history = fit(model, private, ids, labels)
   assert model.evaluate(ids, labels, verbose=0)[0] < before - 0.1
   assert private.accountant.steps == 48  # one accounted step per logical batch
   assert 0 < history.history["accuracy"][-1] <= 1
+
+
+def test_noise_seed_is_secret_by_default_and_reproducible_when_fixed():
+  ids, labels = synthetic_data()
+
+  def trained(**seed):
+    model = functional_model()
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0,
+                                                               **seed),
+                                     num_examples=N, batch_size=256)
+    model.fit(private.poisson_dataset(ids, labels, epochs=0.1), verbose=0)
+    return model.get_weights()[0]
+
+  assert not np.array_equal(trained(), trained())  # fresh OS seeds: different noise
+  np.testing.assert_array_equal(trained(noise_seed=5), trained(noise_seed=5))

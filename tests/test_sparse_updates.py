@@ -55,7 +55,7 @@ def test_adafest_step_on_a_50_million_row_table_touches_only_selected_rows():
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   # tau with ~50 expected false positives among 5e7 zero rows at sigma1 * C1 = 1.
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, threshold=5.9),
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, sigma1=1.0, sigma2=1.0, threshold=5.9),
       num_examples=len(ids), batch_size=1024)
   history = model.fit(ids[:1024], labels[:1024], batch_size=1024, epochs=1, verbose=0)
   touched = np.flatnonzero(np.any(layer.embeddings.numpy() != 0, axis=1))

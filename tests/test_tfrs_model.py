@@ -35,7 +35,7 @@ def test_tfrs_model_trains_with_adafest():
   model.compile(optimizer=tf.keras.optimizers.Adagrad(0.3))
   before = float(tf.reduce_mean(model.compute_loss((ids, labels))))
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("adafest", sigma1=3.0, sigma2=0.8, threshold=3.0),
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, sigma1=3.0, sigma2=0.8, threshold=3.0),
       num_examples=N, batch_size=256)
   history = model.fit(private.poisson_dataset(ids, labels, epochs=3), verbose=0,
                       callbacks=[private.callback()])
@@ -47,7 +47,7 @@ def test_tfrs_model_with_reduced_loss_is_refused_clearly():
   ids, labels = synthetic_data()
   model = RankingModel(tf.keras.losses.Reduction.SUM)
   model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1))
-  sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
+  sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=1.0),
                          num_examples=N, batch_size=256)
   with pytest.raises(ValueError, match="reduction=tf.keras.losses.Reduction.NONE"):
     model.fit(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(256), verbose=0)

@@ -29,7 +29,11 @@ class DPConfig:
     delta: target delta; default ``1 / num_examples``.
     epsilon_budget: training stops before a step that would exceed it
       (default: ``target_epsilon`` when given).
-    seed: seed of the noise; each step uses ``fold_in(seed, step)``.
+    noise_seed: ``None`` (default): a fresh secret seed from the operating
+      system for the noise and the Poisson sampling. An integer makes runs
+      reproducible, but the noise is then only as secret as that integer:
+      anyone who knows it can regenerate and subtract the noise, so never use
+      a fixed seed for a release. Each step uses ``fold_in(seed, step)``.
     microbatch_size: process each (logical) batch in micro-batches of this
       many examples and add the noise once (gradient accumulation): memory
       then depends on the micro-batch, not the batch. ``None``: one pass.
@@ -47,7 +51,7 @@ class DPConfig:
   selection_epsilon: float = 0.0
   delta: Optional[float] = None
   epsilon_budget: Optional[float] = None
-  seed: int = 0
+  noise_seed: Optional[int] = None
   microbatch_size: Optional[int] = None
 
   def __post_init__(self):

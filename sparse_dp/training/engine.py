@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import types
 from typing import Optional
 
@@ -36,6 +37,9 @@ class PrivateTraining:
     self.sampling_rate = batch_size / num_examples
     self.delta = config.delta if config.delta is not None else 1.0 / num_examples
     self.spec = spec
+    # The noise and the sample must be unpredictable: without a seed from the
+    # user, one from the OS's cryptographic source.
+    self.seed = config.noise_seed if config.noise_seed is not None else secrets.randbits(62)
     self.poisson_sampling = False
     self._accountant = PrivacyAccountant("pld")
     if spec is not None and spec.algorithm.uses_top_k_selection:
@@ -106,7 +110,7 @@ class PrivateTraining:
     data = tuple(t for t in (x, y, sample_weight) if t is not None)
     self.poisson_sampling = True
     return poisson_batches(data if len(data) > 1 else data[0], self.sampling_rate,
-                           steps_for_epochs(epochs, self.sampling_rate), self.config.seed)
+                           steps_for_epochs(epochs, self.sampling_rate), self.seed)
 
   def callback(self, log_every_steps: int = 50):
     from sparse_dp.training.callbacks import PrivacyCallback  # pylint: disable=import-outside-toplevel
@@ -166,7 +170,7 @@ def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> Privacy
 
 
 def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
-  base_seed = tf.constant([training.config.seed, 0x2545F491], tf.int64)
+  base_seed = tf.constant([training.seed, 0x2545F491], tf.int64)
 
   def train_step(self, data):
     within_budget = tf.debugging.Assert(
