@@ -3,6 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from scipy import stats
+
+from conftest import ALPHA
 
 from sparse_dp.layers import Embedding
 from sparse_dp.training import dense_layers
@@ -124,3 +127,27 @@ def test_micro_batches_give_the_sums_of_one_batch(contribution_multiplier):
   for a, b in zip(whole, parts):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   assert float(whole_stats["nonzero_rows"]) == float(parts_stats["nonzero_rows"])
+
+
+@pytest.mark.parametrize("contribution_multiplier", [None, 1e-7])
+def test_step_noise_has_std_sigma_c2_on_noised_coordinates_only(contribution_multiplier):
+  """The training step's own noise: same seed with and without it, the difference."""
+  model, (x, y) = build_model(), batch()
+  common = dict(contribution_multiplier=contribution_multiplier, l2_norm_clip=0.7,
+                contribution_clip=3.0, threshold=0.5, expected_batch_size=4.0)
+  noisy, stats_noisy = run_step(model, x, y, StepNoise(gradient_multiplier=1.3, **common))
+  exact, _ = run_step(model, x, y, StepNoise(gradient_multiplier=0.0, **common))
+  diffs = [a - b for a, b in zip(noisy, exact)]
+  tables, dense = diffs[:2], diffs[2:]
+  noised_rows = sum(int(np.any(t != 0, axis=1).sum()) for t in tables)
+  assert noised_rows == float(stats_noisy["nonzero_rows"])  # noise on selected rows only
+  if contribution_multiplier is None:
+    assert noised_rows == VOCAB_A + VOCAB_B
+  std = 1.3 * 0.7 / 4.0  # sigma * C2 / expected batch size
+  table_values = np.concatenate([t[np.any(t != 0, axis=1)].ravel() for t in tables])
+  dense_values = np.concatenate([d.ravel() for d in dense])
+  for values in (table_values, dense_values):  # each group on its own: a wrong scale shows
+    n = values.size
+    assert n >= 60
+    scaled = np.sum(values ** 2) / std ** 2  # ~ chi2(n)
+    assert stats.chi2.ppf(ALPHA / 2, n) <= scaled <= stats.chi2.isf(ALPHA / 2, n)

@@ -306,8 +306,13 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
       clipped = sums.tables[layer]
       if noise.sparse:  # DP-AdaFEST: noise on the selected rows only
         rows = selections[layer].rows
-        values = noised(layer.embeddings, mechanisms.sum_on_rows(clipped, rows), seeds[2 * i])
-        gradients[layer.embeddings.ref()] = tf.IndexedSlices(values, rows, clipped.dense_shape)
+        kept = mechanisms.sum_on_rows(clipped, rows)
+        noisy = mechanisms.add_row_sparse_noise(tf.IndexedSlices(kept, rows, clipped.dense_shape),
+                                                rows, std * adds_noise, seeds[2 * i])
+        signal.append(tf.reduce_sum(tf.square(kept)))
+        noise_squared.append(tf.reduce_sum(tf.square(noisy.values - kept)))
+        gradients[layer.embeddings.ref()] = tf.IndexedSlices(
+            noisy.values / noise.expected_batch_size, rows, clipped.dense_shape)
         nonzero_rows += tf.size(rows, out_type=tf.int64)
       else:  # DP-SGD: noise on every row; the clipped rows are scattered into it
         rows, index = tf.unique(tf.cast(clipped.indices, tf.int64), out_idx=tf.int64)
