@@ -5,7 +5,14 @@ value, ``1`` for a value outside the vocabulary, ``2..`` for the kept buckets
 in order of decreasing training frequency. A bucket is kept when it occurs at
 least ``min_count`` times, and at most ``max_size`` are kept. With
 ``hash_buckets`` the values are hashed into that many buckets instead (ids
-``2..hash_buckets+1``). The counts are kept so that DP-FEST can use them as a
+``2..hash_buckets+1``) by TensorFlow's stable FarmHash fingerprint
+(``tf.strings.to_hash_bucket_fast``), the same function the ``tf.data`` reader
+applies, so a model trained on either reader serves the other's ids.
+
+Privacy: a vocabulary counted on the training data is a function of it (a
+bucket seen once reveals that its example was there), so DP training needs a
+vocabulary that is not: :meth:`Vocabulary.hashed` (data-independent) or one
+counted on public data. The counts are kept so that DP-FEST can use them as a
 public prior when the user declares them public.
 """
 
@@ -14,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import zlib
 from typing import Optional
 
 import numpy as np
@@ -45,12 +51,11 @@ class FeatureVocabulary:
     """int64 ids of ``values`` (``None`` for missing)."""
     missing = values.isna().to_numpy()
     if self.hash_buckets:
-      hashed = np.fromiter((zlib.crc32(str(v).encode()) % self.hash_buckets
-                            for v in values.fillna("")), np.int64, len(values))
-      ids = FIRST_BUCKET_ID + hashed
+      ids = FIRST_BUCKET_ID + hash_buckets(values.fillna("").to_numpy(dtype=str),
+                                           self.hash_buckets)
     else:
       lookup = {bucket: FIRST_BUCKET_ID + i for i, bucket in enumerate(self.buckets)}
-      ids = values.map(lookup).fillna(OOV_ID).to_numpy(dtype=np.int64)
+      ids = values.map(lookup).fillna(OOV_ID).to_numpy(dtype=np.int64, copy=True)
     ids[missing] = MISSING_ID
     return ids
 
@@ -84,6 +89,22 @@ class Vocabulary:
                                         [int(c) for c in ordered.to_numpy()], hash_buckets))
     return cls(features)
 
+  @classmethod
+  def hashed(cls, buckets_per_feature) -> "Vocabulary":
+    """A data-independent vocabulary: feature ``f`` hashed into ``buckets_per_feature[f]``."""
+    buckets_per_feature = list(buckets_per_feature)
+    if len(buckets_per_feature) != len(CATEGORICAL_NAMES):
+      raise ValueError(f"need {len(CATEGORICAL_NAMES)} bucket counts, got "
+                       f"{len(buckets_per_feature)}")
+    if any(not isinstance(b, int) or b < 1 for b in buckets_per_feature):
+      raise ValueError(f"bucket counts must be integers >= 1, got {buckets_per_feature}")
+    return cls([FeatureVocabulary(name, [], [], hash_buckets=b)
+                for name, b in zip(CATEGORICAL_NAMES, buckets_per_feature)])
+
+  @property
+  def is_hashed(self) -> bool:
+    return all(f.hash_buckets for f in self.features)
+
   @property
   def sizes(self) -> list[int]:
     return [f.size for f in self.features]
@@ -100,3 +121,13 @@ class Vocabulary:
   @classmethod
   def load(cls, path) -> "Vocabulary":
     return cls([FeatureVocabulary(**f) for f in json.loads(pathlib.Path(path).read_text())])
+
+
+def hash_buckets(values: np.ndarray, num_buckets: int) -> np.ndarray:
+  """``values`` (strings) hashed to ``[0, num_buckets)`` by FarmHash Fingerprint64.
+
+  Hashes each distinct value once: Criteo features repeat heavily.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  distinct, inverse = np.unique(values, return_inverse=True)
+  return tf.strings.to_hash_bucket_fast(distinct, num_buckets).numpy()[inverse]
