@@ -9,7 +9,7 @@ algorithm of sparse-dp can train it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -25,15 +25,23 @@ def embedding_dim(vocabulary_size: int) -> int:
 
 
 def build_pctr_model(vocabulary_sizes: Sequence[int],
-                     hidden_units: Sequence[int] = HIDDEN_UNITS) -> tf.keras.Model:
-  """Inputs ``{"integers": [B, 13] float32, "categorical": [B, 26] int64}``; output a logit."""
+                     hidden_units: Sequence[int] = HIDDEN_UNITS,
+                     embedding_dims: Optional[Sequence[int]] = None) -> tf.keras.Model:
+  """Inputs ``{"integers": [B, 13] float32, "categorical": [B, 26] int64}``; output a logit.
+
+  ``embedding_dims`` defaults to :func:`embedding_dim` of each vocabulary size
+  (DP-FEST passes the dims of the tables before preselection, so that
+  algorithms compare on one architecture).
+  """
+  if embedding_dims is None:
+    embedding_dims = [embedding_dim(size) for size in vocabulary_sizes]
   integers = tf.keras.Input(shape=(NUM_INTEGER,), dtype=tf.float32, name="integers")
   categorical = tf.keras.Input(shape=(len(vocabulary_sizes),), dtype=tf.int64,
                                name="categorical")
-  embedded = [Embedding(size, embedding_dim(size), name=f"embedding_{i}")(categorical[:, i])
-              for i, size in enumerate(vocabulary_sizes)]
+  embedded = [Embedding(size, dim, name=f"embedding_{i}")(categorical[:, i])
+              for i, (size, dim) in enumerate(zip(vocabulary_sizes, embedding_dims))]
   hidden = tf.keras.layers.Concatenate()(embedded + [integers])
-  for units in hidden_units:
-    hidden = tf.keras.layers.Dense(units, activation="relu")(hidden)
+  for i, units in enumerate(hidden_units):
+    hidden = tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")(hidden)
   logit = tf.keras.layers.Dense(1, name="logit")(hidden)
   return tf.keras.Model({"integers": integers, "categorical": categorical}, logit, name="pctr")

@@ -1,21 +1,29 @@
 """``sparse-dp train``: train the Criteo pCTR model with a DP algorithm and report.
 
 Reads Criteo files (or writes a synthetic Criteo day first, the default), holds
-out the last 10% of examples for evaluation, builds the vocabulary on the rest,
-trains with ``sparse_dp.make_private`` on Poisson-sampled batches, and reports
-held-out AUC and log-loss with the epsilon spent. Writes to ``--out``: the
-SavedModel, ``vocabulary.json``, ``metrics.json`` and ``training.png``.
+out the last 10% of examples for evaluation, encodes them with a vocabulary
+that does not depend on the private data (:mod:`sparse_dp.models.pctr_data`),
+trains with ``sparse_dp.make_private`` on Poisson-sampled batches, and
+reports held-out AUC and log-loss with the epsilon spent. Writes to ``--out``:
+the SavedModel, ``vocabulary.json``, ``metrics.json`` and ``training.png``
+(and ``preselection.json`` for DP-FEST / DP-AdaFEST+). With ``--compare A,B``
+every algorithm trains on the same examples and split at the same epsilon, in
+``--out/<algorithm>/``, and ``compare.json``, ``compare.md`` and
+``compare.png`` (AUC against gradient-size reduction) tabulate them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import pathlib
-import time
 
-_EVAL_SHARE = 0.1
+from sparse_dp.accounting import Algorithm
+from sparse_dp.models import job_flags
+
+_ALGORITHMS = [a.value for a in Algorithm]
 
 
 def add_parser(commands) -> None:
@@ -23,128 +31,171 @@ def add_parser(commands) -> None:
                                description=__doc__.splitlines()[0])
   parser.add_argument("--data", default="synthetic",
                       help="'synthetic' (default) or a path or glob of Criteo files")
-  parser.add_argument("--algorithm", default="adafest", choices=["none", "dpsgd", "adafest"])
+  parser.add_argument("--algorithm", default="adafest", choices=_ALGORITHMS)
+  parser.add_argument("--compare", metavar="A,B,...",
+                      help="train each of these algorithms on the same data and compare")
   parser.add_argument("--epsilon", type=float, default=1.0)
-  parser.add_argument("--delta", type=float, help="default 1/N")
-  parser.add_argument("--epochs", type=float, default=1.0)
-  parser.add_argument("--batch-size", type=int, default=2048)
-  parser.add_argument("--max-examples", type=int, default=60_000)
-  parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam")
-  parser.add_argument("--l2-norm-clip", type=float, default=1.0, help="C2")
-  parser.add_argument("--contribution-clip", type=float, default=1.0, help="C1")
-  parser.add_argument("--sigma-ratio", type=float, default=5.0, help="sigma1 / sigma2")
-  parser.add_argument("--tau", type=float, default=5.0, help="AdaFEST threshold")
-  parser.add_argument("--min-count", type=int, default=1, help="vocabulary frequency threshold")
-  parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="seed of the synthetic data and the initial weights")
-  parser.add_argument("--noise-seed", type=int,
-                      help="fix the DP noise for a reproducible experiment (never for a "
-                           "release: the noise is only as secret as this number); "
-                           "default: a secret seed from the OS")
+  parser.add_argument("--max-examples", type=int, default=400_000,
+                      help="examples read (and written, for synthetic data)")
+  job_flags.add_fit_flags(parser)
+  parser.add_argument("--vocabulary", default="hashed",
+                      help="'hashed' (default; data-independent), 'counted' (non-private "
+                           "runs only) or a vocabulary JSON file built on public data")
+  parser.add_argument("--min-count", type=int, default=1,
+                      help="frequency threshold of --vocabulary counted")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-  metrics = train(args)
-  print(json.dumps(metrics) if args.json else "\n".join(f"{k}: {v}" for k, v in metrics.items()))
+  algorithms = _algorithms(args)
+  results = train(args, algorithms)
+  if args.compare:
+    if args.json:
+      print(json.dumps({"results": results}))
+    else:
+      print(_markdown_table(results))
+  else:
+    (metrics,) = results
+    print(json.dumps(metrics) if args.json else
+          "\n".join(f"{k}: {v}" for k, v in metrics.items()))
   return 0
 
 
-def _data_paths(args, out: pathlib.Path) -> list[pathlib.Path]:
+def _algorithms(args) -> list[str]:
+  if not args.compare:
+    return [args.algorithm]
+  names = [n.strip() for n in args.compare.split(",") if n.strip()]
+  unknown = [n for n in names if n not in _ALGORITHMS]
+  if unknown or not names:
+    raise ValueError(f"--compare {args.compare!r}: unknown algorithm(s) {unknown}; "
+                     f"choose from {','.join(_ALGORITHMS)}")
+  return list(dict.fromkeys(names))
+
+
+def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
+  """The Criteo files to read and the scale of their tables relative to Table 3."""
   if args.data != "synthetic":
     paths = sorted(glob.glob(args.data))
     if not paths:
       raise ValueError(f"--data {args.data!r} matches no file")
-    return [pathlib.Path(p) for p in paths]
+    return [pathlib.Path(p) for p in paths], 1.0
   from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-  return [SyntheticCriteo(seed=args.seed).write_day(out / "synthetic_day_1.gz", 1,
-                                                    args.max_examples)]
+  synthetic = SyntheticCriteo(seed=args.seed)
+  path = synthetic.write_day(out / "synthetic_day_1.gz", 1, args.max_examples)
+  return [path], synthetic.scale
 
 
-def train(args: argparse.Namespace) -> dict:
-  """Runs the job; returns the metrics it also writes to ``--out/metrics.json``."""
+def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
+  """Runs the job for each algorithm; returns the metrics it also writes under ``--out``."""
   if args.max_examples < 10:
     raise ValueError(f"--max-examples must be >= 10, got {args.max_examples}")
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  private = [a for a in algorithms if Algorithm.parse(a).is_private]
+  from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
 
-  import sparse_dp  # pylint: disable=import-outside-toplevel
-  from sparse_dp.data.criteo import CriteoReader, integer_features  # pylint: disable=import-outside-toplevel
-  from sparse_dp.data.vocabulary import Vocabulary  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.pctr import build_pctr_model  # pylint: disable=import-outside-toplevel
-
+  settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  reader = CriteoReader(_data_paths(args, out), on_bad_line=args.on_bad_line)
-  frame = reader.read_all(args.max_examples)
-  split = int(len(frame) * (1 - _EVAL_SHARE))
-  train_frame, eval_frame = frame.iloc[:split], frame.iloc[split:]
-  vocabulary = Vocabulary.build([train_frame], min_count=args.min_count)
-  vocabulary.save(out / "vocabulary.json")
-
-  def features(part):
-    return {"integers": integer_features(part), "categorical": vocabulary.encode(part)}
-
-  x_train, y_train = features(train_frame), train_frame["label"].to_numpy(np.float32)[:, None]
-  x_eval, y_eval = features(eval_frame), eval_frame["label"].to_numpy(np.float32)[:, None]
-  tf.keras.utils.set_random_seed(args.seed)
-  model = build_pctr_model(vocabulary.sizes)
-  model.compile(optimizer=tf.keras.optimizers.Adam(args.learning_rate),
-                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-  config = sparse_dp.DPConfig(
-      args.algorithm, l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
-      threshold=args.tau, sigma_ratio=args.sigma_ratio, delta=args.delta,
-      noise_seed=args.noise_seed,
-      target_epsilon=None if args.algorithm == "none" else args.epsilon)
-  batch = min(args.batch_size, len(train_frame))
-  private = sparse_dp.make_private(model, config, num_examples=len(train_frame),
-                                   batch_size=batch, epochs=args.epochs)
-  start = time.perf_counter()
-  if private.is_private:
-    history = model.fit(private.poisson_dataset(x_train, y_train, epochs=args.epochs),
-                        callbacks=[private.callback()], verbose=2)
-  else:
-    history = model.fit(x_train, y_train, batch_size=batch, epochs=max(1, round(args.epochs)),
-                        verbose=2)
-  seconds = time.perf_counter() - start
-  logits = model.predict(x_eval, batch_size=8192, verbose=0)
-  auc = tf.keras.metrics.AUC(from_logits=True)
-  auc.update_state(y_eval, logits)
-  logloss = float(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y_eval, logits)))
-  logs = history.history
-  steps = private.accountant.steps if private.is_private else len(logs["loss"]) * -(-split // batch)
-  metrics = {
-      "algorithm": args.algorithm, "auc": float(auc.result()), "logloss": logloss,
-      "epsilon": private.epsilon() if private.is_private else None,
-      "delta": private.delta if private.is_private else None,
-      "steps": steps, "examples_per_second": steps * batch / seconds,
-      "gradient_size_reduction": float(np.mean(logs.get("gradient_size_reduction", [1.0]))),
-      "nonzero_rows_per_step": float(np.mean(logs["nonzero_rows"])) if "nonzero_rows" in logs
-                               else None,
-      "train_examples": len(train_frame), "eval_examples": len(eval_frame),
-      "skipped_lines": reader.skipped_lines,
-      "poisson_sampling": private.poisson_sampling,
-  }
-  model.save(out / "model")
-  (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-  _plot(logs, out / "training.png")
-  return metrics
+  paths, table_scale = _data_paths(args, out)
+  split = pctr_data.CriteoSplit.read(paths, args.max_examples, args.on_bad_line)
+  vocabulary = pctr_data.job_vocabulary(args.vocabulary, split, bool(private), table_scale,
+                                        args.min_count)
+  train_inputs = pctr_data.model_inputs(split.train, vocabulary)
+  held_out = pctr_data.model_inputs(split.held_out, vocabulary)
+  results = []
+  for algorithm in algorithms:
+    folder = out / algorithm if args.compare else out
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"sparse-dp train: {algorithm} on {len(split.train):,} examples, "
+          f"{len(split.held_out):,} held out", flush=True)
+    fit, preselection = _fit(algorithm, args, settings, train_inputs, held_out,
+                             vocabulary.sizes)
+    metrics = {**fit.metrics, "skipped_lines": split.skipped_lines}
+    fit.model.save(folder / "model")
+    vocabulary.save(folder / "vocabulary.json")
+    if preselection is not None:
+      (folder / "preselection.json").write_text(json.dumps(
+          {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    _plot_training(fit.history, folder / "training.png")
+    results.append(metrics)
+  if args.compare:
+    (out / "compare.json").write_text(json.dumps({"results": results}, indent=2))
+    (out / "compare.md").write_text(_markdown_table(results) + "\n")
+    _plot_comparison(results, out / "compare.png")
+  return results
 
 
-def _plot(logs: dict, path: pathlib.Path) -> None:
+def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes):
+  """One algorithm: DP-FEST / DP-AdaFEST+ spend ``--selection-share`` of epsilon on
+  the top-k first and train on the rest; the two compose by basic composition."""
+  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
+  kind = Algorithm.parse(algorithm)
+  preselection = None
+  if kind.uses_top_k_selection:
+    selection_epsilon = args.epsilon * args.selection_share
+    preselection = fitting.preselect(train_inputs[0]["categorical"], sizes, args.fest_k,
+                                     selection_epsilon, args.noise_seed)
+    settings = dataclasses.replace(settings, epsilon=args.epsilon - preselection.epsilon)
+  fit = fitting.fit_and_evaluate(algorithm, settings, train_inputs, held_out, sizes,
+                                 preselection=preselection)
+  selection_epsilon = preselection.epsilon if preselection is not None else 0.0
+  training_epsilon = fit.metrics["training_epsilon"]
+  fit.metrics["epsilon"] = (None if training_epsilon is None
+                            else training_epsilon + selection_epsilon)
+  fit.metrics["selection_epsilon"] = selection_epsilon if kind.uses_top_k_selection else None
+  return fit, preselection
+
+
+_TABLE_COLUMNS = ("algorithm", "auc", "logloss", "epsilon", "gradient_size_reduction",
+                  "nonzero_rows_per_step", "examples_per_second", "steps")
+
+
+def _markdown_table(results: list[dict]) -> str:
+  def cell(value):
+    if value is None:
+      return "-"
+    if isinstance(value, float):
+      return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+  lines = ["| " + " | ".join(_TABLE_COLUMNS) + " |", "|" + "---|" * len(_TABLE_COLUMNS)]
+  lines += ["| " + " | ".join(cell(r[c]) for c in _TABLE_COLUMNS) + " |" for r in results]
+  return "\n".join(lines)
+
+
+def _pyplot():
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
 
+
+def _plot_training(logs: dict, path: pathlib.Path) -> None:
+  plt = _pyplot()
   names = [n for n in ("loss", "epsilon", "gradient_size_reduction") if n in logs]
   figure, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3), squeeze=False)
   for axis, name in zip(axes[0], names):
     axis.plot(range(1, len(logs[name]) + 1), logs[name], marker="o")
     axis.set_xlabel("epoch")
     axis.set_title(name)
+  figure.tight_layout()
+  figure.savefig(path)
+  plt.close(figure)
+
+
+def _plot_comparison(results: list[dict], path: pathlib.Path) -> None:
+  plt = _pyplot()
+  figure, axis = plt.subplots(figsize=(5, 3.5))
+  for result in results:
+    axis.scatter(result["gradient_size_reduction"], result["auc"], s=40)
+    axis.annotate(result["algorithm"], (result["gradient_size_reduction"], result["auc"]),
+                  textcoords="offset points", xytext=(5, 5))
+  axis.set_xscale("log")
+  axis.set_xlabel("gradient-size reduction (table rows / rows updated per step)")
+  axis.set_ylabel("held-out AUC")
+  epsilons = {r["epsilon"] and round(r["epsilon"], 3) for r in results} - {None}
+  axis.set_title(f"epsilon = {', '.join(map(str, sorted(epsilons)))}" if epsilons else "")
   figure.tight_layout()
   figure.savefig(path)
   plt.close(figure)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from sparse_dp.cli import main
+from sparse_dp.data.synthetic import SyntheticCriteo
 
 KEYS = {"algorithm", "auc", "logloss", "epsilon", "delta", "steps", "examples_per_second",
         "gradient_size_reduction", "nonzero_rows_per_step", "train_examples",
@@ -27,8 +28,44 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
     assert 0 < metrics["epsilon"] <= 1.0 and metrics["gradient_size_reduction"] > 1
 
 
-def test_train_reports_bad_lines(tmp_path, capsys):
+def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
+  out = tmp_path / "compare"
+  assert main(["train", "--compare", "none,fest,adafest+", "--max-examples", "2500",
+               "--batch-size", "256", "--hidden-units", "32", "--fest-k", "40",
+               "--out", str(out), "--json"]) == 0
+  results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+  assert [r["algorithm"] for r in results] == ["none", "fest", "adafest+"]
+  assert all(KEYS <= set(r) for r in results)
+  assert len({(r["train_examples"], r["eval_examples"]) for r in results}) == 1
+  assert json.loads((out / "compare.json").read_text())["results"] == results
+  table = (out / "compare.md").read_text().splitlines()
+  assert table[0].startswith("| algorithm | auc") and len(table) == 2 + len(results)
+  assert (out / "compare.png").stat().st_size > 0
+  for result in results[1:]:
+    # The top-k's share and the training compose to at most the target epsilon.
+    assert result["selection_epsilon"] == pytest.approx(0.1)
+    assert 0.9 < result["epsilon"] <= 1.0 + 1e-9
+    assert result["gradient_size_reduction"] > 1
+    kept = json.loads((out / result["algorithm"] / "preselection.json").read_text())
+    assert max(len(k) for k in kept["kept_buckets"] if k is not None) == 40
+
+
+def test_a_private_run_refuses_a_vocabulary_counted_on_its_data(tmp_path, capsys):
+  assert main(["train", "--algorithm", "dpsgd", "--vocabulary", "counted",
+               "--max-examples", "100", "--out", str(tmp_path)]) == 2
+  assert "--vocabulary counted counts the private training data" in capsys.readouterr().err
+
+
+def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   data = tmp_path / "day_0"
   data.write_text("1\t2\n")
   assert main(["train", "--data", str(data), "--out", str(tmp_path / "o")]) == 2
   assert "day_0:1: expected 40 tab-separated fields" in capsys.readouterr().err
+  lines = list(SyntheticCriteo(scale=0.01).lines(1, 200))
+  lines.insert(7, "1\t2")
+  data.write_text("\n".join(lines) + "\n")
+  assert main(["train", "--data", str(data), "--algorithm", "none", "--vocabulary", "counted",
+               "--hidden-units", "8", "--on-bad-line", "skip", "--out", str(tmp_path / "o"),
+               "--json"]) == 0
+  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200

@@ -1,0 +1,147 @@
+"""Train the pCTR model with one algorithm and evaluate it on held-out examples.
+
+Shared by ``sparse-dp train`` (every algorithm of ``--compare`` sees the same
+encoded examples and split) and ``sparse-dp stream`` (one call per period,
+warm-started from the previous period). DP-FEST and DP-AdaFEST+ take a
+:class:`Preselection` the caller has made and paid for (``preselect``: a
+private top-k over the training counts; a stream may reuse one across
+periods); on the preselected tables they train as DP-SGD and DP-AdaFEST.
+``settings.epsilon`` is the training's own epsilon, which the metrics report
+as ``training_epsilon``. Gradient-size reduction is measured against the
+tables before any preselection (rows of the full vocabulary / rows a step
+updates), so the algorithms are compared on one scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+import sparse_dp
+from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_epochs
+from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
+from sparse_dp.mechanisms.top_k import bucket_counts
+from sparse_dp.models.job_flags import FitSettings
+from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim
+
+
+@dataclasses.dataclass
+class FitResult:
+  metrics: dict
+  history: dict
+  model: tf.keras.Model
+
+
+def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
+                     vocabulary_sizes, preselection: Optional[Preselection] = None,
+                     initial_weights: Optional[Callable[[tf.keras.Model], None]] = None
+                     ) -> FitResult:
+  """Trains on ``train = (x, y)``, evaluates on ``held_out``; returns the job's metrics.
+
+  ``initial_weights(model)``, if given, loads weights into the built model.
+  """
+  kind = Algorithm.parse(algorithm)
+  if kind.uses_top_k_selection != (preselection is not None):
+    raise ValueError(f"algorithm {kind.value!r} " + (
+        "needs a preselection" if kind.uses_top_k_selection else "takes no preselection"))
+  trained_as = _TRAINED_AS.get(kind, kind)
+  (x_train, y_train), (x_eval, y_eval) = train, held_out
+  num_examples = len(y_train)
+  batch_size = min(settings.batch_size, num_examples)
+  full_rows = float(sum(vocabulary_sizes))
+  sizes = list(vocabulary_sizes)
+  if preselection is not None:
+    sizes = list(preselection.vocabulary_sizes)
+    x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
+    x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
+  tf.keras.utils.set_random_seed(settings.seed)
+  model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
+                           embedding_dims=[embedding_dim(v) for v in vocabulary_sizes])
+  if initial_weights is not None:
+    initial_weights(model)
+  model.compile(optimizer=tf.keras.optimizers.Adam(settings.learning_rate),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  config = _dp_config(trained_as, settings, num_examples, batch_size)
+  private = sparse_dp.make_private(model, config, num_examples=num_examples,
+                                   batch_size=batch_size, epochs=settings.epochs)
+  start = time.perf_counter()
+  if private.is_private:
+    history = model.fit(private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
+                        callbacks=[private.callback()], verbose=2).history
+    steps = private.accountant.steps
+  else:
+    epochs = max(1, round(settings.epochs))
+    history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
+                        verbose=2).history
+    steps = epochs * -(-num_examples // batch_size)
+  seconds = time.perf_counter() - start
+  logits = model.predict(x_eval, batch_size=8192, verbose=0)
+  auc = tf.keras.metrics.AUC(from_logits=True)
+  auc.update_state(y_eval, logits)
+  nonzero_rows = float(np.mean(history["nonzero_rows"])) if "nonzero_rows" in history else full_rows
+  metrics = {
+      "algorithm": kind.value, "auc": float(auc.result()),
+      "logloss": float(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y_eval, logits))),
+      "training_epsilon": private.epsilon() if private.is_private else None,
+      "delta": private.delta if private.is_private else None,
+      "steps": steps, "examples_per_second": steps * batch_size / seconds,
+      "gradient_size_reduction": full_rows / max(nonzero_rows, 1.0),
+      "nonzero_rows_per_step": nonzero_rows,
+      "train_examples": num_examples, "eval_examples": len(y_eval),
+      "noise_multipliers": _noise_multipliers(private),
+      "threshold": config.threshold if trained_as.uses_contribution_map else None,
+      "poisson_sampling": private.poisson_sampling,
+  }
+  return FitResult(metrics, history, model)
+
+
+# On preselected tables, DP-FEST is DP-SGD and DP-AdaFEST+ is DP-AdaFEST (App. B).
+_TRAINED_AS = {Algorithm.FEST: Algorithm.DPSGD, Algorithm.ADAFEST_PLUS: Algorithm.ADAFEST}
+
+
+def table_counts(ids: np.ndarray, vocabulary_sizes) -> list[tf.Tensor]:
+  """Distinct examples per bucket of each table (column ``t`` of ``ids``)."""
+  return [bucket_counts(tf.constant(ids[:, t]), size) for t, size in enumerate(vocabulary_sizes)]
+
+
+def preselect(ids: np.ndarray, vocabulary_sizes, k: int, epsilon: float,
+              noise_seed: Optional[int]) -> Preselection:
+  """DP-FEST's private top-``k`` per table over ``ids``, at ``epsilon`` in all."""
+  seed = noise_seed if noise_seed is not None else secrets.randbits(62)
+  return preselect_buckets(table_counts(ids, vocabulary_sizes), k, epsilon, [seed, 1])
+
+
+def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
+               batch_size: int) -> sparse_dp.DPConfig:
+  common = dict(l2_norm_clip=settings.l2_norm_clip, contribution_clip=settings.contribution_clip,
+                delta=settings.delta, noise_seed=settings.noise_seed)
+  if not kind.is_private:
+    return sparse_dp.DPConfig(kind.value, **common)
+  q = batch_size / num_examples
+  delta = settings.delta if settings.delta is not None else 1.0 / num_examples
+  spec = calibrate(kind, settings.epsilon, delta,
+                   BatchSchedule.constant(q, steps_for_epochs(settings.epochs, q)),
+                   sigma_ratio=settings.sigma_ratio)
+  if not kind.uses_contribution_map:
+    return sparse_dp.DPConfig(kind.value, noise_multiplier=spec.noise_multiplier,
+                              epsilon_budget=settings.epsilon, **common)
+  # tau in units of the contribution map's noise: tau_sigmas = 4 lets a row
+  # that nobody touched through with probability Psi(4) = 3e-5.
+  tau = settings.tau if settings.tau is not None else (
+      settings.tau_sigmas * spec.sigma1 * settings.contribution_clip)
+  return sparse_dp.DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2, threshold=tau,
+                            epsilon_budget=settings.epsilon, **common)
+
+
+def _noise_multipliers(private) -> Optional[dict]:
+  if not private.is_private:
+    return None
+  spec = private.spec
+  if spec.algorithm.uses_contribution_map:
+    return {"sigma1": spec.sigma1, "sigma2": spec.sigma2}
+  return {"sigma": spec.noise_multiplier}

@@ -1,0 +1,77 @@
+"""The training flags ``sparse-dp train`` and ``sparse-dp stream`` share, and their settings.
+
+Kept free of TensorFlow imports so that ``sparse-dp --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Optional
+
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+  """Hyper-parameters of one training run (``epsilon``: the training's own)."""
+
+  epsilon: float = 1.0
+  delta: Optional[float] = None
+  epochs: float = 1.0
+  batch_size: int = 2048
+  learning_rate: float = 1e-3
+  l2_norm_clip: float = 1.0
+  contribution_clip: float = 1.0
+  sigma_ratio: float = 5.0
+  tau: Optional[float] = None
+  tau_sigmas: float = 4.0
+  hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
+  seed: int = 0
+  noise_seed: Optional[int] = None
+
+
+def add_fit_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--delta", type=float, help="default 1/N")
+  parser.add_argument("--epochs", type=float, default=1.0)
+  parser.add_argument("--batch-size", type=int, default=2048)
+  parser.add_argument("--learning-rate", type=float, default=1e-3, help="Adam")
+  parser.add_argument("--l2-norm-clip", type=float, default=1.0, help="C2")
+  parser.add_argument("--contribution-clip", type=float, default=1.0, help="C1")
+  parser.add_argument("--sigma-ratio", type=float, default=5.0, help="sigma1 / sigma2")
+  parser.add_argument("--tau", type=float,
+                      help="AdaFEST threshold (default: --tau-sigmas x sigma1 x C1)")
+  parser.add_argument("--tau-sigmas", type=float, default=4.0,
+                      help="default threshold in units of the contribution map's noise")
+  parser.add_argument("--fest-k", type=int, default=300,
+                      help="DP-FEST / DP-AdaFEST+: buckets kept per table")
+  parser.add_argument("--selection-share", type=float, default=0.1,
+                      help="DP-FEST / DP-AdaFEST+: share of epsilon spent on the top-k")
+  parser.add_argument("--hidden-units", default="598,598,598,598",
+                      help="widths of the ReLU layers (default: the paper's, App. D.1.1)")
+  parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the synthetic data and the initial weights")
+  parser.add_argument("--noise-seed", type=int,
+                      help="fix the DP noise for a reproducible experiment (never for a "
+                           "release: the noise is only as secret as this number); "
+                           "default: a secret seed from the OS")
+
+
+def fit_settings(args: argparse.Namespace, epsilon: float,
+                 delta: Optional[float] = None) -> FitSettings:
+  """The settings of ``args``, checked, with the training's own ``epsilon``."""
+  if not 0 <= args.selection_share < 1:
+    raise ValueError(f"--selection-share must be in [0, 1), got {args.selection_share}")
+  try:
+    hidden = tuple(int(u) for u in args.hidden_units.split(","))
+  except ValueError:
+    hidden = ()
+  if not hidden or min(hidden) < 1:
+    raise ValueError(f"--hidden-units must be positive integers like 598,598, got "
+                     f"{args.hidden_units!r}")
+  return FitSettings(
+      epsilon=epsilon, delta=args.delta if delta is None else delta, epochs=args.epochs,
+      batch_size=args.batch_size, learning_rate=args.learning_rate,
+      l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
+      sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
+      hidden_units=hidden, seed=args.seed, noise_seed=args.noise_seed)
