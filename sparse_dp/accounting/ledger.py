@@ -1,0 +1,105 @@
+"""A privacy ledger: every spend of a privacy budget, on disk, written atomically.
+
+One JSON object per line (``period``, ``kind``, ``epsilon``, ``delta`` and
+whatever the caller adds), so a person can read it and a program can sum it.
+The spends compose by basic composition: ``epsilon_spent`` is the sum of the
+entries' epsilons and ``delta_spent`` the sum of their deltas, a bound that
+holds for any mechanisms, adaptively chosen, on any overlap of data.
+
+Writes are atomic: the whole ledger is written to a temporary file in the same
+folder, flushed and fsynced, then renamed over the old one (and the folder
+fsynced), so a crash at any moment leaves either the old ledger or the new
+one, never a torn line. Record a spend *before* publishing what it pays for:
+then a crash can leave a spend without its result, never a result without its
+spend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Optional
+
+
+class BudgetExceededError(ValueError):
+  """A planned spend would take the ledger past its total budget."""
+
+
+class PrivacyLedger:
+  """The spends recorded at ``path`` against a total ``(epsilon_total, delta_total)``."""
+
+  def __init__(self, path, epsilon_total: float, delta_total: float):
+    if not (math.isfinite(epsilon_total) and epsilon_total > 0):
+      raise ValueError(f"epsilon_total must be a finite number > 0, got {epsilon_total}")
+    if not 0 <= delta_total < 1:
+      raise ValueError(f"delta_total must be in [0, 1), got {delta_total}")
+    self.path = pathlib.Path(path)
+    self.epsilon_total = epsilon_total
+    self.delta_total = delta_total
+    self.entries: list[dict] = []
+    if self.path.exists():
+      lines = self.path.read_text().splitlines()
+      self.entries = [json.loads(line) for line in lines if line.strip()]
+
+  @property
+  def epsilon_spent(self) -> float:
+    return math.fsum(e["epsilon"] for e in self.entries)
+
+  @property
+  def delta_spent(self) -> float:
+    return math.fsum(e["delta"] for e in self.entries)
+
+  @property
+  def epsilon_remaining(self) -> float:
+    return max(0.0, self.epsilon_total - self.epsilon_spent)
+
+  def check(self, epsilon: float, delta: float, what: str = "this job") -> None:
+    """Raises :class:`BudgetExceededError` unless ``(epsilon, delta)`` more fits the budget."""
+    # A relative slack of 1e-9 absorbs the rounding of splitting a budget in parts.
+    slack = 1e-9 * self.epsilon_total
+    if self.epsilon_spent + epsilon > self.epsilon_total + slack or (
+        self.delta_spent + delta > self.delta_total * (1 + 1e-9)):
+      raise BudgetExceededError(
+          f"{what} needs epsilon {epsilon:.6g} (delta {delta:.3g}), but only "
+          f"{self.epsilon_remaining:.6g} of the total epsilon {self.epsilon_total:g} remains "
+          f"(spent {self.epsilon_spent:.6g}, delta {self.delta_spent:.3g} of "
+          f"{self.delta_total:.3g}; ledger: {self.path})")
+
+  def find(self, period: int, kind: str) -> Optional[dict]:
+    return next((e for e in self.entries if e["period"] == period and e["kind"] == kind), None)
+
+  def record(self, period: int, kind: str, epsilon: float, delta: float, **details) -> dict:
+    """Appends one spend after checking the budget; durable when this returns."""
+    if self.find(period, kind) is not None:
+      raise ValueError(f"the ledger already has a {kind!r} spend for period {period}")
+    if not (math.isfinite(epsilon) and epsilon >= 0) or not 0 <= delta < 1:
+      raise ValueError(f"a spend needs epsilon >= 0 and delta in [0, 1), got {epsilon}, {delta}")
+    self.check(epsilon, delta, f"the {kind} spend of period {period}")
+    entry = {"period": period, "kind": kind, "epsilon": epsilon, "delta": delta, **details}
+    write_atomically(self.path, "".join(json.dumps(e) + "\n" for e in self.entries + [entry]))
+    self.entries.append(entry)
+    return entry
+
+
+def write_atomically(path, text: str, mode: int = 0o644) -> None:
+  """Replaces ``path`` by ``text``: temporary file, flush, fsync, rename, fsync the folder.
+
+  The file is created with permissions ``mode`` (0o600 for a secret).
+  """
+  path = pathlib.Path(path)
+  temporary = path.with_name(f".{path.name}.tmp")
+  if temporary.exists():
+    temporary.unlink()  # a crash's leftover
+  descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+  with open(descriptor, "w", encoding="utf-8") as handle:
+    handle.write(text)
+    handle.flush()
+    os.fsync(handle.fileno())
+  os.replace(temporary, path)
+  folder = os.open(path.parent, os.O_RDONLY)
+  try:
+    os.fsync(folder)
+  finally:
+    os.close(folder)

@@ -1,0 +1,92 @@
+"""``sparse-dp stream``: periods under one budget, refusal, and resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sparse_dp.cli import main
+from sparse_dp.models.stream_job import parse_days
+
+# A small stream: 3 one-day periods of 1,500 examples, tables at 5% of Table 3.
+SMALL = ["--train-days", "1-3", "--eval-days", "4", "--examples-per-day", "1500",
+         "--eval-examples-per-day", "800", "--synthetic-scale", "0.05", "--hidden-units", "32",
+         "--batch-size", "256", "--fest-k", "50", "--algorithm", "adafest+", "--total-epsilon", "2"]
+
+
+def spends(state):
+  lines = (state / "ledger.jsonl").read_text().splitlines()
+  return [(e["period"], e["kind"], e["epsilon"]) for e in map(json.loads, lines)]
+
+
+def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, capsys):
+  state = tmp_path / "state"
+  assert main(["stream", *SMALL, "--state", str(state), "--json"]) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert [p["period"] for p in summary["periods"]] == [1, 2, 3]
+  assert summary["epsilon_total"] == 2 and summary["epsilon_spent"] == pytest.approx(2)
+  assert summary["ledger"] == str(state / "ledger.jsonl")
+  # Running selection: a selection and a training spend per period, in order.
+  assert [(p, k) for p, k, _ in spends(state)] == [(1, "selection"), (1, "training"),
+                                                   (2, "selection"), (2, "training"),
+                                                   (3, "selection"), (3, "training")]
+  for period in summary["periods"]:
+    assert 0 <= period["auc"] <= 1 and period["gradient_size_reduction"] > 1
+    assert (state / "periods" / str(period["period"]) / "model" / "saved_model.pb").exists()
+  assert [p["epsilon_spent"] for p in summary["periods"]] == pytest.approx([2 / 3, 4 / 3, 2])
+  assert (state / "stream.png").stat().st_size > 0
+  # The same job again needs budget that is spent: refused, ledger untouched.
+  before = (state / "ledger.jsonl").read_bytes()
+  assert main(["stream", *SMALL, "--state", str(state), "--json"]) == 2
+  error = capsys.readouterr().err
+  assert "only 0 of the total epsilon 2 remains" in error and "ledger.jsonl" in error
+  assert (state / "ledger.jsonl").read_bytes() == before
+  assert main(["stream", *SMALL[:-2], "--total-epsilon", "3", "--state", str(state)]) == 2
+  assert "cannot change" in capsys.readouterr().err
+
+
+def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path, capsys):
+  flags = [*SMALL, "--fest-frequencies", "first-day"]
+  killed = tmp_path / "killed"
+  command = [sys.executable, "-m", "sparse_dp.cli", "stream", *flags, "--state", str(killed)]
+  job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  deadline = time.time() + 400
+  # Kill in the middle of period 2: its spend is recorded, its model not yet published.
+  while time.time() < deadline and job.poll() is None:
+    ledger = killed / "ledger.jsonl"
+    if ledger.exists() and (2, "training") in [(p, k) for p, k, _ in spends(killed)]:
+      break
+    time.sleep(0.05)
+  assert job.poll() is None, "the job ended before it could be killed"
+  job.send_signal(signal.SIGKILL)
+  job.wait()
+  assert not (killed / "periods" / "3").exists()
+  # The unfinished job resumes only with its own settings.
+  assert main(["stream", *flags, "--learning-rate", "0.01", "--state", str(killed)]) == 2
+  assert main(["stream", *flags, "--state", str(killed)]) == 0
+  uninterrupted = tmp_path / "uninterrupted"
+  assert main(["stream", *flags, "--state", str(uninterrupted)]) == 0
+  assert "unfinished job with other settings (learning_rate)" in capsys.readouterr().err
+  assert spends(killed) == spends(uninterrupted)
+  assert [(p, k) for p, k, _ in spends(killed)] == [(1, "selection"), (1, "training"),
+                                                    (2, "training"), (3, "training")]
+  assert sorted(os.listdir(killed / "periods")) == ["1", "2", "3"]
+
+
+def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):
+  assert parse_days("1-3,7", "--train-days") == [1, 2, 3, 7]
+  for text in ("3-1", "a", "1,1"):
+    with pytest.raises(ValueError, match="--train-days"):
+      parse_days(text, "--train-days")
+  assert main(["stream", "--train-days", "1-3", "--eval-days", "3",
+               "--state", str(tmp_path / "s")]) == 2
+  assert "share days [3]" in capsys.readouterr().err
+  assert main(["stream", "--train-days", "20-30", "--eval-days", "1", "--state",
+               str(tmp_path / "s")]) == 2
+  assert "not among the synthetic data's days 1..24" in capsys.readouterr().err
+  assert not (tmp_path / "s" / "ledger.jsonl").exists()
