@@ -18,6 +18,7 @@ lookup table).
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from typing import Iterator, Sequence
 
@@ -67,14 +68,8 @@ class CriteoStream:
 
   def __iter__(self) -> Iterator:
     """The examples eagerly; a malformed line raises ``MalformedLineError``."""
-    iterator = iter(self.dataset())
-    while True:
-      try:
-        yield next(iterator)
-      except StopIteration:
-        return
-      except tf.errors.InvalidArgumentError as error:
-        raise malformed_line_error(error) or error from None
+    with reporting_malformed_lines():
+      yield from self.dataset()
 
   def _count_and_keep(self, fields, valid, where):
     del fields, where
@@ -95,6 +90,18 @@ class CriteoStream:
       categorical.append(tf.where(value == "", tf.constant(MISSING_ID, tf.int64), ids))
     label = tf.strings.to_number(fields[:1], tf.float32)
     return {"integers": integers, "categorical": tf.stack(categorical)}, label
+
+
+@contextlib.contextmanager
+def reporting_malformed_lines():
+  """Turns a stream's malformed-line ``InvalidArgumentError`` into ``MalformedLineError``."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as error:
+    malformed = malformed_line_error(error)
+    if malformed is None:
+      raise
+    raise malformed from None
 
 
 def malformed_line_error(error: Exception) -> MalformedLineError | None:

@@ -27,6 +27,7 @@ from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
 from sparse_dp.models.job_flags import FitSettings
+from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim
 
 
@@ -41,7 +42,10 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      vocabulary_sizes, preselection: Optional[Preselection] = None,
                      initial_weights: Optional[Callable[[tf.keras.Model], None]] = None
                      ) -> FitResult:
-  """Trains on ``train = (x, y)``, evaluates on ``held_out``; returns the job's metrics.
+  """Trains on ``train``, evaluates on ``held_out = (x, y)``; returns the job's metrics.
+
+  ``train`` is ``(x, y)`` in memory (Poisson-sampled batches when private) or
+  :class:`StreamedExamples` (shuffled fixed-size batches from ``tf.data``).
 
   ``initial_weights(model)``, if given, loads weights into the built model.
   """
@@ -50,14 +54,14 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     raise ValueError(f"algorithm {kind.value!r} " + (
         "needs a preselection" if kind.uses_top_k_selection else "takes no preselection"))
   trained_as = _TRAINED_AS.get(kind, kind)
-  (x_train, y_train), (x_eval, y_eval) = train, held_out
-  num_examples = len(y_train)
+  streamed = isinstance(train, StreamedExamples)
+  x_eval, y_eval = held_out
+  num_examples = train.num_examples if streamed else len(train[1])
   batch_size = min(settings.batch_size, num_examples)
   full_rows = float(sum(vocabulary_sizes))
   sizes = list(vocabulary_sizes)
   if preselection is not None:
     sizes = list(preselection.vocabulary_sizes)
-    x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
     x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
   tf.keras.utils.set_random_seed(settings.seed)
   model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
@@ -69,15 +73,30 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   config = _dp_config(trained_as, settings, num_examples, batch_size)
   private = sparse_dp.make_private(model, config, num_examples=num_examples,
                                    batch_size=batch_size, epochs=settings.epochs)
+  callbacks = [private.callback()] if private.is_private else []
   start = time.perf_counter()
-  if private.is_private:
+  if streamed:
+    steps = (steps_for_epochs(settings.epochs, batch_size / num_examples) if private.is_private
+             else max(1, round(settings.epochs)) * -(-num_examples // batch_size))
+    # Shuffled by the secret seed, as the noise: the sample must not be predictable.
+    shuffle_seed = private.seed if private.is_private else settings.seed
+    batches = (train.dataset().shuffle(train.shuffle_buffer, seed=shuffle_seed).repeat()
+               .batch(batch_size).take(steps))
+    if preselection is not None:
+      batches = batches.map(lambda x, y: ({**x, "categorical": preselection.apply(
+          x["categorical"])}, y))
+    batches = batches.prefetch(2)
+    history = model.fit(batches, callbacks=callbacks, verbose=2).history
+  elif private.is_private:
+    x_train, y_train = train
+    if preselection is not None:
+      x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
     history = model.fit(private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
-                        callbacks=[private.callback()], verbose=2).history
+                        callbacks=callbacks, verbose=2).history
     steps = private.accountant.steps
   else:
     epochs = max(1, round(settings.epochs))
-    history = model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs,
-                        verbose=2).history
+    history = model.fit(*train, batch_size=batch_size, epochs=epochs, verbose=2).history
     steps = epochs * -(-num_examples // batch_size)
   seconds = time.perf_counter() - start
   logits = model.predict(x_eval, batch_size=8192, verbose=0)
@@ -104,14 +123,20 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
 _TRAINED_AS = {Algorithm.FEST: Algorithm.DPSGD, Algorithm.ADAFEST_PLUS: Algorithm.ADAFEST}
 
 
-def table_counts(ids: np.ndarray, vocabulary_sizes) -> list[tf.Tensor]:
-  """Distinct examples per bucket of each table (column ``t`` of ``ids``)."""
+def table_counts(ids, vocabulary_sizes) -> list[tf.Tensor]:
+  """Distinct examples per bucket of each table: ``ids[:, t]``, or a stream's."""
+  if isinstance(ids, StreamedExamples):
+    totals = [tf.zeros([size]) for size in vocabulary_sizes]
+    for x, _ in ids.dataset().batch(65_536):
+      totals = [total + count for total, count in
+                zip(totals, table_counts(x["categorical"].numpy(), vocabulary_sizes))]
+    return totals
   return [bucket_counts(tf.constant(ids[:, t]), size) for t, size in enumerate(vocabulary_sizes)]
 
 
-def preselect(ids: np.ndarray, vocabulary_sizes, k: int, epsilon: float,
+def preselect(ids, vocabulary_sizes, k: int, epsilon: float,
               noise_seed: Optional[int]) -> Preselection:
-  """DP-FEST's private top-``k`` per table over ``ids``, at ``epsilon`` in all."""
+  """DP-FEST's private top-``k`` per table over ``ids`` (or a stream), at ``epsilon`` in all."""
   seed = noise_seed if noise_seed is not None else secrets.randbits(62)
   return preselect_buckets(table_counts(ids, vocabulary_sizes), k, epsilon, [seed, 1])
 

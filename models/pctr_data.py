@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from sparse_dp.data.criteo import CriteoReader, integer_features
 from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
+from sparse_dp.data.criteo_stream import CriteoStream, reporting_malformed_lines
 from sparse_dp.data.vocabulary import Vocabulary
 
 EVAL_SHARE = 0.1
@@ -41,6 +42,46 @@ class CriteoSplit:
       raise ValueError(f"{len(frame)} examples read: too few to hold out {EVAL_SHARE:.0%} "
                        "for evaluation (raise --max-examples or give more data)")
     return cls(frame.iloc[:split], frame.iloc[split:], reader.skipped_lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedExamples:
+  """Training examples read by ``tf.data`` (:class:`CriteoStream`): counted, never held.
+
+  Batches are shuffled (``shuffle_buffer``) fixed-size batches, not Poisson
+  samples: the report says so (``poisson_sampling: false``).
+  """
+
+  stream: CriteoStream
+  num_examples: int
+  skipped_lines: int  # in one pass over the files
+  max_examples: Optional[int] = None
+  shuffle_buffer: int = 100_000
+
+  @classmethod
+  def open(cls, paths, vocabulary: Vocabulary, on_bad_line: str,
+           max_examples: Optional[int]) -> "StreamedExamples":
+    stream = CriteoStream(paths, vocabulary, on_bad_line)
+    examples = stream.dataset().take(-1 if max_examples is None else max_examples)
+    with reporting_malformed_lines():
+      count = int(examples.reduce(np.int64(0), lambda count, _: count + 1))
+    if count < 1:
+      raise ValueError(f"no example in {', '.join(map(str, paths))}")
+    return cls(stream, count, int(stream.skipped_lines.numpy()), max_examples)
+
+  def dataset(self):
+    return self.stream.dataset().take(-1 if self.max_examples is None else self.max_examples)
+
+
+def held_out_inputs(paths, vocabulary: Vocabulary, on_bad_line: str, max_examples: int):
+  """``(features, labels)`` of up to ``max_examples`` held-out examples, via ``tf.data``."""
+  with reporting_malformed_lines():
+    batches = list(CriteoStream(paths, vocabulary, on_bad_line).dataset().take(max_examples)
+                   .batch(65_536).as_numpy_iterator())
+  if not batches:
+    raise ValueError(f"no example in the held-out files {', '.join(map(str, paths))}")
+  return ({name: np.concatenate([x[name] for x, _ in batches]) for name in batches[0][0]},
+          np.concatenate([y for _, y in batches]))
 
 
 def hashed_vocabulary(table_scale: float) -> Vocabulary:

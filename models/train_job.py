@@ -36,7 +36,16 @@ def add_parser(commands) -> None:
                       help="train each of these algorithms on the same data and compare")
   parser.add_argument("--epsilon", type=float, default=1.0)
   parser.add_argument("--max-examples", type=int, default=400_000,
-                      help="examples read (and written, for synthetic data)")
+                      help="examples read (and written, for synthetic data); 0: every line "
+                           "(--reader tfdata only)")
+  parser.add_argument("--reader", choices=["pandas", "tfdata"], default="pandas",
+                      help="pandas: read into memory, hold out the last 10%%; tfdata: stream "
+                           "--data from disk (files larger than memory), evaluate on "
+                           "--eval-data")
+  parser.add_argument("--eval-data", help="held-out Criteo files (path or glob) of --reader "
+                                          "tfdata; synthetic data writes its own")
+  parser.add_argument("--max-eval-examples", type=int, default=100_000,
+                      help="held-out examples read with --reader tfdata")
   job_flags.add_fit_flags(parser)
   parser.add_argument("--vocabulary", default="hashed",
                       help="'hashed' (default; data-independent), 'counted' (non-private "
@@ -81,6 +90,8 @@ def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
     if not paths:
       raise ValueError(f"--data {args.data!r} matches no file")
     return [pathlib.Path(p) for p in paths], 1.0
+  if args.max_examples == 0:
+    raise ValueError("--data synthetic writes --max-examples lines: give a number >= 10")
   from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
   synthetic = SyntheticCriteo(seed=args.seed)
   path = synthetic.write_day(out / "synthetic_day_1.gz", 1, args.max_examples)
@@ -89,29 +100,36 @@ def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
 
 def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   """Runs the job for each algorithm; returns the metrics it also writes under ``--out``."""
-  if args.max_examples < 10:
-    raise ValueError(f"--max-examples must be >= 10, got {args.max_examples}")
+  if args.max_examples < 0 or 0 < args.max_examples < 10:
+    raise ValueError(f"--max-examples must be >= 10 (or 0: every line), got {args.max_examples}")
   private = [a for a in algorithms if Algorithm.parse(a).is_private]
   from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
 
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  paths, table_scale = _data_paths(args, out)
-  split = pctr_data.CriteoSplit.read(paths, args.max_examples, args.on_bad_line)
-  vocabulary = pctr_data.job_vocabulary(args.vocabulary, split, bool(private), table_scale,
-                                        args.min_count)
-  train_inputs = pctr_data.model_inputs(split.train, vocabulary)
-  held_out = pctr_data.model_inputs(split.held_out, vocabulary)
+  if args.reader == "tfdata":
+    train_inputs, held_out, vocabulary, skipped = _streamed_inputs(args, out, bool(private))
+  else:
+    if args.max_examples < 10:
+      raise ValueError(f"--max-examples must be >= 10 with --reader pandas, got "
+                       f"{args.max_examples} (0, every line, needs --reader tfdata)")
+    paths, table_scale = _data_paths(args, out)
+    split = pctr_data.CriteoSplit.read(paths, args.max_examples, args.on_bad_line)
+    vocabulary = pctr_data.job_vocabulary(args.vocabulary, split, bool(private), table_scale,
+                                          args.min_count)
+    train_inputs = pctr_data.model_inputs(split.train, vocabulary)
+    held_out = pctr_data.model_inputs(split.held_out, vocabulary)
+    skipped = split.skipped_lines
   results = []
   for algorithm in algorithms:
     folder = out / algorithm if args.compare else out
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"sparse-dp train: {algorithm} on {len(split.train):,} examples, "
-          f"{len(split.held_out):,} held out", flush=True)
+    print(f"sparse-dp train: {algorithm} on {_count(train_inputs):,} examples, "
+          f"{len(held_out[1]):,} held out", flush=True)
     fit, preselection = _fit(algorithm, args, settings, train_inputs, held_out,
                              vocabulary.sizes)
-    metrics = {**fit.metrics, "skipped_lines": split.skipped_lines}
+    metrics = {**fit.metrics, "skipped_lines": skipped}
     fit.model.save(folder / "model")
     vocabulary.save(folder / "vocabulary.json")
     if preselection is not None:
@@ -127,6 +145,36 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   return results
 
 
+def _count(train_inputs) -> int:
+  return getattr(train_inputs, "num_examples", None) or len(train_inputs[1])
+
+
+def _streamed_inputs(args, out: pathlib.Path, private: bool):
+  """``--reader tfdata``: the training files as a stream, the held-out files in memory."""
+  from sparse_dp.models import pctr_data  # pylint: disable=import-outside-toplevel
+  if args.vocabulary == "counted":
+    raise ValueError("--reader tfdata does not count a vocabulary (that needs the data in "
+                     "memory); use --vocabulary hashed or a vocabulary file")
+  paths, table_scale = _data_paths(args, out)
+  if args.data == "synthetic":
+    from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
+    eval_paths = [SyntheticCriteo(seed=args.seed).write_day(
+        out / "synthetic_day_2.gz", 2, min(args.max_eval_examples, args.max_examples // 9 + 1))]
+  elif args.eval_data:
+    eval_paths = sorted(pathlib.Path(p) for p in glob.glob(args.eval_data))
+    if not eval_paths:
+      raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
+  else:
+    raise ValueError("--reader tfdata streams --data and evaluates on other files: give "
+                     "--eval-data PATH_OR_GLOB (e.g. the last day)")
+  vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, table_scale, 1)
+  train = pctr_data.StreamedExamples.open(paths, vocabulary, args.on_bad_line,
+                                          args.max_examples or None)
+  held_out = pctr_data.held_out_inputs(eval_paths, vocabulary, args.on_bad_line,
+                                       args.max_eval_examples)
+  return train, held_out, vocabulary, train.skipped_lines
+
+
 def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes):
   """One algorithm: DP-FEST / DP-AdaFEST+ spend ``--selection-share`` of epsilon on
   the top-k first and train on the rest; the two compose by basic composition."""
@@ -135,7 +183,9 @@ def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes):
   preselection = None
   if kind.uses_top_k_selection:
     selection_epsilon = args.epsilon * args.selection_share
-    preselection = fitting.preselect(train_inputs[0]["categorical"], sizes, args.fest_k,
+    counted = train_inputs if hasattr(train_inputs, "num_examples") else (
+        train_inputs[0]["categorical"])
+    preselection = fitting.preselect(counted, sizes, args.fest_k,
                                      selection_epsilon, args.noise_seed)
     settings = dataclasses.replace(settings, epsilon=args.epsilon - preselection.epsilon)
   fit = fitting.fit_and_evaluate(algorithm, settings, train_inputs, held_out, sizes,

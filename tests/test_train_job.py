@@ -69,3 +69,24 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
                "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200
+
+
+def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, capsys):
+  synthetic = SyntheticCriteo(scale=0.01, seed=5)
+  train_days = [synthetic.write_day(tmp_path / f"day_{d}.gz", d, 1200) for d in (1, 2)]
+  held_out = synthetic.write_day(tmp_path / "day_3", 3, 500)
+  common = ["train", "--reader", "tfdata", "--data", str(tmp_path / "day_[12].gz"),
+            "--max-examples", "0", "--batch-size", "256", "--hidden-units", "16"]
+  assert main([*common, "--out", str(tmp_path / "o")]) == 2
+  assert "--eval-data" in capsys.readouterr().err
+  assert main([*common, "--eval-data", str(held_out), "--algorithm", "fest", "--fest-k", "30",
+               "--out", str(tmp_path / "o"), "--json"]) == 0
+  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert metrics["train_examples"] == 2400 and metrics["eval_examples"] == 500
+  assert metrics["poisson_sampling"] is False and 0.9 < metrics["epsilon"] <= 1.0 + 1e-9
+  assert metrics["gradient_size_reduction"] > 1 and len(train_days) == 2
+  lines = held_out.read_text().splitlines()
+  lines[41] = "0\tx" + lines[41][1:]
+  held_out.write_text("\n".join(lines) + "\n")
+  assert main([*common, "--eval-data", str(held_out), "--out", str(tmp_path / "o")]) == 2
+  assert "day_3:42: expected 40 tab-separated fields" in capsys.readouterr().err

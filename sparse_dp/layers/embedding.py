@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import tensorflow as tf
@@ -9,6 +10,21 @@ import tensorflow as tf
 from sparse_dp.layers.recording import Lookup, record_lookup
 
 _COMBINERS = ("sum", "mean", None)
+
+
+class _SameNameWarningFilter(logging.Filter):
+  """Drops Keras's SavedModel warning that this class shares the name ``Embedding``.
+
+  Keras warns for every saved layer whose class name is a built-in's; ours is
+  registered as ``sparse_dp>Embedding``, so loading is unambiguous (tested in
+  tests/test_embedding_layer.py), and 26 such lines per save only hide real warnings.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return f"{__name__}.Embedding object" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_SameNameWarningFilter())
 
 
 @tf.keras.utils.register_keras_serializable(package="sparse_dp")

@@ -34,14 +34,18 @@ class Preselection:
   def kept_buckets(self) -> list[Optional[list[int]]]:
     return [None if r is None else r.kept_buckets.numpy().tolist() for r in self.remappings]
 
-  def apply(self, ids: np.ndarray) -> np.ndarray:
-    """``ids[:, t]`` of table ``t`` remapped into its preselected vocabulary."""
-    ids = np.asarray(ids)
-    if ids.ndim != 2 or ids.shape[1] != len(self.remappings):
-      raise ValueError(f"ids must have shape [examples, {len(self.remappings)}], got {ids.shape}")
-    columns = [column if remapping is None else remapping(column).numpy()
-               for column, remapping in zip(ids.T, self.remappings)]
-    return np.stack(columns, axis=1)
+  def apply(self, ids):
+    """``ids[:, t]`` of table ``t`` remapped into its preselected vocabulary.
+
+    NumPy in, NumPy out; a tensor (e.g. inside ``tf.data``) in, a tensor out.
+    """
+    tensor = tf.convert_to_tensor(ids)
+    if tensor.shape.rank != 2 or tensor.shape[1] != len(self.remappings):
+      raise ValueError(f"ids must have shape [examples, {len(self.remappings)}], "
+                       f"got {tensor.shape}")
+    remapped = tf.stack([tensor[:, t] if remapping is None else remapping(tensor[:, t])
+                         for t, remapping in enumerate(self.remappings)], axis=1)
+    return remapped if tf.is_tensor(ids) else remapped.numpy()
 
 
 def preselect_buckets(counts: Sequence, k: int, epsilon: float, seed) -> Preselection:
