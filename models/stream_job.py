@@ -71,7 +71,8 @@ def parse_days(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-  summary = stream(args)
+  with job_flags.progress_output(args.json):
+    summary = stream(args)
   if args.json:
     print(json.dumps(summary))
   else:

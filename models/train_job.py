@@ -59,7 +59,8 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
   algorithms = _algorithms(args)
-  results = train(args, algorithms)
+  with job_flags.progress_output(args.json):
+    results = train(args, algorithms)
   if args.compare:
     if args.json:
       print(json.dumps({"results": results}))

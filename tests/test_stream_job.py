@@ -26,7 +26,7 @@ def spends(state):
 def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, capsys):
   state = tmp_path / "state"
   assert main(["stream", *SMALL, "--state", str(state), "--json"]) == 0
-  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  summary = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert [p["period"] for p in summary["periods"]] == [1, 2, 3]
   assert summary["epsilon_total"] == 2 and summary["epsilon_spent"] == pytest.approx(2)
   assert summary["ledger"] == str(state / "ledger.jsonl")

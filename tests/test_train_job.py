@@ -17,7 +17,7 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
   out = tmp_path / algorithm
   assert main(["train", "--algorithm", algorithm, "--max-examples", "3000", "--batch-size", "256",
                "--out", str(out), "--noise-seed", "1", "--json"]) == 0
-  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert KEYS <= set(metrics) and metrics["algorithm"] == algorithm
   assert metrics["train_examples"] == 2700 and metrics["eval_examples"] == 300
   assert 0.0 <= metrics["auc"] <= 1.0 and metrics["logloss"] > 0
@@ -33,7 +33,7 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   assert main(["train", "--compare", "none,fest,adafest+", "--max-examples", "2500",
                "--batch-size", "256", "--hidden-units", "32", "--fest-k", "40",
                "--out", str(out), "--json"]) == 0
-  results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+  results = json.loads(capsys.readouterr().out)["results"]  # stdout: one JSON object
   assert [r["algorithm"] for r in results] == ["none", "fest", "adafest+"]
   assert all(KEYS <= set(r) for r in results)
   assert len({(r["train_examples"], r["eval_examples"]) for r in results}) == 1
@@ -67,7 +67,7 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   assert main(["train", "--data", str(data), "--algorithm", "none", "--vocabulary", "counted",
                "--hidden-units", "8", "--on-bad-line", "skip", "--out", str(tmp_path / "o"),
                "--json"]) == 0
-  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200
 
 
@@ -81,7 +81,7 @@ def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, 
   assert "--eval-data" in capsys.readouterr().err
   assert main([*common, "--eval-data", str(held_out), "--algorithm", "fest", "--fest-k", "30",
                "--out", str(tmp_path / "o"), "--json"]) == 0
-  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert metrics["train_examples"] == 2400 and metrics["eval_examples"] == 500
   assert metrics["poisson_sampling"] is False and 0.9 < metrics["epsilon"] <= 1.0 + 1e-9
   assert metrics["gradient_size_reduction"] > 1 and len(train_days) == 2
