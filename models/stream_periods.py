@@ -32,13 +32,11 @@ class StreamData:
 
   def __init__(self, args, state_folder: pathlib.Path):
     self.args = args
+    self.synthetic, self.files = None, {}
     if args.data == "synthetic":
       self.synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed)
-      self.files = {}
       table_scale = args.synthetic_scale
     else:
-      self.synthetic = None
-      self.files = {}
       for path in sorted(pathlib.Path(p) for p in glob.glob(args.data)):
         match = _DAY_NUMBER.search(path.name)
         if match:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from sparse_dp.cli import main
+from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models.stream_job import parse_days
 
 # A small stream: 3 one-day periods of 1,500 examples, tables at 5% of Table 3.
@@ -90,3 +91,20 @@ def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):
                str(tmp_path / "s")]) == 2
   assert "not among the synthetic data's days 1..24" in capsys.readouterr().err
   assert not (tmp_path / "s" / "ledger.jsonl").exists()
+
+
+def test_stream_reads_criteo_day_files(tmp_path, capsys):
+  synthetic = SyntheticCriteo(scale=0.05, seed=2)
+  for day in (0, 1, 2):
+    synthetic.write_day(tmp_path / f"day_{day}.gz", day + 1, 600)
+  state = tmp_path / "state"
+  assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "0-1",
+               "--eval-days", "2", "--algorithm", "dpsgd", "--hidden-units", "16",
+               "--batch-size", "128", "--state", str(state), "--json"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert [p["days"] for p in summary["periods"]] == [[0], [1]]
+  assert [p["train_examples"] for p in summary["periods"]] == [600, 600]
+  assert summary["periods"][0]["eval_examples"] == 600
+  assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "3",
+               "--eval-days", "2", "--state", str(tmp_path / "other")]) == 2
+  assert "days [3] are not among the files of --data (days [0, 1, 2])" in capsys.readouterr().err

@@ -26,27 +26,41 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     self.training = training
     self.log_every_steps = max(1, int(log_every_steps))
     self._bound_at: tuple[int, float] = (-1, math.nan)
+    self._steps_before_epoch = 0
+    self._step_limit = -1
+    # Reads no log values, so Keras need not copy them to NumPy (a wait) every step.
+    self._supports_tf_logs = True
 
   def on_train_begin(self, logs=None):
-    limit = int(self.training.step_limit.numpy())
-    if 0 <= limit <= int(self.training.steps_taken.numpy()):
+    self._step_limit = int(self.training.step_limit.numpy())
+    taken = int(self.training.steps_taken.numpy())
+    if 0 <= self._step_limit <= taken:
       raise BudgetExhaustedError(
           f"sparse-dp: the epsilon budget {self.training.epsilon_budget:g} allows no "
           f"further step (one more would bring epsilon to "
           f"{self.training.epsilon(self.training.accountant.steps + 1):.4g}); raise the "
           "budget or the noise, or lower the sampling rate")
+    self._epsilon_bound(taken + 1)  # the first bound before Keras times the batches
+
+  def _epsilon_bound(self, steps: int) -> float:
+    checkpoint = -(-steps // self.log_every_steps) * self.log_every_steps
+    if self._bound_at[0] != checkpoint:
+      self._bound_at = (checkpoint, self.training.epsilon(checkpoint))
+    return self._bound_at[1]
+
+  def on_epoch_begin(self, epoch, logs=None):
+    # One read of the step counter per epoch: reading it every batch would make
+    # Keras wait for each step to finish before dispatching the next.
+    self._steps_before_epoch = int(self.training.steps_taken.numpy())
 
   def on_train_batch_end(self, batch, logs=None):
     training = self.training
     if not training.is_private:
       return
-    steps = training.accountant.steps
-    checkpoint = -(-steps // self.log_every_steps) * self.log_every_steps
-    if self._bound_at[0] != checkpoint:
-      self._bound_at = (checkpoint, training.epsilon(checkpoint))
+    steps = self._steps_before_epoch + batch + 1  # ``batch``: the last step run, from 0
     if logs is not None:
-      logs["epsilon"] = self._bound_at[1]
-    if 0 <= int(training.step_limit.numpy()) <= steps:
+      logs["epsilon"] = self._epsilon_bound(steps)
+    if 0 <= self._step_limit <= steps:
       self.model.stop_training = True
       print(f"\nsparse-dp: stopping after step {steps}: one more step would exceed the "
             f"epsilon budget {training.epsilon_budget:g} (spent {training.epsilon():.4g}).")
