@@ -93,12 +93,13 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
     history = model.fit(private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
                         callbacks=callbacks, verbose=2).history
-    steps = private.accountant.steps
   else:
     epochs = max(1, round(settings.epochs))
     history = model.fit(*train, batch_size=batch_size, epochs=epochs, verbose=2).history
     steps = epochs * -(-num_examples // batch_size)
   seconds = time.perf_counter() - start
+  if private.is_private:
+    steps = private.accountant.steps  # the steps taken (a budget may stop a run early)
   logits = model.predict(x_eval, batch_size=8192, verbose=0)
   auc = tf.keras.metrics.AUC(from_logits=True)
   auc.update_state(y_eval, logits)

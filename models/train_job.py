@@ -157,14 +157,14 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
     raise ValueError("--reader tfdata does not count a vocabulary (that needs the data in "
                      "memory); use --vocabulary hashed or a vocabulary file")
   paths, table_scale = _data_paths(args, out)
-  if args.data == "synthetic":
-    from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-    eval_paths = [SyntheticCriteo(seed=args.seed).write_day(
-        out / "synthetic_day_2.gz", 2, min(args.max_eval_examples, args.max_examples // 9 + 1))]
-  elif args.eval_data:
+  if args.eval_data:
     eval_paths = sorted(pathlib.Path(p) for p in glob.glob(args.eval_data))
     if not eval_paths:
       raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
+  elif args.data == "synthetic":
+    from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
+    eval_paths = [SyntheticCriteo(seed=args.seed).write_day(
+        out / "synthetic_day_2.gz", 2, min(args.max_eval_examples, args.max_examples // 9 + 1))]
   else:
     raise ValueError("--reader tfdata streams --data and evaluates on other files: give "
                      "--eval-data PATH_OR_GLOB (e.g. the last day)")
