@@ -47,6 +47,7 @@ class StreamData:
     self.folder = state_folder / "data"
     self.vocabulary = pctr_data.hashed_vocabulary(table_scale)
     self.skipped_lines = 0
+    self._counts: dict[int, list] = {}  # per day: distinct examples per bucket of each table
 
   def check_days(self, days: list[int]) -> None:
     if self.synthetic is not None:
@@ -77,6 +78,15 @@ class StreamData:
       self.skipped_lines += reader.skipped_lines
     return pd.concat(frames, ignore_index=True)
 
+  def table_counts(self, days: list[int]) -> list:
+    """Bucket counts of ``days`` summed; each day is read and counted once per process
+    (a running sum would otherwise re-read every earlier day each period)."""
+    for day in days:
+      if day not in self._counts:
+        ids = self.inputs([day], self.args.examples_per_day)[0]["categorical"]
+        self._counts[day] = fitting.table_counts(ids, self.vocabulary.sizes)
+    return [sum(tables) for tables in zip(*(self._counts[day] for day in days))]
+
   def inputs(self, days: list[int], per_day: int):
     return pctr_data.model_inputs(self.frame(days, per_day), self.vocabulary)
 
@@ -98,8 +108,7 @@ def run_period(state, job: dict, plan: dict, data: StreamData, held_out, args,
     if ledger.find(period, "selection") is None:
       ledger.record(period, "selection", plan["selection_epsilon"], 0.0, days=counted,
                     k=args.fest_k)
-    ids = data.inputs(counted, args.examples_per_day)[0]["categorical"]
-    preselection = preselect_buckets(fitting.table_counts(ids, sizes), args.fest_k,
+    preselection = preselect_buckets(data.table_counts(counted), args.fest_k,
                                      plan["selection_epsilon"], [seed, 1])
   elif kind.uses_top_k_selection:
     preselection = _load_preselection(state.period_folder(period - 1), sizes)
