@@ -23,7 +23,13 @@ class DPConfig:
       the planned epochs (``sigma1 / sigma2 = sigma_ratio`` for AdaFEST).
     sigma_ratio: ``sigma1 / sigma2`` when calibrating AdaFEST (paper: 5 or 10).
     contribution_clip: ``C1``, the contribution-vector norm bound.
-    threshold: ``tau``, the noisy contribution a row needs to be updated.
+    threshold_sigmas: the threshold ``tau`` in units of the contribution map's
+      noise, ``tau = threshold_sigmas * sigma1 * C1`` (default 4): a row nobody
+      touched is then selected with probability ``Psi(threshold_sigmas)``
+      (``Psi(4) = 3.2e-5``) whatever noise the calibration picks (§3.2,
+      App. B.2). Ignored when ``threshold`` is given.
+    threshold: ``tau`` in absolute units (contributions of examples), instead
+      of ``threshold_sigmas``.
     selection_epsilon: ``epsilon1`` already spent on a DP top-k preselection
       of the tables' buckets (``fest``, ``adafest+``); charged by the accountant.
     delta: target delta; default ``1 / num_examples``.
@@ -37,6 +43,11 @@ class DPConfig:
     microbatch_size: process each (logical) batch in micro-batches of this
       many examples and add the noise once (gradient accumulation): memory
       then depends on the micro-batch, not the batch. ``None``: one pass.
+    debug_metrics: also log un-noised statistics of each batch (its training
+      loss and compiled metrics, ``rows_dropped``, ``false_positive_rows``,
+      ``gradient_snr``). They are functions of the private batch without
+      noise, so they are NOT covered by the epsilon; the report says so.
+      Default ``False``: the logs hold only what is DP or public.
   """
 
   algorithm: str = "adafest"
@@ -47,19 +58,23 @@ class DPConfig:
   target_epsilon: Optional[float] = None
   sigma_ratio: float = 5.0
   contribution_clip: float = 1.0
-  threshold: float = 5.0
+  threshold_sigmas: float = 4.0
+  threshold: Optional[float] = None
   selection_epsilon: float = 0.0
   delta: Optional[float] = None
   epsilon_budget: Optional[float] = None
   noise_seed: Optional[int] = None
   microbatch_size: Optional[int] = None
+  debug_metrics: bool = False
 
   def __post_init__(self):
     algorithm = Algorithm.parse(self.algorithm)
     object.__setattr__(self, "algorithm", algorithm.value)
     check_positive("l2_norm_clip (C2)", self.l2_norm_clip)
     check_positive("contribution_clip (C1)", self.contribution_clip)
-    check_positive("threshold (tau)", self.threshold)
+    check_positive("threshold_sigmas", self.threshold_sigmas)
+    if self.threshold is not None:
+      check_positive("threshold (tau)", self.threshold)
     if self.microbatch_size is not None and (
         not isinstance(self.microbatch_size, int) or self.microbatch_size < 1):
       raise ValueError(f"microbatch_size must be an integer >= 1, got {self.microbatch_size!r}")
@@ -74,3 +89,9 @@ class DPConfig:
   @property
   def kind(self) -> Algorithm:
     return Algorithm(self.algorithm)
+
+  def threshold_for(self, sigma1: float) -> float:
+    """``tau``: ``threshold`` if given, else ``threshold_sigmas * sigma1 * C1``."""
+    if self.threshold is not None:
+      return self.threshold
+    return self.threshold_sigmas * sigma1 * self.contribution_clip

@@ -144,7 +144,8 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
       gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
       contribution_multiplier=spec.sigma1 if algorithm.uses_contribution_map else None,
       l2_norm_clip=config.l2_norm_clip, contribution_clip=config.contribution_clip,
-      threshold=config.threshold, expected_batch_size=float(batch_size))
+      threshold=config.threshold_for(spec.sigma1) if algorithm.uses_contribution_map else 0.0,
+      expected_batch_size=float(batch_size))
   model.optimizer = sparse_optimizer(model.optimizer)
   training = PrivateTraining(model, config, num_examples, batch_size, spec)
   model.train_step = types.MethodType(_dp_train_step(leaves, noise, training), model)
