@@ -60,7 +60,7 @@ def reference_clipped_sum(model, x, y, clip, keep_rows=None):
   return total
 
 
-def run_step(model, x, y, noise, microbatch_size=None):
+def run_step(model, x, y, noise, microbatch_size=None, debug_metrics=False):
   leaves = dense_layers.trainable_leaf_layers(model)
 
   def losses_of(data):
@@ -69,7 +69,7 @@ def run_step(model, x, y, noise, microbatch_size=None):
   @tf.function
   def step(x, y):
     return private_gradients(leaves, losses_of, (x, y), noise, tf.constant([1, 2], tf.int64),
-                             microbatch_size)
+                             microbatch_size, debug_metrics=debug_metrics)
 
   grads, losses, stats = step(x, y)
   assert losses.shape == (12,)
@@ -92,7 +92,7 @@ def test_adafest_masks_unselected_rows_before_clipping():
   # its clipped contribution is at least tau (here: rows of >= 2 examples).
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=1e-7, l2_norm_clip=0.7,
                     contribution_clip=3.0, threshold=1.5, expected_batch_size=1.0)
-  ours, stats = run_step(model, x, y, noise)
+  ours, stats = run_step(model, x, y, noise, debug_metrics=True)
   from sparse_dp.mechanisms import activations, clipped_contribution_maps
   acts = [activations(tf.concat([x["a"], x["b"][:, None]], axis=1)), activations(x["b"])]
   maps = clipped_contribution_maps(acts, 3.0)

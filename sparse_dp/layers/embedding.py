@@ -12,6 +12,13 @@ from sparse_dp.layers.recording import Lookup, record_lookup
 _COMBINERS = ("sum", "mean", None)
 
 
+def leading_dimension(tensor: tf.Tensor) -> tf.Tensor:
+  """``tensor``'s first dimension as an int64 scalar, a constant when it is static."""
+  static = tensor.shape[0]
+  return (tf.constant(static, tf.int64) if static is not None
+          else tf.shape(tensor, out_type=tf.int64)[0])
+
+
 class _SameNameWarningFilter(logging.Filter):
   """Drops Keras's SavedModel warning that this class shares the name ``Embedding``.
 
@@ -109,7 +116,7 @@ class Embedding(tf.keras.layers.Layer):
     if ids.shape.rank not in (1, 2):
       raise ValueError(f"layer '{self.name}': dense ids must be [batch] or [batch, L], "
                        f"got shape {ids.shape}")
-    batch = tf.shape(ids, out_type=tf.int64)[0]
+    batch = leading_dimension(ids)
     if ids.shape.rank == 1:
       return tf.range(batch), ids, batch
     width = tf.shape(ids, out_type=tf.int64)[1]
@@ -118,7 +125,9 @@ class Embedding(tf.keras.layers.Layer):
   def _checked(self, flat_ids):
     flat_ids = tf.cast(flat_ids, tf.int64)
     outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
-    first_bad = tf.gather(flat_ids, tf.argmax(tf.cast(outside, tf.int32)))
+    # The first id outside; a sentinel at the end keeps argmax defined on no ids.
+    first_bad = tf.gather(tf.concat([flat_ids, [-1]], 0),
+                          tf.argmax(tf.concat([tf.cast(outside, tf.int32), [1]], 0)))
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(outside)),
         [f"Embedding layer {self.name}: id outside the vocabulary [0, {self.vocabulary_size}):",

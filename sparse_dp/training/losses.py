@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparse_dp.training.penalties import check_no_data_dependent_losses
+
 
 def per_example_loss_fn(model: tf.keras.Model):
   """``f(data) -> (losses [B], y, y_pred)`` for ``model``.
@@ -12,10 +14,14 @@ def per_example_loss_fn(model: tf.keras.Model):
     must return one loss per example; build its task with
     ``loss=tf.keras.losses.<Loss>(reduction=tf.keras.losses.Reduction.NONE)``.
   * Any other model: the loss given to ``compile``, applied without reduction.
+
+  A loss tensor added during the forward pass (``add_loss`` in ``call``) is
+  refused (:mod:`sparse_dp.training.penalties`).
   """
   if hasattr(model, "compute_loss") and _is_tfrs(model):
     def tfrs_losses(data):
       losses = model.compute_loss(data, training=True)
+      check_no_data_dependent_losses(model)
       if losses.shape.rank != 1:
         raise ValueError(
             f"{type(model).__name__}.compute_loss returned a loss of shape {losses.shape}; "
@@ -37,6 +43,7 @@ def per_example_loss_fn(model: tf.keras.Model):
   def keras_losses(data):
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
     y_pred = model(x, training=True)
+    check_no_data_dependent_losses(model)
     if y_pred.shape.rank == y.shape.rank + 1 and y_pred.shape[-1] == 1:
       y = y[..., None]  # else Keras squeezes [B, 1] and averages over the batch
     losses = loss(y, y_pred)

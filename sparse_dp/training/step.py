@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from sparse_dp import mechanisms
-from sparse_dp.layers.embedding import Embedding
+from sparse_dp.layers.embedding import Embedding, leading_dimension
 from sparse_dp.layers.recording import recording
 from sparse_dp.training import dense_layers
 
@@ -84,7 +84,8 @@ LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, pre
 
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
                       seed: tf.Tensor, microbatch_size: Optional[int] = None,
-                      on_outputs: Optional[Callable] = None):
+                      on_outputs: Optional[Callable] = None, *,
+                      debug_metrics: bool = False):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
 
   ``losses_of(data)`` runs the model forward on a batch and returns its
@@ -92,6 +93,9 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   ``on_outputs(labels, predictions)`` (e.g. Keras metric updates) is called
   once per (micro-)batch of the gradient pass. Returns ``(gradients by
   variable ref, per-example losses, statistics)``.
+
+  The statistics are DP by default (see :func:`_statistics`); with
+  ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
   """
   tables = [l for l in leaves if isinstance(l, Embedding)]
   selection_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
@@ -109,7 +113,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
       selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
     sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise,
                                              on_outputs)
-  gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed)
+  gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
   return gradients, losses, stats
 
 
@@ -117,17 +121,18 @@ def _per_example_gradients(leaves, compute, on_outputs=None) -> _Recorded:
   with tf.GradientTape() as tape:
     with recording() as lookups, dense_layers.recording_dense_calls(leaves) as dense_calls:
       losses, labels, predictions = compute()
-    total = tf.reduce_sum(losses)
+    batch_size = leading_dimension(losses)
+    tables = lookups.by_layer()
+    with tf.control_dependencies(_attribution_checks(tables, dense_calls, batch_size)):
+      total = tf.reduce_sum(losses)
   if on_outputs is not None and labels is not None:
     on_outputs(labels, predictions)
-  tables = lookups.by_layer()
   dense_by_layer: dict = {}
   for call in dense_calls:
     dense_by_layer.setdefault(call.layer, []).append(call)
   table_grads, dense_grads = tape.gradient(
       total, ([[l.vectors for l in ls] for ls in tables.values()],
               [[c.preactivation for c in cs] for cs in dense_by_layer.values()]))
-  batch_size = tf.shape(losses, out_type=tf.int64)[0]
   rows = {
       layer: mechanisms.per_example_row_gradients(
           tf.concat([l.example for l in ls], 0), tf.concat([l.row for l in ls], 0),
@@ -137,6 +142,45 @@ def _per_example_gradients(leaves, compute, on_outputs=None) -> _Recorded:
   dense = {layer: (tf.concat([c.inputs for c in calls], 1), tf.concat(grads, 1))
            for (layer, calls), grads in zip(dense_by_layer.items(), dense_grads)}
   return _Recorded(losses, rows, dense)
+
+
+def _attribution_checks(tables: dict, dense_calls, batch_size) -> list:
+  """Asserts that every recorded lookup and Dense call is per example of this batch.
+
+  Per-example clipping attributes lookup ``i`` to example ``example[i]`` and
+  row ``b`` of a Dense input to example ``b``. A lookup made on ids of another
+  shape than the batch (ids reshaped ``[B, L] -> [B L]``, a constant tensor of
+  candidate ids) or a Dense layer applied across examples would attribute one
+  example's gradient to another, and the clipped sum would no longer move by
+  at most ``C2`` when one example is added: such a step fails, naming the layer.
+  """
+  checks = []
+  for layer, lookups in tables.items():
+    for lookup in lookups:
+      checks.append(_same_batch(lookup.batch_size, batch_size, (
+          f"sparse-dp: embedding layer {layer.name} was called on ids whose batch "
+          "dimension is not the examples (ids reshaped across examples, or shared ids "
+          "such as a constant candidate set): DP clipping needs every lookup to belong to "
+          "one example; call the layer on per-example ids of shape [batch, ...]")))
+      checks.append(tf.debugging.assert_less(
+          tf.reduce_max(tf.concat([tf.cast(lookup.example, tf.int64), [-1]], 0)), batch_size,
+          message=f"sparse-dp: embedding layer {layer.name} recorded a lookup for an "
+                  "example index beyond the batch size"))
+  for call in dense_calls:
+    checks.append(_same_batch(leading_dimension(call.inputs), batch_size, (
+        f"sparse-dp: Dense layer {call.layer.name} was applied to a tensor whose first "
+        "dimension is not the batch of examples; DP clipping attributes row b of a Dense "
+        "input to example b")))
+  return checks
+
+
+def _same_batch(size, batch_size, message: str):
+  """An assertion ``size == batch_size``; fails at once when both are known when tracing."""
+  size = tf.cast(size, tf.int64)
+  known, expected = tf.get_static_value(size), tf.get_static_value(batch_size)
+  if known is not None and expected is not None and known != expected:
+    raise ValueError(f"{message} (size {known}, batch {expected})")
+  return tf.debugging.assert_equal(size, batch_size, message=message)
 
 
 def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
@@ -285,7 +329,8 @@ def _array(dtype, element_shape) -> tf.TensorArray:
                         element_shape=tf.TensorShape(element_shape))
 
 
-def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed):
+def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed,
+               debug_metrics: bool = False):
   """Clipped sums plus noise, divided by the expected batch size, per variable."""
   context = tf.distribute.get_replica_context()
   adds_noise = 1.0 if context is None else tf.cast(
@@ -332,12 +377,21 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   stats = {
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
       "gradient_size_reduction": table_rows / tf.maximum(tf.cast(nonzero_rows, tf.float32), 1.0),
-      "gradient_snr": tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30)),
+      "noisy_gradient_norm": _norm(gradients.values()),
   }
-  if selections:
-    stats["rows_dropped"] = tf.cast(tf.add_n([s.num_dropped for s in selections.values()]),
-                                    tf.float32)
-    stats["false_positive_rows"] = tf.cast(
-        tf.add_n([s.num_false_positives for s in selections.values()]), tf.float32)
+  if debug_metrics:
+    stats["gradient_snr"] = tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30))
+    if selections:
+      stats["rows_dropped"] = tf.cast(
+          tf.add_n([s.num_dropped for s in selections.values()]), tf.float32)
+      stats["false_positive_rows"] = tf.cast(
+          tf.add_n([s.num_false_positives for s in selections.values()]), tf.float32)
   # Keras sums (or takes the first of) per-replica logs: report once.
   return gradients, {name: value * adds_noise for name, value in stats.items()}
+
+
+def _norm(gradients) -> tf.Tensor:
+  """L2 norm of the noisy update over every variable (dense or row-sparse)."""
+  squares = [tf.reduce_sum(tf.square(g.values if isinstance(g, tf.IndexedSlices) else g))
+             for g in gradients]
+  return tf.sqrt(tf.add_n(squares) if squares else tf.constant(0.0))

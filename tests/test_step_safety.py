@@ -1,0 +1,163 @@
+"""What the DP step refuses, what it logs, and the penalties it adds after the noise."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparse_dp.layers import Embedding
+from sparse_dp.training import dense_layers
+from sparse_dp.training.losses import per_example_loss_fn
+from sparse_dp.training.penalties import (DataDependentLossError, add_penalty_gradients,
+                                          penalty_of)
+from sparse_dp.training.step import StepNoise, private_gradients
+
+VOCAB, B, L = 40, 8, 3
+ADAFEST = StepNoise(gradient_multiplier=0.7, contribution_multiplier=1.0, l2_norm_clip=1.0,
+                    contribution_clip=1.0, threshold=2.0, expected_batch_size=float(B))
+
+
+def compiled(model):
+  model.compile(optimizer="sgd", loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def step(model, data, noise=ADAFEST, debug_metrics=False):
+  leaves = dense_layers.trainable_leaf_layers(model)
+  return tf.function(lambda data: private_gradients(
+      leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
+      debug_metrics=debug_metrics))(data)
+
+
+def batch(rows=B):
+  rng = np.random.default_rng(0)
+  return (tf.constant(rng.integers(0, VOCAB, (rows, L)), tf.int64),
+          tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))
+
+
+def reshaped_ids_model():
+  """Flattens [B, L] ids to [B L] before the lookup: each lookup lands on a wrong example."""
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  flat = tf.keras.layers.Lambda(lambda t: tf.reshape(t, [-1]))(ids)
+  vectors = Embedding(VOCAB, 4, name="flattened")(flat)
+  per_example = tf.keras.layers.Lambda(lambda v: tf.reshape(v, [-1, L * 4]))(vectors)
+  return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(per_example)))
+
+
+class SharedCandidates(tf.keras.Model):
+  """Scores each example against a constant set of candidate ids looked up once."""
+
+  def __init__(self):
+    super().__init__()
+    self.table = Embedding(VOCAB, 4, name="candidates")
+    self.project = tf.keras.layers.Dense(4, name="project")
+
+  def call(self, ids):
+    query = self.table(ids[:, 0])
+    candidates = self.project(self.table(tf.range(5, dtype=tf.int64)))  # [5, 4], not per example
+    return tf.reduce_logsumexp(query @ tf.transpose(candidates), axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("make, name", [(reshaped_ids_model, "flattened"),
+                                        (lambda: compiled(SharedCandidates()), "candidates")])
+def test_lookups_not_per_example_are_refused_naming_the_layer(make, name):
+  model = make()
+  x, y = batch()
+  model(x)
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=f"layer {name} .*batch dimension"):
+    step(model, (x, y))
+
+
+def test_dense_applied_across_examples_is_refused():
+  class DenseOnConstants(tf.keras.Model):
+    def __init__(self):
+      super().__init__()
+      self.table = Embedding(VOCAB, 4)
+      self.mix = tf.keras.layers.Dense(4, name="mix")
+
+    def call(self, ids):
+      return tf.reduce_sum(self.table(ids) * tf.reduce_mean(self.mix(tf.ones([3, 2])), 0),
+                           axis=1, keepdims=True)
+
+  model = compiled(DenseOnConstants())
+  x, y = batch()
+  model(x)
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="Dense layer mix "):
+    step(model, (x, y))
+
+
+def pctr_like(**dense_kwargs):
+  tf.keras.utils.set_random_seed(2)
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  hidden = tf.keras.layers.Dense(6, activation="relu", name="hidden", **dense_kwargs)(
+      Embedding(VOCAB, 4, name="table")(ids))
+  return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1, name="logit")(hidden)))
+
+
+def test_logs_hold_only_dp_statistics_unless_debug():
+  model = pctr_like()
+  _, _, stats = step(model, batch())
+  assert set(stats) == {"nonzero_rows", "gradient_size_reduction", "noisy_gradient_norm"}
+  _, _, debug = step(model, batch(), debug_metrics=True)
+  assert {"gradient_snr", "rows_dropped", "false_positive_rows"} <= set(debug)
+
+
+def test_noisy_gradient_norm_is_the_norm_of_the_update():
+  model = pctr_like()
+  gradients, _, stats = step(model, batch())
+  total = sum(float(tf.reduce_sum(tf.square(g.values if isinstance(g, tf.IndexedSlices) else g)))
+              for g in gradients.values())
+  assert float(stats["noisy_gradient_norm"]) == pytest.approx(np.sqrt(total), rel=1e-5)
+
+
+def test_kernel_regularizer_is_added_after_the_noise():
+  l2 = 0.3
+  model = pctr_like(kernel_regularizer=tf.keras.regularizers.L2(l2))
+  plain = pctr_like()  # same seed: same weights, no penalty
+  data = batch()
+  model(data[0]), plain(data[0])
+  with_penalty = add_penalty_gradients(penalty_of(model), step(model, data)[0])
+  without = step(plain, data)[0]
+  hidden = model.get_layer("hidden")
+  expected = without[plain.get_layer("hidden").kernel.ref()] + 2 * l2 * hidden.kernel
+  np.testing.assert_allclose(with_penalty[hidden.kernel.ref()], expected, rtol=1e-5, atol=1e-6)
+  logit = model.get_layer("logit").kernel
+  np.testing.assert_allclose(with_penalty[logit.ref()],
+                             without[plain.get_layer("logit").kernel.ref()], rtol=1e-6)
+
+
+def test_penalty_on_a_table_is_refused():
+  model = pctr_like()
+  model(batch()[0])
+  table = model.get_layer("table")
+  model.add_loss(lambda: tf.reduce_sum(tf.square(table.embeddings)))
+  with pytest.raises(ValueError, match="table"):
+    penalty_of(model)
+
+
+class AddsBatchLoss(tf.keras.layers.Layer):
+  def call(self, h):
+    self.add_loss(tf.reduce_mean(h))  # a function of the whole batch
+    return h
+
+
+@pytest.mark.parametrize("layer", [AddsBatchLoss(name="batch_loss"),
+                                   tf.keras.layers.ActivityRegularization(l1=0.1,
+                                                                          name="activity")])
+def test_data_dependent_losses_are_refused_by_name(layer):
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  hidden = layer(tf.keras.layers.Dense(6)(Embedding(VOCAB, 4)(ids)))
+  model = compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(hidden)))
+  with pytest.raises(DataDependentLossError, match=layer.name):
+    step(model, batch())
+
+
+@pytest.mark.parametrize("noise", [ADAFEST, StepNoise(0.7, None, 1.0, 1.0, 0.0, float(B))])
+def test_an_empty_batch_gives_noise_only(noise):
+  model = pctr_like()
+  model(batch()[0])
+  x, y = batch(0)
+  gradients, losses, stats = step(model, (x, y), noise)
+  assert losses.shape == (0,)
+  kernel = gradients[model.get_layer("logit").kernel.ref()]
+  assert np.all(np.isfinite(kernel)) and np.any(kernel != 0)  # the noise, and nothing else
+  assert np.isfinite(float(stats["noisy_gradient_norm"]))
