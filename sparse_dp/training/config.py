@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import warnings
+from typing import Optional, Sequence
 
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms.row_selection import false_positive_probability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,3 +97,26 @@ class DPConfig:
     if self.threshold is not None:
       return self.threshold
     return self.threshold_sigmas * sigma1 * self.contribution_clip
+
+
+def warn_if_threshold_densifies(vocabulary_sizes: Sequence[int], threshold: float,
+                                noise_stddev: float, expected_batch_size: float) -> float:
+  """Warns when ``tau`` lets more untouched rows through than a batch touches.
+
+  A row no example touched passes the threshold with probability
+  ``p = Psi(tau / (sigma1 C1))`` (App. B.2), so a step updates about
+  ``sum_t V_t p`` false-positive rows. A batch touches at most about ``B`` rows
+  per table (one id per example; more for multi-valent features); when the
+  false positives exceed that, noise dominates the update and its size grows
+  with the vocabulary, not the batch. Returns the expected false positives.
+  """
+  expected = sum(vocabulary_sizes) * false_positive_probability(threshold, noise_stddev)
+  touched = expected_batch_size * len(vocabulary_sizes)
+  if expected > touched:
+    warnings.warn(
+        f"sparse-dp: threshold tau = {threshold:.4g} is only {threshold / noise_stddev:.3g} "
+        f"times the contribution map's noise (sigma1 C1 = {noise_stddev:.4g}): about "
+        f"{expected:,.0f} untouched rows per step pass it, more than the ~{touched:,.0f} rows a "
+        "batch touches, so the update is mostly noise and not sparse; raise "
+        "DPConfig(threshold_sigmas=...) (default 4) or drop threshold=", stacklevel=3)
+  return expected
