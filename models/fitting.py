@@ -114,8 +114,9 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "nonzero_rows_per_step": nonzero_rows,
       "train_examples": num_examples, "eval_examples": len(y_eval),
       "noise_multipliers": _noise_multipliers(private),
-      "threshold": config.threshold if trained_as.uses_contribution_map else None,
-      "poisson_sampling": private.poisson_sampling,
+      "threshold": (config.threshold_for(private.spec.sigma1)
+                    if trained_as.uses_contribution_map else None),
+      "poisson_sampling": private.report().poisson_sampling if private.is_private else None,
   }
   return FitResult(metrics, history, model)
 
@@ -156,11 +157,8 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
   if not kind.uses_contribution_map:
     return sparse_dp.DPConfig(kind.value, noise_multiplier=spec.noise_multiplier,
                               epsilon_budget=settings.epsilon, **common)
-  # tau in units of the contribution map's noise: tau_sigmas = 4 lets a row
-  # that nobody touched through with probability Psi(4) = 3e-5.
-  tau = settings.tau if settings.tau is not None else (
-      settings.tau_sigmas * spec.sigma1 * settings.contribution_clip)
-  return sparse_dp.DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2, threshold=tau,
+  return sparse_dp.DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
+                            threshold=settings.tau, threshold_sigmas=settings.tau_sigmas,
                             epsilon_budget=settings.epsilon, **common)
 
 

@@ -69,8 +69,18 @@ def run(args: argparse.Namespace) -> int:
   else:
     (metrics,) = results
     print(json.dumps(metrics) if args.json else
-          "\n".join(f"{k}: {v}" for k, v in metrics.items()))
+          "\n".join(f"{k}: {_with_caveat(k, v, metrics)}" for k, v in metrics.items()))
   return 0
+
+
+NOT_POISSON = "NOT a proved bound: batches were not Poisson-sampled"
+
+
+def _with_caveat(key: str, text, metrics: dict):
+  """An epsilon printed for batches that were not Poisson-sampled says so in its line."""
+  if key.endswith("epsilon") and text not in (None, "-") and metrics["poisson_sampling"] is False:
+    return f"{text} ({NOT_POISSON})"
+  return text
 
 
 def _algorithms(args) -> list[str]:
@@ -196,6 +206,8 @@ def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes):
   fit.metrics["epsilon"] = (None if training_epsilon is None
                             else training_epsilon + selection_epsilon)
   fit.metrics["selection_epsilon"] = selection_epsilon if kind.uses_top_k_selection else None
+  if fit.metrics["poisson_sampling"] is False:
+    fit.metrics["privacy_caveat"] = NOT_POISSON
   return fit, preselection
 
 
@@ -211,7 +223,8 @@ def _markdown_table(results: list[dict]) -> str:
       return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
   lines = ["| " + " | ".join(_TABLE_COLUMNS) + " |", "|" + "---|" * len(_TABLE_COLUMNS)]
-  lines += ["| " + " | ".join(cell(r[c]) for c in _TABLE_COLUMNS) + " |" for r in results]
+  lines += ["| " + " | ".join(_with_caveat(c, cell(r[c]), r) for c in _TABLE_COLUMNS) + " |"
+            for r in results]
   return "\n".join(lines)
 
 
