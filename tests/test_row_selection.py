@@ -10,6 +10,7 @@ from sparse_dp.mechanisms import (ContributionMap, bernoulli_positions,
                                   false_positive_probability, sample_zero_rows,
                                   select_rows)
 from sparse_dp.mechanisms import row_selection
+from sparse_dp.mechanisms.exponential import exponential_from_bits
 
 
 def binomial_interval(n, p):
@@ -93,3 +94,68 @@ def test_edge_cases(seed):
   np.testing.assert_array_equal(everything, [0, 1, 3, 4, 6, 7])
   with pytest.raises(ValueError, match="tau must be > 0"):
     select_rows(ContributionMap(tf.zeros([0], tf.int64), tf.zeros([0])), 10, 0.0, 1.0, seed)
+
+
+def _count_at_least(function, level, bits_dtype=tf.uint64):
+  """How many of the 2^64 inputs k have function(k) >= level, for a decreasing function."""
+  low, high = 0, 2 ** 64  # function(k) >= level exactly for k < answer
+  while low < high:
+    middle = (low + high) // 2
+    if function(tf.constant([middle], bits_dtype)).numpy()[0] >= level:
+      low = middle + 1
+    else:
+      high = middle
+  return low
+
+
+@pytest.mark.parametrize("gap_in_stds", [-9.0, -6.0, -1.0, 0.0, 2.0, 6.0, 7.5, 9.0])
+def test_contributed_row_passes_with_exact_tail_probability(gap_in_stds):
+  # A row passes iff E >= -log Psi(x), E the Exp(1) quantile of (k + 1/2) 2^-64
+  # for uniform 64-bit k: its pass probability is (number of such k) / 2^64,
+  # exactly. A float32 Gaussian draw never exceeds ~5.7 standard deviations, so
+  # it would give 0 where x >= 6 (Psi(6) = 1e-9) and 1 where x <= -6.
+  level = float(row_selection.negative_log_survival(tf.constant(gap_in_stds)))
+  assert level == pytest.approx(-stats.norm.logsf(gap_in_stds), rel=1e-12)
+  passing = _count_at_least(exponential_from_bits, level)
+  assert abs(passing - stats.norm.sf(gap_in_stds) * 2.0 ** 64) <= 2 + 1e-9 * passing
+  failing = 2 ** 64 - passing
+  assert abs(failing - stats.norm.cdf(gap_in_stds) * 2.0 ** 64) <= 2 + 1e-9 * failing
+
+
+def test_exponential_tails_reach_the_float64_grid():
+  extremes = exponential_from_bits(tf.constant([0, 2 ** 63, 2 ** 64 - 1], tf.uint64)).numpy()
+  np.testing.assert_allclose(extremes, [65 * np.log(2), np.log(2), 2.0 ** -65], rtol=1e-12)
+  assert row_selection.negative_log_survival(tf.constant(40.0)).numpy() == np.inf
+  # Zero contributions just above 0 pass at the rate of untouched rows.
+  assert float(tf.exp(-row_selection.negative_log_survival(tf.constant(4.0)))) == pytest.approx(
+      false_positive_probability(4.0, 1.0), rel=1e-12)
+
+
+def test_huge_vocabulary_with_tiny_probability(seed):
+  vocabulary, p = 10 ** 12, 1e-9
+  positions = bernoulli_positions(vocabulary, p, seed).numpy()
+  low, high = binomial_interval(vocabulary, p)
+  assert low <= len(positions) <= high
+  assert np.all(np.diff(positions) > 0) and positions[0] >= 0 and positions[-1] < vocabulary
+  rows = select_rows(ContributionMap(tf.constant([5, 10 ** 11], tf.int64), tf.constant([9.0, 9.0])),
+                     10 ** 12, 6.0, 1.0, seed).rows.numpy()
+  assert {5, 10 ** 11} <= set(rows.tolist()) and rows[-1] < 10 ** 12
+
+
+def test_more_positions_than_int32_are_sized_in_int64_or_refused(seed):
+  # The gap batch for 2^31 expected positions exceeds int32 (it used to wrap).
+  assert int(row_selection.gap_batch_size(2 ** 32, 0.5)) == int(np.ceil(
+      2 ** 31 + 6 * np.sqrt(2 ** 31 * 0.5) + 16))
+  with pytest.raises(ValueError, match="more than 2,147,483,648 positions"):
+    bernoulli_positions(2 ** 40, 0.01, seed)
+  dynamic = tf.function(lambda n: bernoulli_positions(n, 0.01, seed))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="more than 2,147,483,648"):
+    dynamic(tf.constant(2 ** 40, tf.int64))
+  with pytest.raises(ValueError, match=r"threshold tau = 0.5 is only 0.5 times .*raise tau"):
+    select_rows(ContributionMap(tf.zeros([0], tf.int64), tf.zeros([0])), 10 ** 10, 0.5, 1.0, seed)
+
+
+def test_probability_one_keeps_every_position(seed):
+  np.testing.assert_array_equal(bernoulli_positions(5, 1.0, seed).numpy(), [0, 1, 2, 3, 4])
+  with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+    bernoulli_positions(5, 1.5, seed)

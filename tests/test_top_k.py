@@ -1,6 +1,7 @@
 """Gumbel top-k selects like k peeling picks of the exponential mechanism."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from scipy import stats
 from conftest import ALPHA
 from sparse_dp.accounting import TopKSelectionCost
 from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k, public_top_k
+from sparse_dp.mechanisms.top_k import gumbel_noise
 
 
 def peeling_exponential_mechanism(counts, k, epsilon_per_pick):
@@ -40,6 +42,19 @@ def test_gumbel_top_k_matches_exponential_mechanism(seed):
   inclusion = np.bincount(picks.ravel(), minlength=5) / trials
   expected = [sum(p for key, p in exact.items() if b in key) for b in range(5)]
   np.testing.assert_allclose(inclusion, expected, atol=5 * np.sqrt(0.25 / trials))
+
+
+def test_gumbel_noise_reaches_past_the_float32_ceiling(seed):
+  # -log(-log U) of a float32 uniform below 1 never exceeds -log(2^-23) = 15.94:
+  # a bucket 20 scales behind another could never be picked. The true Gumbel
+  # exceeds 15.95 w.p. 1.2e-7: 16 times expected in 2^27 draws.
+  threshold, chunks, size = 15.95, 8, 2 ** 24
+  rate = -math.expm1(-math.exp(-threshold))
+  above = sum(int(tf.math.count_nonzero(gumbel_noise([size], 1.0, seed + [0, i]) > threshold))
+              for i in range(chunks))
+  n = chunks * size
+  assert stats.binom.ppf(ALPHA / 2, n, rate) <= above <= stats.binom.isf(ALPHA / 2, n, rate)
+  assert gumbel_noise([4], 2.0, seed).dtype == tf.float64
 
 
 def test_per_feature_budget_sets_the_scale(seed):

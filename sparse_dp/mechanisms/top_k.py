@@ -3,7 +3,12 @@
 ``dp_top_k`` adds Gumbel noise of scale ``b = k / epsilon`` to each bucket's
 count of distinct examples and keeps the ``k`` largest: ``epsilon``-DP (see
 :mod:`sparse_dp.accounting.selection` for why the scale is ``k / epsilon``, not
-the paper's ``1 / epsilon``). ``public_top_k`` keeps the ``k`` most frequent
+the paper's ``1 / epsilon``). The Gumbel noise is ``-log E`` for ``E ~ Exp(1)``
+exact in both tails (:mod:`sparse_dp.mechanisms.exponential`): support
+``[-3.81, 45.05]`` times ``b``, cut only where the mass is below ``2^-65``.
+A float32 uniform on ``[1e-30, 1)`` would cap the noise at ``15.9 b``, so a
+bucket ``20 b`` behind another could never win, and Gumbel-max would not be
+the exponential mechanism there. ``public_top_k`` keeps the ``k`` most frequent
 buckets of counts that are public (e.g. from a public corpus) at no privacy
 cost.
 """
@@ -14,6 +19,7 @@ import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
 from sparse_dp.mechanisms.activations import Ids, activations
+from sparse_dp.mechanisms.exponential import standard_exponential
 
 
 def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
@@ -35,10 +41,14 @@ def dp_top_k(counts: tf.Tensor, k: int, epsilon: float, seed: tf.Tensor) -> tf.T
   selections (each costs ``epsilon``).
   """
   check_positive("top-k epsilon", epsilon)
-  counts = tf.convert_to_tensor(counts, tf.float32)
-  uniform = tf.random.stateless_uniform(tf.shape(counts), seed, minval=1e-30, maxval=1.0)
-  gumbel = -tf.math.log(-tf.math.log(uniform)) * (_check_k(k, counts) / epsilon)
-  return public_top_k(counts + gumbel, k)
+  counts = tf.cast(counts, tf.float64)
+  return public_top_k(counts + gumbel_noise(tf.shape(counts), _check_k(k, counts) / epsilon,
+                                            seed), k)
+
+
+def gumbel_noise(shape, scale: float, seed: tf.Tensor) -> tf.Tensor:
+  """float64 ``Gumbel(0, scale)`` samples: ``-scale log E``, ``E ~ Exp(1)``."""
+  return -scale * tf.math.log(standard_exponential(shape, seed))
 
 
 def public_top_k(counts: tf.Tensor, k: int) -> tf.Tensor:
