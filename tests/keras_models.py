@@ -2,6 +2,7 @@
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_recommenders as tfrs
 
 from sparse_dp.layers import Embedding
 
@@ -39,3 +40,48 @@ class SubclassedModel(tf.keras.Model):
 
   def call(self, ids):
     return self.logit(self.hidden(self.table(ids)))
+
+
+class PublicNegativesRetrieval(tfrs.Model):
+  """Retrieval that scores each query against its own positive and K public negatives.
+
+  Every example looks up the same data-independent candidate ids itself (a
+  ``[batch, 1 + K]`` lookup), so each example's loss depends on its own data
+  only: separable, unlike ``tfrs.tasks.Retrieval``'s in-batch negatives.
+  """
+
+  def __init__(self, users=VOCAB, items=VOCAB, negatives=8, dim=8):
+    super().__init__()
+    self.public_negatives = tf.range(negatives, dtype=tf.int64) * (items // negatives)
+    self.query_tower = tf.keras.Sequential([Embedding(users, dim, name="users"),
+                                            tf.keras.layers.Dense(dim, name="query")])
+    self.item_tower = tf.keras.Sequential([Embedding(items, dim, combiner=None, name="items"),
+                                           tf.keras.layers.Dense(dim, name="candidate")])
+    self.softmax_loss = tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+  def compute_loss(self, features, training=False):
+    users, items = features
+    query = self.query_tower(users)
+    negatives = tf.tile(self.public_negatives[None], [tf.shape(users, out_type=tf.int64)[0], 1])
+    candidates = self.item_tower(tf.concat([items[:, None], negatives], axis=1))
+    logits = tf.einsum("bd,bkd->bk", query, candidates)
+    return self.softmax_loss(tf.zeros_like(users), logits)
+
+
+class InBatchRetrieval(tfrs.Model):
+  """TFRS's two-tower retrieval with in-batch negatives (``tfrs.tasks.Retrieval``)."""
+
+  def __init__(self, users=VOCAB, items=VOCAB, dim=8):
+    super().__init__()
+    self.query_tower = tf.keras.Sequential([Embedding(users, dim, name="users"),
+                                            tf.keras.layers.Dense(dim, name="query")])
+    self.item_tower = tf.keras.Sequential([Embedding(items, dim, name="items"),
+                                           tf.keras.layers.Dense(dim, name="candidate")])
+    self.task = tfrs.tasks.Retrieval(
+        loss=tf.keras.losses.CategoricalCrossentropy(
+            from_logits=True, reduction=tf.keras.losses.Reduction.NONE), name="in_batch")
+
+  def compute_loss(self, features, training=False):
+    users, items = features
+    return self.task(self.query_tower(users), self.item_tower(items), compute_metrics=False)

@@ -1,0 +1,269 @@
+"""The model validator refuses models whose examples are not separable, and passes the others."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_models import (VOCAB, InBatchRetrieval, PublicNegativesRetrieval, SubclassedModel,
+                          functional_model, synthetic_data)
+from sparse_dp.layers import Embedding
+from sparse_dp.training import dense_layers
+from sparse_dp.training.losses import per_example_loss_fn
+from sparse_dp.training.step import StepNoise, private_gradients
+from sparse_dp.training.validation import ModelValidationError, check_model, check_separable
+from test_tfrs_model import RankingModel
+
+B, L, FEATURES = 32, 3, 4
+
+
+def compiled(model, loss=None):
+  model.compile(optimizer="sgd",
+                loss=loss or tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def probe(model, data):
+  losses_of = per_example_loss_fn(model)
+  leaves = dense_layers.trainable_leaf_layers(model)
+  return check_separable(model, leaves, losses_of, data)
+
+
+def id_batch(rows=B, seed=0):
+  rng = np.random.default_rng(seed)
+  return (tf.constant(rng.integers(0, VOCAB, (rows, L)), tf.int64),
+          tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))
+
+
+def dense_batch(rows=B, seed=0):
+  rng = np.random.default_rng(seed)
+  return (tf.constant(rng.normal(size=(rows, FEATURES)), tf.float32),
+          tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))
+
+
+def over_ids(*middle, name="table"):
+  """ids [B, L] -> Embedding -> Dense -> middle layers -> Dense(1)."""
+  tf.keras.utils.set_random_seed(3)
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  hidden = tf.keras.layers.Dense(6, activation="relu", name="hidden")(Embedding(VOCAB, 4, name=name)(ids))
+  for layer in middle:
+    hidden = layer(hidden)
+  return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1, name="logit")(hidden)))
+
+
+def centre(name):
+  return tf.keras.layers.Lambda(lambda h: h - tf.reduce_mean(h, axis=0), name=name)
+
+
+def dense_features_model(centred=True):
+  """Dense features -> Dense -> Dense(1), centred over the batch before the first Dense."""
+  tf.keras.utils.set_random_seed(3)
+  features = tf.keras.Input(shape=(FEATURES,))
+  inputs = centre("centre_inputs")(features) if centred else features
+  hidden = tf.keras.layers.Dense(6, activation="relu")(inputs)
+  return compiled(tf.keras.Model(features, tf.keras.layers.Dense(1)(hidden)))
+
+
+def reversed_ids_model():
+  """Example i looks up example B-1-i's ids: per-row gradients look right, the data does not."""
+  tf.keras.utils.set_random_seed(3)
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  swapped = tf.keras.layers.Lambda(lambda t: tf.reverse(t, [0]), name="swap_examples")(ids)
+  hidden = tf.keras.layers.Dense(6, activation="relu")(Embedding(VOCAB, 4)(swapped))
+  return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(hidden)))
+
+
+def reshaped_ids_model():
+  tf.keras.utils.set_random_seed(3)
+  ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
+  flat = tf.keras.layers.Lambda(lambda t: tf.reshape(t, [-1]), name="flatten_ids")(ids)
+  vectors = Embedding(VOCAB, 4, name="flattened")(flat)
+  per_example = tf.keras.layers.Lambda(lambda v: tf.reshape(v, [-1, L * 4]))(vectors)
+  return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(per_example)))
+
+
+def centred_loss(y, logits):
+  """Binary cross-entropy minus the batch's mean: not a per-example loss."""
+  losses = tf.keras.losses.binary_crossentropy(y, logits, from_logits=True)
+  return losses - tf.reduce_mean(losses)
+
+
+class HandWrittenInBatchSoftmax(InBatchRetrieval):
+  """The in-batch softmax written out in compute_loss, without tfrs.tasks.Retrieval."""
+
+  def compute_loss(self, features, training=False):
+    users, items = features
+    logits = tf.matmul(self.query_tower(users), self.item_tower(items), transpose_b=True)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.range(tf.shape(logits)[0]), logits)
+
+
+def retrieval_batch(rows=B):
+  rng = np.random.default_rng(5)
+  return (tf.constant(rng.integers(0, VOCAB, rows), tf.int64),
+          tf.constant(rng.integers(0, VOCAB, rows), tf.int64))
+
+
+# Static refusals.
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: over_ids(tf.keras.layers.BatchNormalization(center=False, scale=False, name="bn")),
+     "'bn' (BatchNormalization)"),
+    (lambda: over_ids(tf.keras.layers.experimental.SyncBatchNormalization(name="sync")),
+     "'sync' (SyncBatchNormalization)"),
+    (lambda: over_ids(tf.keras.layers.Dense(6, activity_regularizer="l2", name="act")),
+     "'act' (Dense) has an activity_regularizer"),
+    (InBatchRetrieval, "'in_batch' (Retrieval)"),
+])
+def test_check_model_refuses_by_name_with_the_fix(make, name):
+  with pytest.raises(ModelValidationError, match=name.replace("(", r"\(").replace(")", r"\)")) as e:
+    check_model(make())
+  assert "public" in str(e.value) or "remove it" in str(e.value)
+
+
+def test_check_model_passes_frozen_batch_normalization_and_nested_models():
+  frozen = tf.keras.layers.BatchNormalization(name="frozen")
+  frozen.trainable = False
+  check_model(over_ids(frozen))
+  inner = over_ids(tf.keras.layers.BatchNormalization(name="deep"))
+  outer = tf.keras.Sequential([inner])
+  with pytest.raises(ModelValidationError, match="'deep'"):
+    check_model(outer)
+
+
+# The probe refuses coupling models, naming the culprit.
+
+
+@pytest.mark.parametrize("make, data, name", [
+    (lambda: over_ids(tf.keras.layers.BatchNormalization(center=False, scale=False, name="bn")),
+     id_batch, "moving_mean.*'bn'"),
+    (lambda: over_ids(centre("centre_hidden")), id_batch, "'centre_hidden'"),
+    (dense_features_model, dense_batch, "'centre_inputs'"),
+    (lambda: compiled(over_ids(), centred_loss), id_batch, "the loss 'centred_loss'"),
+    (reshaped_ids_model, id_batch, "'flattened'.*'flatten_ids'"),
+    (reversed_ids_model, id_batch, "'swap_examples'.*removing one example"),
+])
+def test_probe_refuses_models_that_mix_examples(make, data, name):
+  model = make()
+  with pytest.raises(ModelValidationError, match=name):
+    probe(model, data())
+
+
+@pytest.mark.parametrize("make", [InBatchRetrieval, HandWrittenInBatchSoftmax])
+def test_probe_catches_in_batch_softmax(make):
+  model = make()
+  model.compile(optimizer="sgd")
+  per_example_loss_fn(model)(retrieval_batch())  # builds it
+  with pytest.raises(ModelValidationError, match="mixes examples"):
+    probe(model, retrieval_batch())
+
+
+def test_probe_restores_the_state_it_refuses():
+  model = over_ids(tf.keras.layers.BatchNormalization(center=False, scale=False, name="bn"))
+  before = [v.numpy() for v in model.non_trainable_variables]
+  with pytest.raises(ModelValidationError, match="without noise"):
+    probe(model, id_batch())
+  for a, b in zip(before, model.non_trainable_variables):
+    np.testing.assert_array_equal(a, b.numpy())
+
+
+# Separable models pass.
+
+
+class DictFeatures(tf.keras.Model):
+  """Ragged, sparse and dense features in a dict, with dropout in training mode."""
+
+  def __init__(self):
+    super().__init__()
+    self.tags = Embedding(VOCAB, 4, name="tags")
+    self.words = Embedding(VOCAB, 4, combiner="mean", name="words")
+    self.hidden = tf.keras.layers.Dense(8, activation="relu")
+    self.dropout = tf.keras.layers.Dropout(0.5)
+    self.logit = tf.keras.layers.Dense(1)
+
+  def call(self, features, training=False):
+    joined = tf.concat([self.tags(features["tags"]), self.words(features["words"]),
+                        features["price"]], axis=1)
+    return self.logit(self.dropout(self.hidden(joined), training=training))
+
+
+def dict_batch(rows=B):
+  rng = np.random.default_rng(2)
+  tags = tf.ragged.constant([rng.integers(0, VOCAB, rng.integers(0, 4)).tolist()
+                             for _ in range(rows)], tf.int64)
+  words = tf.ragged.constant([rng.integers(0, VOCAB, rng.integers(1, 3)).tolist()
+                              for _ in range(rows)], tf.int64).to_sparse()
+  price = tf.constant(rng.normal(size=(rows, 1)), tf.float32)
+  labels = tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32)
+  weights = tf.constant(rng.uniform(size=rows), tf.float32)
+  return {"tags": tags, "words": words, "price": price}, labels, weights
+
+
+def with_dropout():
+  return over_ids(tf.keras.layers.Dropout(0.3), tf.keras.layers.Dense(6, activation="relu"))
+
+
+def ranking():
+  model = RankingModel(tf.keras.losses.Reduction.NONE)
+  model.compile(optimizer="sgd")
+  return model
+
+
+def public_negatives():
+  model = PublicNegativesRetrieval()
+  model.compile(optimizer="sgd")
+  return model
+
+
+def subclassed():
+  return compiled(SubclassedModel())
+
+
+def ids_and_labels():
+  ids, labels = synthetic_data()
+  return tf.constant(ids[:B]), tf.constant(labels[:B])
+
+
+@pytest.mark.parametrize("make, data", [
+    (functional_model, ids_and_labels), (subclassed, ids_and_labels), (with_dropout, id_batch),
+    (lambda: compiled(DictFeatures()), dict_batch), (ranking, ids_and_labels),
+    (public_negatives, retrieval_batch),
+])
+def test_separable_models_pass(make, data):
+  model, batch = make(), data()
+  per_example_loss_fn(model)(batch)  # builds it
+  check_model(model)
+  weights = [w.numpy() for w in model.weights]
+  assert probe(model, batch)
+  for a, b in zip(weights, model.weights):
+    np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_a_batch_of_one_cannot_be_probed():
+  assert not probe(over_ids(centre("centre_hidden")), id_batch(rows=1))
+
+
+# Why: without the validator, one added example moves the clipped sum by more than C2.
+
+
+def clipped_sum_shift(model, data, extra):
+  """``||G(D + z) - G(D)||`` with no noise and C2 = 1, over every weight."""
+  leaves = dense_layers.trainable_leaf_layers(model)
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=None, l2_norm_clip=1.0,
+                    contribution_clip=1.0, threshold=0.0, expected_batch_size=1.0)
+
+  def clipped(batch):
+    gradients, _, _ = private_gradients(leaves, per_example_loss_fn(model), batch, noise,
+                                        tf.constant([1, 2], tf.int64))
+    return {ref: tf.convert_to_tensor(g) for ref, g in gradients.items()}
+
+  before = clipped(data)
+  after = clipped(tuple(tf.concat([a, b], 0) for a, b in zip(data, extra)))
+  return float(tf.sqrt(sum(tf.reduce_sum(tf.square(after[r] - before[r])) for r in before)))
+
+
+def test_refused_model_breaks_the_sensitivity_bound_and_accepted_one_keeps_it():
+  data = dense_batch()
+  outlier = (tf.fill([1, FEATURES], 100.0), tf.ones([1, 1]))
+  coupled, separable = dense_features_model(centred=True), dense_features_model(centred=False)
+  assert clipped_sum_shift(coupled, data, outlier) > 2.0  # C2 = 1
+  assert clipped_sum_shift(separable, data, outlier) <= 1.0 + 1e-5
