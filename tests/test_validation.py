@@ -63,12 +63,14 @@ def dense_features_model(centred=True):
   return compiled(tf.keras.Model(features, tf.keras.layers.Dense(1)(hidden)))
 
 
-def reversed_ids_model():
+def reversed_ids_model(*middle):
   """Example i looks up example B-1-i's ids: per-row gradients look right, the data does not."""
   tf.keras.utils.set_random_seed(3)
   ids = tf.keras.Input(shape=(L,), dtype=tf.int64)
   swapped = tf.keras.layers.Lambda(lambda t: tf.reverse(t, [0]), name="swap_examples")(ids)
   hidden = tf.keras.layers.Dense(6, activation="relu")(Embedding(VOCAB, 4)(swapped))
+  for layer in middle:
+    hidden = layer(hidden)
   return compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(hidden)))
 
 
@@ -141,6 +143,8 @@ def test_check_model_passes_frozen_batch_normalization_and_nested_models():
     (lambda: compiled(over_ids(), centred_loss), id_batch, "the loss 'centred_loss'"),
     (reshaped_ids_model, id_batch, "'flattened'.*'flatten_ids'"),
     (reversed_ids_model, id_batch, "'swap_examples'.*removing one example"),
+    (lambda: reversed_ids_model(tf.keras.layers.Dropout(0.5)), id_batch,
+     "'swap_examples'.*removing one example"),  # random forward pass: layer by layer
 ])
 def test_probe_refuses_models_that_mix_examples(make, data, name):
   model = make()
@@ -202,6 +206,13 @@ def with_dropout():
   return over_ids(tf.keras.layers.Dropout(0.3), tf.keras.layers.Dense(6, activation="relu"))
 
 
+def with_noise_and_per_example_normalisation():
+  frozen = tf.keras.layers.BatchNormalization(center=False, scale=False)
+  frozen.trainable = False  # inference mode: a fixed map of each example
+  return over_ids(tf.keras.layers.GaussianNoise(0.5), frozen,
+                  tf.keras.layers.LayerNormalization(center=False, scale=False))
+
+
 def ranking():
   model = RankingModel(tf.keras.losses.Reduction.NONE)
   model.compile(optimizer="sgd")
@@ -225,6 +236,7 @@ def ids_and_labels():
 
 @pytest.mark.parametrize("make, data", [
     (functional_model, ids_and_labels), (subclassed, ids_and_labels), (with_dropout, id_batch),
+    (with_noise_and_per_example_normalisation, id_batch),
     (lambda: compiled(DictFeatures()), dict_batch), (ranking, ids_and_labels),
     (public_negatives, retrieval_batch),
 ])

@@ -59,7 +59,7 @@ from sparse_dp.layers.recording import recording
 from sparse_dp.training import dense_layers
 
 # Examples of the first batch the probe looks at: enough for a batch mean or
-# an in-batch softmax to show, few enough that the n + 3 forward passes of the
+# an in-batch softmax to show, few enough that the n + 2 forward passes of the
 # probe cost little. Prime, so that a tensor that merely happens to have this
 # leading dimension (a hidden size of 16, say) is rarely taken for a batch.
 PROBE_SIZE = 13
@@ -167,7 +167,7 @@ def check_separable(model: tf.keras.Model, leaves: list, losses_of: LossesOf, ba
   outcome depends only on whether the probe passed; no value of the batch
   is printed. Returns ``False`` without checking when the batch has fewer
   than 2 examples (nothing can depend on another example): call it again
-  on a later batch. Cost: ``n + 3`` forward passes of ``n`` examples, plus
+  on a later batch. Cost: ``n + 2`` forward passes of ``n`` examples, plus
   per-layer calls when a check fails or the model is random.
   """
   if not tf.executing_eagerly():
@@ -288,7 +288,7 @@ def _check_attribution(trace: _Trace, n: int) -> None:
           f"Dense layer '{call.layer.name}' was applied to a tensor whose first dimension is "
           "not the examples; DP clipping charges row b of a Dense input to example b")
   if problems:
-    _refuse(problems, _removal_culprits(trace, n, deterministic_only=True))
+    _refuse(problems, _removal_culprits(trace, n))
 
 
 def _check_gradients(model, trace: _Trace, n: int) -> None:
@@ -324,7 +324,7 @@ def _check_removals(model, losses_of: LossesOf, probe, trace: _Trace, n: int, st
   again = tf.convert_to_tensor(losses_of(probe)[0])
   state.restore()
   if not _close(again, trace.losses):  # random forward pass: layer by layer
-    culprits = _removal_culprits(trace, n, deterministic_only=True)
+    culprits = _removal_culprits(trace, n)
     if culprits:
       _refuse_removal(culprits, n)
     return
@@ -333,7 +333,7 @@ def _check_removals(model, losses_of: LossesOf, probe, trace: _Trace, n: int, st
     reduced = tf.convert_to_tensor(losses_of(_take(probe, kept))[0])
     state.restore()
     if not _close(reduced, tf.gather(trace.losses, kept)):
-      _refuse_removal(_removal_culprits(trace, n, deterministic_only=False) or [
+      _refuse_removal(_removal_culprits(trace, n) or [
           f"model '{model.name}' (operations in its call or loss outside any layer)"], n)
 
 
@@ -385,19 +385,20 @@ def _vjp_not_per_example(tape, inputs: list, outputs: list, weights) -> bool:
   return any(_not_per_example(a, b, weights, None) for a, b in zip(weighted, plain))
 
 
-def _removal_culprits(trace: _Trace, n: int, deterministic_only: bool) -> list:
+def _removal_culprits(trace: _Trace, n: int) -> list:
   """Innermost layers whose output at example ``i`` changes when example ``k != i`` is removed.
 
-  Each recorded call is run again on its recorded inputs, with and without
-  example ``k``; a call whose output differs between two runs on the same
-  inputs is random and skipped when ``deterministic_only``.
+  Each recorded call with per-example inputs is run again on its recorded
+  inputs, with and without example ``k``; a call whose output differs
+  between two runs on the same inputs is random (Dropout, GaussianNoise)
+  and skipped.
   """
   failing = []
   for call in trace.layer_calls:
     if not _per_example(call.args, n, floating=False):
       continue
     again = _call_again(call, list(range(n)), n)
-    if again is None or (deterministic_only and not _same_outputs(again, call.outputs, n, None)):
+    if again is None or not _same_outputs(again, call.outputs, n, None):
       continue
     for k in range(n):
       kept = [i for i in range(n) if i != k]
@@ -426,18 +427,17 @@ def _same_outputs(new, recorded, n: int, kept: Optional[list]) -> bool:
   A recorded output whose first dimension is not the examples must come back
   identical: it may not depend on which examples are in the batch.
   """
-  new_parts = tf.nest.flatten(new, expand_composites=True)
-  old_parts = tf.nest.flatten(recorded, expand_composites=True)
-  if len(new_parts) != len(old_parts):
+  new, recorded = tf.nest.flatten(new), tf.nest.flatten(recorded)
+  if len(new) != len(recorded):
     return False
-  for a, b in zip(tf.nest.flatten(new), tf.nest.flatten(recorded)):
+  for a, b in zip(new, recorded):
     if kept is not None and _is_batch(b, n):
       b = _take(b, kept)
     a_parts = tf.nest.flatten(a, expand_composites=True)
     b_parts = tf.nest.flatten(b, expand_composites=True)
-    for x, y in zip(a_parts, b_parts):
-      if x.shape != y.shape or not _close(x, y):
-        return False
+    if len(a_parts) != len(b_parts) or not all(
+        x.shape == y.shape and _close(x, y) for x, y in zip(a_parts, b_parts)):
+      return False
   return True
 
 
