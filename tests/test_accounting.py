@@ -9,7 +9,9 @@ from dp_accounting import pld, rdp
 from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
                                   PrivacySpec, TopKSelectionCost, UnreachableTargetError,
                                   calibrate, effective_noise_multiplier,
-                                  split_noise_multiplier, steps_for_epochs)
+                                  gaussian_steps_event, split_noise_multiplier,
+                                  steps_for_epochs)
+from sparse_dp.accounting.discretization import pld_interval
 
 N = 1_000_000
 Q = 1024 / N
@@ -117,6 +119,23 @@ def test_unreachable_targets_are_refused():
     calibrate("fest", 0.01, 1e-6, BatchSchedule.constant(Q, 10), selection_epsilon=0.01)
   with pytest.raises(UnreachableTargetError, match="above"):
     calibrate("dpsgd", 1e-4, 1e-6, BatchSchedule.constant(1.0, 10_000))
+  # Met below the searched noise: refused before the PLD is asked about a noise
+  # it cannot discretise.
+  with pytest.raises(UnreachableTargetError, match="protects nothing"):
+    calibrate("dpsgd", 1e5, 1e-6, BatchSchedule.constant(Q, 1000))
+  with pytest.raises(UnreachableTargetError, match="leaves nothing for training"):
+    calibrate("adafest+", 0.05, 1e-6, BatchSchedule.constant(Q, 10), selection_epsilon=0.1)
+
+
+def test_pld_grid_is_widened_only_where_the_default_would_not_fit():
+  ordinary = gaussian_steps_event(1.0, Q, 3000)
+  assert pld_interval(ordinary) == 1e-4
+  small_noise = gaussian_steps_event(0.1, 0.1, 1000)  # 5.6 GB at the default grid
+  interval = pld_interval(small_noise)
+  assert interval > 1e-4
+  # Still far tighter than RDP, the bound it would otherwise fall back to.
+  accountant = PrivacyAccountant().step(0.1, 0.1, 1000)
+  assert accountant.get_epsilon(1e-6) < 0.5 * independent_epsilon(0.1, 0.1, 1000, 1e-6, "rdp")
 
 
 def test_accountant_step_by_step_equals_bulk():

@@ -65,6 +65,9 @@ def test_epochs_and_statement(capsys):
     (["--algorithm", "dpsgd", "--noise-multiplier", "-1"], "noise multiplier must be"),
     (["--algorithm", "dpsgd", "--noise-multiplier", "1", "--batch-size", str(2 * N)], "q = B/N"),
     (["--algorithm", "dpsgd", "--target-epsilon", "1e-5"], "needs a noise multiplier above"),
+    (["--algorithm", "dpsgd", "--target-epsilon", "1e5"], "such a target protects nothing"),
+    (["--algorithm", "adafest+", "--target-epsilon", "0.01", "--fest-epsilon", "0.01"],
+     "leaves nothing for training"),
     (["--algorithm", "dpsgd"], "needs --noise-multiplier"),
     (["--algorithm", "fest", "--noise-multiplier", "1"], "needs --fest-epsilon"),
     (["--algorithm", "adafest", "--noise-multiplier", "1"], "does not apply"),
@@ -87,3 +90,40 @@ def test_installed_command_runs_from_any_folder(tmp_path):
   bad = subprocess.run([str(command), "privacy", "--algorithm", "dpsgd"], cwd=tmp_path,
                        capture_output=True, text=True)
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_delta_at_least_one_over_n_is_warned_in_one_line(capsys):
+  out = run_json(capsys, "--algorithm", "dpsgd", "--noise-multiplier", "1.0",
+                 "--delta", str(2 / N))
+  assert out["delta"] == pytest.approx(2 / N)
+  assert main(["privacy", *COMMON, "--algorithm", "dpsgd", "--noise-multiplier", "1.0",
+               "--delta", str(2 / N)]) == 0
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "4e-06" in err[0] and "1/N = 2e-06" in err[0]
+  run_json(capsys, "--algorithm", "dpsgd", "--noise-multiplier", "1.0", "--delta", "1e-9")
+  assert capsys.readouterr().err == ""
+
+
+SMALL_NOISE = ["privacy", "--algorithm", "dpsgd", "--num-examples", "1000000",
+               "--batch-size", "100000", "--steps", "1000", "--noise-multiplier", "0.15"]
+
+
+def test_small_noise_pld_fits_in_memory_and_says_so(capsys):
+  # At dp_accounting's default grid (1e-4) this PLD peaks at 2.5 GB; the grid
+  # is widened to fit in ~360 MB, still a pessimistic upper bound.
+  script = ("import json, resource\n"
+            "from sparse_dp.accounting import BatchSchedule, PrivacyReport, PrivacySpec\n"
+            "spec = PrivacySpec('dpsgd', BatchSchedule.constant(0.1, 1000), noise_multiplier=0.15)\n"
+            "epsilon = PrivacyReport.compute(spec, 1e-6).epsilon\n"
+            "print(json.dumps([epsilon, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
+  epsilon, peak_kb = json.loads(subprocess.run([sys.executable, "-c", script], check=True,
+                                               capture_output=True, text=True).stdout)
+  assert peak_kb < 800 * 1024, f"peak memory {peak_kb / 1024:.0f} MB"
+  event = dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(0.15)), 1000)
+  reference = pld.PLDAccountant(value_discretization_interval=1e-3).compose(event).get_epsilon(1e-6)
+  assert epsilon == pytest.approx(reference, rel=1e-3)
+  assert main([*SMALL_NOISE, "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["accountant"] == "pld" and "fits in memory" in out["note"]
+  assert out["epsilon"] == pytest.approx(epsilon, rel=1e-12)

@@ -18,6 +18,8 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
 from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.accounting.discretization import (COARSE_INTERVAL, DEFAULT_INTERVAL,
+                                                 pld_interval)
 from sparse_dp.accounting.schedule import BatchSchedule
 
 
@@ -32,15 +34,22 @@ class AccountantKind(str, enum.Enum):
     except ValueError:
       raise ValueError(f"unknown accountant {name!r}; choose 'pld' or 'rdp'") from None
 
-  def new(self, coarse: bool = False) -> dp_accounting.PrivacyAccountant:
+  def new(self, coarse: bool = False,
+          event: "dp_accounting.DpEvent | None" = None) -> dp_accounting.PrivacyAccountant:
     """A fresh, empty ``dp_accounting`` accountant of this kind.
 
     ``coarse`` PLD discretises privacy losses on a 10x coarser grid (1e-3 vs
     dp_accounting's 1e-4): pessimistic rounding onto a coarser grid that
     contains the fine one, so its epsilon is an upper bound, found ~10x faster.
+    Given the ``event`` it will compose, the PLD grid is widened further where
+    the fine one would not fit in memory (:func:`pld_interval`; small noise,
+    many steps); still pessimistic, so still an upper bound.
     """
     if self is AccountantKind.PLD:
-      return dp_pld.PLDAccountant(value_discretization_interval=1e-3 if coarse else 1e-4)
+      interval = COARSE_INTERVAL if coarse else DEFAULT_INTERVAL
+      if event is not None:
+        interval = pld_interval(event, interval)
+      return dp_pld.PLDAccountant(value_discretization_interval=interval)
     return dp_rdp.RdpAccountant()
 
 
@@ -129,8 +138,8 @@ class PrivacyAccountant:
     if not self._runs:
       return 0.0
     if delta not in self._cache:
-      self._cache[delta] = float(
-          self.kind.new().compose(self.training_event()).get_epsilon(delta))
+      event = self.training_event()
+      self._cache[delta] = float(self.kind.new(event=event).compose(event).get_epsilon(delta))
     return self._cache[delta]
 
   def get_epsilon(self, delta: float) -> float:

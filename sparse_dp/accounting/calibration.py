@@ -47,13 +47,14 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
     return PrivacyAccountant(kind).step_schedule(sigma, schedule).training_event()
 
   def epsilon(sigma: float, coarse: bool) -> float:
-    return kind.new(coarse).compose(event(sigma)).get_epsilon(delta)
+    return kind.new(coarse, event(sigma)).compose(event(sigma)).get_epsilon(delta)
 
   def solve(start: float, factor: float, coarse: bool) -> float:
     low, high = _bracket(lambda sigma: epsilon(sigma, coarse), target_epsilon, delta,
                          start, factor)
+    # The least noise of the bracket needs the widest PLD grid; it fits them all.
     return dp_accounting.calibrate_dp_mechanism(
-        make_fresh_accountant=lambda: kind.new(coarse), make_event_from_param=event,
+        make_fresh_accountant=lambda: kind.new(coarse, event(low)), make_event_from_param=event,
         target_epsilon=target_epsilon, target_delta=delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(low, high),
         tol=_RELATIVE_TOLERANCE * low)
@@ -66,28 +67,32 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
 
 def _bracket(epsilon, target: float, delta: float, start: float,
              factor: float) -> tuple[float, float]:
-  """``(low, high)`` with ``epsilon(low) > target >= epsilon(high)``, stepping by ``factor``."""
+  """``(low, high)`` with ``epsilon(low) > target >= epsilon(high)``, stepping by ``factor``.
+
+  Never evaluates ``epsilon`` outside ``[MIN_NOISE_MULTIPLIER,
+  MAX_NOISE_MULTIPLIER]``: below it the PLD loses its numerical footing.
+  """
   low = high = start
   if epsilon(start) > target:
     while True:
+      if high * factor > MAX_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target:g} at delta {delta:g} needs a noise multiplier above "
+            f"{high:g} (the search stops at {MAX_NOISE_MULTIPLIER:g}): use fewer steps, "
+            "a smaller sampling rate or a larger target epsilon")
       low, high = high, high * factor
       if epsilon(high) <= target:
         break
-      if high > MAX_NOISE_MULTIPLIER:
-        raise UnreachableTargetError(
-            f"epsilon {target:g} at delta {delta:g} needs a noise multiplier above "
-            f"{MAX_NOISE_MULTIPLIER:g}: use fewer steps, a smaller sampling rate "
-            "or a larger target epsilon")
   else:
     while True:
+      if low / factor < MIN_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target:g} at delta {delta:g} is met even with a noise "
+            f"multiplier of {low:g} (the search stops at {MIN_NOISE_MULTIPLIER:g}); "
+            "such a target protects nothing: choose a smaller target epsilon")
       low, high = low / factor, low
       if epsilon(low) > target:
         break
-      if low < MIN_NOISE_MULTIPLIER:
-        raise UnreachableTargetError(
-            f"epsilon {target:g} at delta {delta:g} is met even with a noise "
-            f"multiplier below {MIN_NOISE_MULTIPLIER:g}; such a target protects "
-            "nothing: choose a smaller target epsilon")
   return low, high
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from sparse_dp.accounting import (Algorithm, BatchSchedule, PrivacyReport, PrivacySpec,
                                   calibrate, steps_for_epochs)
+from sparse_dp.accounting.discretization import DEFAULT_INTERVAL, pld_interval
 
 _PRIVATE = [a.value for a in Algorithm if a.is_private]
 
@@ -60,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
   schedule = BatchSchedule.constant(sampling_rate, steps)
   delta = args.delta if args.delta is not None else 1.0 / args.num_examples
   _check_flags(args, algorithm)
+  if args.delta is not None and args.delta >= 1.0 / args.num_examples:
+    print(f"sparse-dp privacy: warning: --delta {args.delta:g} >= 1/N = "
+          f"{1.0 / args.num_examples:g}; delta should be much smaller than 1/N, since "
+          "delta = 1/N allows releasing one example outright", file=sys.stderr)
   if args.target_epsilon is not None:
     spec = calibrate(algorithm, args.target_epsilon, delta, schedule, args.accountant,
                      sigma_ratio=args.sigma_ratio or 5.0,
@@ -70,14 +76,29 @@ def run(args: argparse.Namespace) -> int:
                        sigma2=args.sigma2, selection_epsilon=args.fest_epsilon or 0.0)
   report = PrivacyReport.compute(spec, delta, args.accountant,
                                  num_examples=args.num_examples)
+  note = _discretization_note(spec, args.accountant)
   if args.json:
     out = report.to_dict()
     if args.target_epsilon is not None:
       out["target_epsilon"] = args.target_epsilon
+    if note:
+      out["note"] = note
     print(json.dumps(out))
   else:
-    print(report.statement())
+    print("\n".join(filter(None, [report.statement(), note])))
   return 0
+
+
+def _discretization_note(spec: PrivacySpec, accountant: str) -> str:
+  """Says so when the PLD grid was widened to fit in memory, else ''."""
+  if accountant != "pld":
+    return ""
+  interval = pld_interval(spec.accountant(accountant).training_event())
+  if interval <= DEFAULT_INTERVAL:
+    return ""
+  return (f"Note: the PLD was discretised at interval {interval:.3g} instead of "
+          f"{DEFAULT_INTERVAL:g} so that it fits in memory; the grid is pessimistic, "
+          "so the epsilon is still an upper bound, slightly less tight.")
 
 
 def _check_flags(args: argparse.Namespace, algorithm: Algorithm) -> None:
