@@ -42,7 +42,19 @@ class SubclassedModel(tf.keras.Model):
     return self.logit(self.hidden(self.table(ids)))
 
 
-class PublicNegativesRetrieval(tfrs.Model):
+class TwoTowers(tfrs.Model):
+  """A query tower and a candidate tower: Embedding then Dense each."""
+
+  def __init__(self, users=VOCAB, items=VOCAB, dim=8, item_combiner="sum"):
+    super().__init__()
+    self.query_tower = tf.keras.Sequential([Embedding(users, dim, name="users"),
+                                            tf.keras.layers.Dense(dim, name="query")])
+    self.item_tower = tf.keras.Sequential([
+        Embedding(items, dim, combiner=item_combiner, name="items"),
+        tf.keras.layers.Dense(dim, name="candidate")])
+
+
+class PublicNegativesRetrieval(TwoTowers):
   """Retrieval that scores each query against its own positive and K public negatives.
 
   Every example looks up the same data-independent candidate ids itself (a
@@ -50,13 +62,9 @@ class PublicNegativesRetrieval(tfrs.Model):
   only: separable, unlike ``tfrs.tasks.Retrieval``'s in-batch negatives.
   """
 
-  def __init__(self, users=VOCAB, items=VOCAB, negatives=8, dim=8):
-    super().__init__()
+  def __init__(self, items=VOCAB, negatives=8):
+    super().__init__(items=items, item_combiner=None)
     self.public_negatives = tf.range(negatives, dtype=tf.int64) * (items // negatives)
-    self.query_tower = tf.keras.Sequential([Embedding(users, dim, name="users"),
-                                            tf.keras.layers.Dense(dim, name="query")])
-    self.item_tower = tf.keras.Sequential([Embedding(items, dim, combiner=None, name="items"),
-                                           tf.keras.layers.Dense(dim, name="candidate")])
     self.softmax_loss = tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
 
@@ -69,15 +77,11 @@ class PublicNegativesRetrieval(tfrs.Model):
     return self.softmax_loss(tf.zeros_like(users), logits)
 
 
-class InBatchRetrieval(tfrs.Model):
+class InBatchRetrieval(TwoTowers):
   """TFRS's two-tower retrieval with in-batch negatives (``tfrs.tasks.Retrieval``)."""
 
-  def __init__(self, users=VOCAB, items=VOCAB, dim=8):
+  def __init__(self):
     super().__init__()
-    self.query_tower = tf.keras.Sequential([Embedding(users, dim, name="users"),
-                                            tf.keras.layers.Dense(dim, name="query")])
-    self.item_tower = tf.keras.Sequential([Embedding(items, dim, name="items"),
-                                           tf.keras.layers.Dense(dim, name="candidate")])
     self.task = tfrs.tasks.Retrieval(
         loss=tf.keras.losses.CategoricalCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE), name="in_batch")

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import sparse_dp
 from keras_models import (VOCAB, InBatchRetrieval, PublicNegativesRetrieval, SubclassedModel,
-                          functional_model, synthetic_data)
+                          TwoTowers, functional_model, synthetic_data)
 from sparse_dp.layers import Embedding
 from sparse_dp.training import dense_layers
 from sparse_dp.training.losses import per_example_loss_fn
@@ -89,13 +90,20 @@ def centred_loss(y, logits):
   return losses - tf.reduce_mean(losses)
 
 
-class HandWrittenInBatchSoftmax(InBatchRetrieval):
+class HandWrittenInBatchSoftmax(TwoTowers):
   """The in-batch softmax written out in compute_loss, without tfrs.tasks.Retrieval."""
 
   def compute_loss(self, features, training=False):
     users, items = features
     logits = tf.matmul(self.query_tower(users), self.item_tower(items), transpose_b=True)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.range(tf.shape(logits)[0]), logits)
+
+
+def built(model, batch):
+  """A compiled TFRS model whose layers are built by one loss computation."""
+  model.compile(optimizer="sgd")
+  model.compute_loss(batch)
+  return model
 
 
 def retrieval_batch(rows=B):
@@ -154,9 +162,7 @@ def test_probe_refuses_models_that_mix_examples(make, data, name):
 
 @pytest.mark.parametrize("make", [InBatchRetrieval, HandWrittenInBatchSoftmax])
 def test_probe_catches_in_batch_softmax(make):
-  model = make()
-  model.compile(optimizer="sgd")
-  per_example_loss_fn(model)(retrieval_batch())  # builds it
+  model = built(make(), retrieval_batch())
   with pytest.raises(ModelValidationError, match="mixes examples"):
     probe(model, retrieval_batch())
 
@@ -214,15 +220,11 @@ def with_noise_and_per_example_normalisation():
 
 
 def ranking():
-  model = RankingModel(tf.keras.losses.Reduction.NONE)
-  model.compile(optimizer="sgd")
-  return model
+  return built(RankingModel(tf.keras.losses.Reduction.NONE), ids_and_labels())
 
 
 def public_negatives():
-  model = PublicNegativesRetrieval()
-  model.compile(optimizer="sgd")
-  return model
+  return built(PublicNegativesRetrieval(), retrieval_batch())
 
 
 def subclassed():
@@ -242,7 +244,7 @@ def ids_and_labels():
 ])
 def test_separable_models_pass(make, data):
   model, batch = make(), data()
-  per_example_loss_fn(model)(batch)  # builds it
+  per_example_loss_fn(model)(batch)  # builds a subclassed model as its first step would
   check_model(model)
   weights = [w.numpy() for w in model.weights]
   assert probe(model, batch)
@@ -279,3 +281,51 @@ def test_refused_model_breaks_the_sensitivity_bound_and_accepted_one_keeps_it():
   coupled, separable = dense_features_model(centred=True), dense_features_model(centred=False)
   assert clipped_sum_shift(coupled, data, outlier) > 2.0  # C2 = 1
   assert clipped_sum_shift(separable, data, outlier) <= 1.0 + 1e-5
+
+
+# Through the public API: make_private refuses statically, fit probes its first batch.
+
+
+def private(model, examples):
+  return sparse_dp.make_private(
+      model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=1.0),
+      num_examples=examples, batch_size=64)
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: over_ids(tf.keras.layers.BatchNormalization(center=False, scale=False, name="bn")),
+     "'bn'"),
+    (lambda: built(InBatchRetrieval(), retrieval_batch()), "'in_batch'"),
+])
+def test_make_private_refuses_known_coupling_layers(make, name):
+  with pytest.raises(ModelValidationError, match=name):
+    private(make(), 512)
+
+
+@pytest.mark.parametrize("make, data, name", [
+    (lambda: over_ids(centre("centre_hidden")), id_batch, "'centre_hidden'"),
+    (dense_features_model, dense_batch, "'centre_inputs'"),
+    (lambda: compiled(over_ids(), centred_loss), id_batch, "'centred_loss'"),
+    (reshaped_ids_model, id_batch, "'flattened'"),
+    (reversed_ids_model, id_batch, "'swap_examples'"),
+    (lambda: built(HandWrittenInBatchSoftmax(), retrieval_batch()), retrieval_batch,
+     "hand_written_in_batch_softmax"),
+])
+def test_fit_refuses_models_that_mix_examples_before_any_step(make, data, name):
+  model = make()
+  x, y = data(rows=512)
+  training = private(model, 512)
+  weights = [w.numpy() for w in model.trainable_weights]
+  with pytest.raises(ModelValidationError, match=name):
+    model.fit(training.poisson_dataset(x, y), verbose=0)
+  assert training.accountant.steps == 0
+  for a, b in zip(weights, model.trainable_weights):
+    np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_public_negatives_retrieval_trains_privately():
+  model = built(PublicNegativesRetrieval(), retrieval_batch())
+  users, items = retrieval_batch(rows=512)
+  training = private(model, 512)
+  model.fit(training.poisson_dataset(users, items), verbose=0)
+  assert training.accountant.steps > 0 and 0 < training.epsilon() < float("inf")
