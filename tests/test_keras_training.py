@@ -128,12 +128,27 @@ def test_gradient_accumulation_trains_with_noise_once_per_batch(algorithm):
   model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
   before = model.evaluate(ids, labels, verbose=0)[0]
   private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=64, **CONFIGS[algorithm]),
+      model, sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=64, debug_metrics=True,
+                                **CONFIGS[algorithm]),
       num_examples=N, batch_size=256)
   history = fit(model, private, ids, labels)
   assert model.evaluate(ids, labels, verbose=0)[0] < before - 0.1
   assert private.accountant.steps == 48  # one accounted step per logical batch
-  assert 0 < history.history["accuracy"][-1] <= 1
+  assert 0 < history.history["accuracy"][-1] <= 1  # un-noised: logged on request only
+  assert "NOT covered by this epsilon" in private.report().statement()
+
+
+def test_logs_hold_no_un_noised_statistic_by_default():
+  ids, labels = synthetic_data()
+  model = functional_model()
+  model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, **CONFIGS["adafest"]),
+      num_examples=N, batch_size=256)
+  history = fit(model, private, ids, labels, epochs=0.5)
+  assert set(history.history) == {"epsilon", "nonzero_rows", "gradient_size_reduction",
+                                  "noisy_gradient_norm"}
+  assert "debug_metrics" not in private.report().to_dict()
 
 
 def test_noise_seed_is_secret_by_default_and_reproducible_when_fixed():

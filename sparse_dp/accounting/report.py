@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from sparse_dp.accounting.accountant import PrivacyAccountant
 from sparse_dp.accounting.algorithms import Algorithm
 from sparse_dp.accounting.spec import PrivacySpec
 
@@ -23,10 +24,27 @@ POISSON_CAVEAT = (
     "not covered by this proof; sample batches by Poisson sampling for a proved "
     "guarantee.")
 
+NOT_POISSON = "NOT a proved epsilon: batches were not Poisson-sampled"
+
+DEBUG_METRICS_CAVEAT = (
+    "WARNING: debug_metrics was on: un-noised statistics of the private batches "
+    "(training loss, compiled metrics, rows dropped, false positives, signal-to-noise "
+    "ratio) were logged; they are NOT covered by this epsilon.")
+
+
+def epsilon_caveat(poisson_sampling: bool) -> str:
+  """What to print right after an epsilon: nothing, or that it is not proved."""
+  return "" if poisson_sampling else f" ({NOT_POISSON})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyReport:
-  """Epsilon of a :class:`PrivacySpec` at ``delta``, with its breakdown."""
+  """Epsilon of a :class:`PrivacySpec` at ``delta``, with its breakdown.
+
+  ``earlier_steps`` are steps of earlier runs on the same model (a resumed or
+  continued budget) composed into ``epsilon``; ``debug_metrics`` says that
+  un-noised statistics were logged, which no epsilon covers.
+  """
 
   spec: PrivacySpec
   epsilon: float
@@ -35,16 +53,21 @@ class PrivacyReport:
   accountant: str
   num_examples: Optional[int] = None
   poisson_sampling: bool = True
+  debug_metrics: bool = False
+  earlier_steps: int = 0
 
   @classmethod
   def compute(cls, spec: PrivacySpec, delta: float, accountant: str = "pld", *,
-              num_examples: Optional[int] = None,
-              poisson_sampling: bool = True) -> "PrivacyReport":
-    ledger = spec.accountant(accountant)
+              num_examples: Optional[int] = None, poisson_sampling: bool = True,
+              debug_metrics: bool = False,
+              ledger: Optional[PrivacyAccountant] = None) -> "PrivacyReport":
+    """The report of ``spec``; ``ledger``: every spend, when earlier runs precede it."""
+    ledger = ledger if ledger is not None else spec.accountant(accountant)
     return cls(spec=spec, epsilon=ledger.get_epsilon(delta), delta=delta,
                training_epsilon=ledger.get_training_epsilon(delta),
                accountant=ledger.kind.value, num_examples=num_examples,
-               poisson_sampling=poisson_sampling)
+               poisson_sampling=poisson_sampling, debug_metrics=debug_metrics,
+               earlier_steps=ledger.steps - spec.schedule.total_steps)
 
   def to_dict(self) -> dict[str, Any]:
     spec = self.spec
@@ -59,6 +82,10 @@ class PrivacyReport:
         "training_epsilon": self.training_epsilon,
         "poisson_sampling": self.poisson_sampling,
     }
+    if self.debug_metrics:
+      out["debug_metrics"] = True  # un-noised statistics were logged
+    if self.earlier_steps:
+      out["earlier_steps"] = self.earlier_steps
     if self.num_examples is not None:
       out["num_examples"] = self.num_examples
     if spec.algorithm.uses_contribution_map:
@@ -96,11 +123,17 @@ class PrivacyReport:
           f"  Top-k bucket preselection: epsilon1 = {spec.selection_epsilon:.6g} "
           f"(pure DP), added by basic composition to the training epsilon "
           f"{self.training_epsilon:.6g}.")
+    if self.earlier_steps:
+      lines.append(f"  Continues {self.earlier_steps:,} steps of earlier runs on this model "
+                   "(and their selections), composed into the epsilon below.")
     lines.append(
-        f"The run of {steps:,} steps satisfies ({_fmt(self.epsilon)}, "
-        f"{self.delta:.3g})-DP for adding or removing one example.")
+        f"The run of {steps + self.earlier_steps:,} steps satisfies ({_fmt(self.epsilon)}, "
+        f"{self.delta:.3g})-DP for adding or removing one example"
+        f"{epsilon_caveat(self.poisson_sampling)}.")
     lines.append(POISSON_CAVEAT if self.poisson_sampling else
                  "WARNING: batches were NOT Poisson-sampled; " + POISSON_CAVEAT)
+    if self.debug_metrics:
+      lines.append(DEBUG_METRICS_CAVEAT)
     return "\n".join(lines)
 
 

@@ -11,14 +11,21 @@ class BudgetExhaustedError(RuntimeError):
   """The epsilon budget allows no further training step."""
 
 
+NOT_POISSON_KEY = "epsilon_not_poisson"
+
+
 class PrivacyCallback(tf.keras.callbacks.Callback):
   """Logs ``epsilon`` and stops training before the budget is exceeded.
 
   Batch logs carry ``epsilon`` as an upper bound: the exact epsilon at the
   next multiple of ``log_every_steps`` (PLD accounting is too slow to run every
-  step); epoch logs carry the exact epsilon after the epoch. Training stops
-  after the last step that keeps epsilon within the budget, with a message;
-  if not even one step fits, ``fit`` fails before its first step.
+  step); epoch logs carry the exact epsilon after the epoch. The key is
+  ``epsilon`` only when every step of the model so far, and this ``fit``'s
+  input, are the package's Poisson batches; otherwise the same number is
+  logged as ``epsilon_not_poisson``, since the proof does not cover it, and
+  the progress bar says so. Training stops after the last step that keeps
+  epsilon within the budget, with a message; if not even one step fits,
+  ``fit`` fails before its first step.
   """
 
   def __init__(self, training, log_every_steps: int = 50):
@@ -28,18 +35,24 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     self._bound_at: tuple[int, float] = (-1, math.nan)
     self._steps_before_epoch = 0
     self._step_limit = -1
+    self._key = "epsilon"
     # Reads no log values, so Keras need not copy them to NumPy (a wait) every step.
     self._supports_tf_logs = True
 
   def on_train_begin(self, logs=None):
-    self._step_limit = int(self.training.step_limit.numpy())
-    taken = int(self.training.steps_taken.numpy())
+    training = self.training
+    if not training.is_private:
+      return
+    self._step_limit = int(training.step_limit.numpy())
+    taken = int(training.steps_taken.numpy())
+    self._key = ("epsilon" if training.feeding_poisson and training.poisson_sampling
+                 else NOT_POISSON_KEY)
     if 0 <= self._step_limit <= taken:
       raise BudgetExhaustedError(
-          f"sparse-dp: the epsilon budget {self.training.epsilon_budget:g} allows no "
+          f"sparse-dp: the epsilon budget {training.epsilon_budget:g} allows no "
           f"further step (one more would bring epsilon to "
-          f"{self.training.epsilon(self.training.accountant.steps + 1):.4g}); raise the "
-          "budget or the noise, or lower the sampling rate")
+          f"{training.epsilon_text(training.epsilon(training.accountant.steps + 1))}); raise "
+          "the budget or the noise, or lower the sampling rate")
     self._epsilon_bound(taken + 1)  # the first bound before Keras times the batches
 
   def _epsilon_bound(self, steps: int) -> float:
@@ -49,6 +62,8 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     return self._bound_at[1]
 
   def on_epoch_begin(self, epoch, logs=None):
+    if not self.training.is_private:
+      return
     # One read of the step counter per epoch: reading it every batch would make
     # Keras wait for each step to finish before dispatching the next.
     self._steps_before_epoch = int(self.training.steps_taken.numpy())
@@ -59,12 +74,13 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
       return
     steps = self._steps_before_epoch + batch + 1  # ``batch``: the last step run, from 0
     if logs is not None:
-      logs["epsilon"] = self._epsilon_bound(steps)
+      logs[self._key] = self._epsilon_bound(steps)
     if 0 <= self._step_limit <= steps:
       self.model.stop_training = True
       print(f"\nsparse-dp: stopping after step {steps}: one more step would exceed the "
-            f"epsilon budget {training.epsilon_budget:g} (spent {training.epsilon():.4g}).")
+            f"epsilon budget {training.epsilon_budget:g} (spent "
+            f"{training.epsilon_text(training.epsilon())}).")
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is not None and self.training.is_private:
-      logs["epsilon"] = self.training.epsilon()
+      logs[self._key] = self.training.epsilon()

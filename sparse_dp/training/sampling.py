@@ -2,34 +2,172 @@
 
 The accountant assumes every example joins every batch independently with
 probability ``q``. ``poisson_batches`` does exactly that: the batch of step
-``t`` holds the examples at the positions :func:`bernoulli_positions` draws
-from ``[0, N)`` with seed ``fold_in(seed, t)``, so batch sizes vary around
-``q N`` and the work per batch is O(batch), not O(N).
+``t`` of a pass holds the examples at the positions :func:`bernoulli_positions`
+draws from ``[0, N)`` with seed ``fold_in(fold_in(fold_in(seed, stream), p), t)``,
+so batch sizes vary around ``q N`` and the work per batch is O(batch), not O(N).
+
+No pass replays the batches of another. ``p`` is a 64-bit key that
+``tf.data.Dataset.random(rerandomize_each_iteration=True)`` draws afresh at
+every new iteration of the dataset (a Keras epoch, a ``repeat``), and
+``stream`` numbers the datasets made from one secret seed (each
+``poisson_dataset`` call), so each step is a fresh Poisson sample, as
+accounted. A key drawn by ``tf.data`` rather than a counter variable keeps the
+dataset free of captured variables, so it can be distributed and made under a
+user's strategy scope; its secrecy comes from ``seed``, which it is folded with.
+
+``data`` is any nest (tuples, dicts) of arrays, tensors, ``tf.RaggedTensor``
+and ``tf.SparseTensor`` sharing their first dimension; pandas columns are
+taken as their NumPy values. With ``q = 1`` every batch is the whole data; a
+batch may be empty, and then has every component with 0 rows.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tensorflow as tf
 
 from sparse_dp.mechanisms import bernoulli_positions
 
+_SAMPLE_SALT = 0x5DEECE66D
 
-def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0) -> tf.data.Dataset:
-  """``steps`` Poisson-sampled batches of ``data`` (a nest of tensors of N rows)."""
+
+def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
+                    stream: int = 0) -> tf.data.Dataset:
+  """``steps`` Poisson-sampled batches of ``data`` per pass, fresh on every pass.
+
+  ``seed`` (secret) and ``stream`` (distinct for every dataset made from one
+  seed) key the sample; a fixed pair makes the sequence of passes reproducible.
+  """
   if not 0 < sampling_rate <= 1:
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
-  if steps < 1:
-    raise ValueError(f"steps must be >= 1, got {steps}")
-  data = tf.nest.map_structure(tf.convert_to_tensor, data)
-  sizes = {int(t.shape[0]) for t in tf.nest.flatten(data)}
+  if not isinstance(steps, (int, np.integer)) or steps < 1:
+    raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+  data = tf.nest.map_structure(_as_tensor, data)
+  num_examples = num_rows(data)
+  base = tf.random.experimental.stateless_fold_in(
+      tf.constant([seed, _SAMPLE_SALT], tf.int64), stream)
+  sparse_rows = tf.nest.map_structure(_sparse_row_index, data)
+
+  def batch(pass_seed, step):
+    seed = tf.random.experimental.stateless_fold_in(pass_seed, step)
+    positions = (tf.range(num_examples, dtype=tf.int64) if sampling_rate == 1
+                 else bernoulli_positions(num_examples, sampling_rate, seed))
+    return tf.nest.map_structure(lambda t, rows: _gather_rows(t, rows, positions),
+                                 data, sparse_rows)
+
+  def one_pass(pass_key):
+    pass_seed = tf.random.experimental.stateless_fold_in(base, pass_key)
+    return tf.data.Dataset.range(steps).map(lambda step: batch(pass_seed, step))
+
+  pass_keys = tf.data.Dataset.random(seed=stream, rerandomize_each_iteration=True).take(1)
+  return pass_keys.flat_map(one_pass).apply(tf.data.experimental.assert_cardinality(steps))
+
+
+def num_rows(data) -> int:
+  """The common first dimension of a nest of tensors, with a clear error otherwise."""
+  sizes = {_rows(t) for t in tf.nest.flatten(data)}
   if len(sizes) != 1:
-    raise ValueError(f"every tensor of data needs the same number of rows, got {sorted(sizes)}")
-  num_examples = sizes.pop()
-  base = tf.constant([seed, 0x5DEECE66D], tf.int64)
+    raise ValueError(f"every array of the training data needs the same number of rows "
+                     f"(examples), got {sorted(sizes)}")
+  return sizes.pop()
 
-  def batch(step):
-    positions = bernoulli_positions(num_examples, sampling_rate,
-                                    tf.random.experimental.stateless_fold_in(base, step))
-    return tf.nest.map_structure(lambda t: tf.gather(t, positions), data)
 
-  return tf.data.Dataset.range(steps).map(batch)
+def _as_tensor(value):
+  if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+    return tf.sparse.reorder(value) if isinstance(value, tf.SparseTensor) else value
+  if hasattr(value, "to_numpy"):  # a pandas Series or DataFrame
+    value = value.to_numpy()
+  return tf.convert_to_tensor(value)
+
+
+def _rows(tensor) -> int:
+  if isinstance(tensor, tf.RaggedTensor):
+    return int(tensor.nrows())
+  if isinstance(tensor, tf.SparseTensor):
+    return int(tensor.dense_shape[0])
+  if tensor.shape.rank == 0:
+    raise ValueError("training data must have one row per example; got a scalar")
+  return int(tensor.shape[0])
+
+
+def _sparse_row_index(tensor):
+  """For a ``SparseTensor``: its entries grouped by row (a ragged ``[N, None]``)."""
+  if not isinstance(tensor, tf.SparseTensor):
+    return None
+  entries = tf.range(tf.shape(tensor.indices, out_type=tf.int64)[0])
+  return tf.RaggedTensor.from_value_rowids(entries, tensor.indices[:, 0],
+                                           nrows=tensor.dense_shape[0])
+
+
+def _gather_rows(tensor, sparse_rows, positions):
+  """Rows ``positions`` of a dense, ragged or (row-ordered) sparse tensor."""
+  if not isinstance(tensor, tf.SparseTensor):
+    return tf.gather(tensor, positions)
+  picked = tf.gather(sparse_rows, positions)
+  entries = picked.flat_values
+  new_rows = picked.value_rowids()[:, None]
+  indices = tf.concat([new_rows, tf.gather(tensor.indices[:, 1:], entries)], axis=1)
+  shape = tf.concat([tf.size(positions, out_type=tf.int64)[None], tensor.dense_shape[1:]], 0)
+  return tf.SparseTensor(indices, tf.gather(tensor.values, entries), shape)
+
+
+# Transformations that keep every element of their input whole and in one
+# piece: a Poisson batch behind them is still one Poisson batch. Anything else
+# (unbatch, rebatch, filter, cache, shuffle, zip, ...) is not.
+_BATCH_PRESERVING = frozenset({"_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
+                               "_TakeDataset", "_RepeatDataset", "_OptionsDataset"})
+
+
+def derives_from(dataset, sources) -> bool:
+  """Whether ``dataset`` is one of ``sources`` behind batch-preserving steps only.
+
+  Walks the dataset's inputs through ``map`` (which must keep each batch
+  whole: a map that drops rows of a batch makes it a non-Poisson subsample),
+  ``prefetch``, ``take``, ``repeat`` and ``with_options``.
+  """
+  while isinstance(dataset, tf.data.Dataset):
+    if any(dataset is source for source in sources):
+      return True
+    inputs = dataset._inputs()  # pylint: disable=protected-access
+    if type(dataset).__name__ not in _BATCH_PRESERVING or len(inputs) != 1:
+      return False
+    dataset = inputs[0]
+  return False
+
+
+# Probability that a Poisson sample exceeds :func:`largest_plausible_batch`.
+BATCH_SIZE_FALSE_ALARM = 1e-9
+
+
+def largest_plausible_batch(num_examples: int, sampling_rate: float,
+                            false_alarm: float = BATCH_SIZE_FALSE_ALARM) -> int:
+  """A size that a Poisson batch of rate ``q`` exceeds with probability ``<= false_alarm``.
+
+  The batch size is ``X ~ Binomial(N, q)`` with mean ``mu = q N`` and variance
+  ``v = q (1 - q) N``; Bernstein's inequality (terms bounded by 1) gives
+  ``P(X >= mu + t) <= exp(-t^2 / (2 (v + t / 3)))``, which equals ``alpha``
+  at ``t = a / 3 + sqrt(a^2 / 9 + 2 a v)`` with ``a = ln(1 / alpha)``. At
+  ``alpha = 1e-9`` and ``mu = 20`` the bound is 56; at ``mu = 1024``, 1,236.
+  A batch larger than this is not a draw of the rate the accountant charges
+  (the real rate is larger, and so is the real epsilon), while a correct run
+  fails this way about once in a billion steps.
+  """
+  mean = num_examples * sampling_rate
+  variance = mean * (1 - sampling_rate)
+  a = math.log(1 / false_alarm)
+  deviation = a / 3 + math.sqrt(a * a / 9 + 2 * a * variance)
+  return min(int(num_examples), math.floor(mean + deviation))
+
+
+def head(data, rows: int):
+  """The first ``rows`` examples of a nest of arrays, pandas columns, ragged or sparse tensors."""
+  def first(value):
+    if isinstance(value, tf.SparseTensor):
+      return tf.sparse.slice(value, tf.zeros_like(value.dense_shape),
+                             tf.concat([tf.constant([rows], tf.int64), value.dense_shape[1:]], 0))
+    if hasattr(value, "iloc"):  # pandas
+      return value.iloc[:rows].to_numpy()
+    return value[:rows]
+  return tf.nest.map_structure(first, data)
