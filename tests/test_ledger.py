@@ -1,4 +1,5 @@
-"""The privacy ledger: sums, refusals that leave it untouched, and atomic writes under SIGKILL."""
+"""The privacy ledger: sums, refusals that leave it untouched, atomic writes under SIGKILL,
+and spends checked against the file, not a copy in memory, by one process at a time."""
 
 import json
 import os
@@ -48,6 +49,50 @@ def test_a_failed_write_leaves_the_old_ledger(tmp_path, monkeypatch):
   monkeypatch.undo()
   ledger.record(2, "training", 0.2, 0.0)  # the leftover temporary file is replaced
   assert len(PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5).entries) == 2
+
+
+def test_a_ledger_opened_before_another_spend_checks_the_file(tmp_path):
+  early = PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5)
+  PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5).record(1, "training", 0.7, 5e-6)
+  assert early.epsilon_spent == pytest.approx(0.7) and early.delta_remaining == pytest.approx(5e-6)
+  with pytest.raises(BudgetExceededError, match=r"only 0.3 of the total epsilon 1 remains"):
+    early.record(2, "training", 0.7, 1e-6)
+  with pytest.raises(ValueError, match="already has a 'training' spend for period 1"):
+    early.record(1, "training", 0.1, 0.0)
+  early.record(2, "training", 0.3, 5e-6)
+  assert [e["period"] for e in PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5).entries] == [1, 2]
+
+
+_SPENDER = """
+import os, pathlib, sys, time
+from sparse_dp.accounting.ledger import BudgetExceededError, PrivacyLedger
+ledger = PrivacyLedger(sys.argv[1], 1.0, 1e-5)
+go = pathlib.Path(sys.argv[2])
+(go.parent / f"ready.{os.getpid()}").touch()
+while not go.exists():
+  time.sleep(0.001)
+for spend in range(1000):
+  try:
+    ledger.record(os.getpid() * 1000 + spend, "training", 0.01, 1e-8)
+  except BudgetExceededError:
+    break
+"""
+
+
+def test_processes_spending_at_once_never_spend_more_than_the_total(tmp_path):
+  path, go = tmp_path / "ledger.jsonl", tmp_path / "go"
+  spenders = [subprocess.Popen([sys.executable, "-c", _SPENDER, str(path), str(go)])
+              for _ in range(3)]
+  deadline = time.time() + 300
+  while len(list(tmp_path.glob("ready.*"))) < 3 and time.time() < deadline:
+    time.sleep(0.01)
+  go.touch()  # all start spending together, once all are imported
+  assert [spender.wait(timeout=300) for spender in spenders] == [0, 0, 0]
+  entries = PrivacyLedger(path, 1.0, 1e-5).entries
+  # 100 spends of 0.01 fill the budget exactly; no spend is lost or doubled.
+  assert len(entries) == 100 and len({e["period"] for e in entries}) == 100
+  assert sum(e["epsilon"] for e in entries) == pytest.approx(1.0)
+  assert len({e["period"] // 1000 for e in entries}) > 1  # they did spend concurrently
 
 
 _WRITER = """
