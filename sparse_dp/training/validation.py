@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -136,7 +136,12 @@ def check_separable(model: tf.keras.Model, leaves: list, losses_of: LossesOf, ba
 
   Run eagerly, once, on the first batch, before the first DP step; it looks
   at the first ``min(batch size, probe_size)`` examples (``n``) with the
-  step's own training-mode forward pass ``losses_of`` and refuses with a
+  step's own training-mode forward pass ``losses_of`` (``batch -> (losses
+  [B], y, y_pred)``, :func:`sparse_dp.training.losses.per_example_loss_fn`)
+  and the step's recording of ``leaves``
+  (:func:`sparse_dp.training.dense_layers.trainable_leaf_layers`). A batch is
+  ``(x, y)``, ``(x, y, sample_weight)`` or a features dict, with dense, ragged
+  or sparse tensors. It refuses with a
   :class:`ModelValidationError` naming the layer or loss when
 
   1. **state**: a non-trainable variable (outside Keras metrics) changes in
@@ -197,6 +202,14 @@ def check_separable(model: tf.keras.Model, leaves: list, losses_of: LossesOf, ba
 # The probe's trace of one forward pass.
 
 
+class _PerExample(NamedTuple):
+  """A tensor whose row ``r`` belongs to example ``example[r]`` (to example ``r`` if ``None``)."""
+
+  description: str
+  tensor: tf.Tensor
+  example: Optional[tf.Tensor] = None
+
+
 @dataclasses.dataclass
 class _LayerCall:
   layer: tf.keras.layers.Layer
@@ -212,7 +225,7 @@ class _Trace:
   tape: tf.GradientTape
   losses: tf.Tensor  # [n]
   predictions: Optional[tf.Tensor]
-  inputs: list  # (description, float input tensor [n, ...])
+  inputs: list  # _PerExample: the float input features
   lookups: list  # recording.Lookup
   dense_calls: list  # dense_layers.DenseCall
   layer_calls: list  # _LayerCall
@@ -220,10 +233,10 @@ class _Trace:
 
 
 def _trace(model, leaves, losses_of: LossesOf, probe, n: int) -> _Trace:
-  inputs = [(f"input feature {path}", t) for path, t in _flatten_with_paths(probe)
+  inputs = [_PerExample(f"input feature {path}", t) for path, t in _flatten_with_paths(probe)
             if isinstance(t, tf.Tensor) and t.dtype.is_floating and _rows(t) == n]
   with tf.GradientTape(persistent=True) as tape:
-    tape.watch([t for _, t in inputs])
+    tape.watch([i.tensor for i in inputs])
     with recording() as lookups, dense_layers.recording_dense_calls(leaves) as dense_calls:
       with _recording_layer_calls(_probed_layers(model)) as layer_calls:
         losses, _, predictions = losses_of(probe)
@@ -294,17 +307,18 @@ def _check_attribution(trace: _Trace, n: int) -> None:
 def _check_gradients(model, trace: _Trace, n: int) -> None:
   """Check 3: ``d(sum w_i l_i)/dt_j = w_j d(sum l_i)/dt_j`` for every per-example tensor."""
   rows = list(trace.inputs)
-  rows += [(f"lookups of embedding layer '{l.layer.name}'", l.vectors, l.example)
+  rows += [_PerExample(f"lookups of embedding layer '{l.layer.name}'", l.vectors, l.example)
            for l in trace.lookups]
-  rows += [(f"output of Dense layer '{c.layer.name}'", c.preactivation) for c in trace.dense_calls]
+  rows += [_PerExample(f"output of Dense layer '{c.layer.name}'", c.preactivation)
+           for c in trace.dense_calls]
   weights = _probe_weights(n)
   with trace.tape:
     weighted = tf.reduce_sum(weights * trace.losses)
     total = tf.reduce_sum(trace.losses)
-  tensors = [row[1] for row in rows]
-  mixed = [row[0] for row, a, b in zip(rows, trace.tape.gradient(weighted, tensors),
-                                       trace.tape.gradient(total, tensors))
-           if _not_per_example(a, b, weights, row[2] if len(row) > 2 else None)]
+  tensors = [row.tensor for row in rows]
+  mixed = [row.description for row, a, b in zip(rows, trace.tape.gradient(weighted, tensors),
+                                                 trace.tape.gradient(total, tensors))
+           if _not_per_example(a, b, weights, row.example)]
   if mixed:
     culprits = _gradient_culprits(model, trace, n) or [
         f"model '{model.name}' (operations in its call or loss outside any layer)"]
@@ -507,12 +521,12 @@ def _not_per_example(weighted, plain, weights, example) -> bool:
 
 
 def _close(a, b) -> bool:
-  a = tf.cast(tf.convert_to_tensor(a), tf.float64)
-  b = tf.cast(tf.convert_to_tensor(b), tf.float64)
+  a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
   if a.shape != b.shape:
     return False
   if tf.size(a) == 0:
     return True
+  a, b = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
   largest = tf.maximum(tf.reduce_max(tf.abs(a)), tf.reduce_max(tf.abs(b)))
   return bool(tf.reduce_max(tf.abs(a - b)) <= _TOLERANCE * largest)
 
