@@ -417,8 +417,10 @@ def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
         debug_metrics=config.debug_metrics)
     variables = [v for v in self.trainable_variables if v.ref() in gradients]
     self.optimizer.apply_gradients([(gradients[v.ref()], v) for v in variables])
-    state.steps_taken.assign_add(1)
-    state.non_poisson_steps.assign_add(tf.cast(tf.logical_not(poisson), tf.int64))
+    # After the batch is read: a call that finds the input exhausted counts nothing.
+    with tf.control_dependencies([step_seed]):
+      state.steps_taken.assign_add(1)
+      state.non_poisson_steps.assign_add(tf.cast(tf.logical_not(poisson), tf.int64))
     if not config.debug_metrics:
       return stats
     logs = {m.name: m.result() for m in self.metrics}

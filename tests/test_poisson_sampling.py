@@ -1,0 +1,187 @@
+"""The package owns the sample: fresh Poisson batches every pass, and no epsilon for others."""
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+from dp_accounting import pld
+from scipy import stats
+
+import sparse_dp
+from conftest import ALPHA
+from keras_models import N, VOCAB, functional_model, synthetic_data
+from sparse_dp.layers import Embedding
+from sparse_dp.training.sampling import largest_plausible_batch, poisson_batches
+
+SIGMA = 1.0
+
+
+def independent_epsilon(q, steps, delta, sigma=SIGMA):
+  """dp_accounting's own PLD epsilon of ``steps`` Poisson-subsampled Gaussian steps."""
+  accountant = pld.PLDAccountant()
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
+                     steps)
+  return accountant.get_epsilon(delta)
+
+
+def recorded(dataset, seen):
+  """``dataset`` with every batch's labels appended to ``seen`` (a batch-preserving map)."""
+  def record(x, y):
+    done = tf.py_function(lambda labels: seen.append(labels.numpy().tobytes()) or 0, [y], tf.int64)
+    with tf.control_dependencies([done]):
+      return tf.identity(x), tf.identity(y)
+  return dataset.map(record)
+
+
+def private_model(batch_size=256, num_examples=N, **config):
+  model = functional_model()
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=SIGMA, noise_seed=1, **config),
+      num_examples=num_examples, batch_size=batch_size)
+  return model, private
+
+
+def test_keras_epochs_over_a_poisson_dataset_draw_fresh_batches_accounted_as_run():
+  ids, labels = synthetic_data()
+  labels = labels + np.arange(N) * 1e-6  # distinct labels identify the examples of a batch
+  model, private = private_model()
+  seen = []
+  history = model.fit(recorded(private.poisson_dataset(ids, labels, epochs=1), seen), epochs=3,
+                      verbose=0, callbacks=[private.callback()])
+  steps = 3 * 16
+  # Every batch drawn (the separability probe's, never trained on, included) is new.
+  assert len(seen) >= steps and len(set(seen)) == len(seen)
+  assert int(private.steps_taken.numpy()) == steps and private.poisson_sampling
+  expected = independent_epsilon(256 / N, steps, 1 / N)
+  assert private.epsilon() == pytest.approx(expected, rel=1e-3)
+  assert history.history["epsilon"][-1] == pytest.approx(expected, rel=1e-3)
+  assert private.epsilon(delta=1e-8) == pytest.approx(independent_epsilon(256 / N, steps, 1e-8),
+                                                      rel=1e-3)
+
+
+def test_two_poisson_datasets_draw_different_batches_and_a_fixed_seed_reproduces_both():
+  ids, labels = synthetic_data()
+  labels = labels + np.arange(N) * 1e-6
+
+  def first_batches():
+    _, private = private_model()
+    return [next(iter(private.poisson_dataset(ids, labels)))[1].numpy().tobytes()
+            for _ in range(2)]
+
+  first = first_batches()
+  assert first[0] != first[1]
+  assert first_batches() == first  # DPConfig(noise_seed=1): the same run again
+
+
+def test_inclusions_over_passes_are_binomial():
+  examples, q, steps, passes = 40, 0.3, 25, 12
+  dataset = poisson_batches(np.arange(examples), q, steps, seed=7)
+  counts = np.zeros(examples)
+  pairs = 0  # batches holding both example 0 and example 1
+  for _ in range(passes):
+    for batch in dataset:
+      members = batch.numpy()
+      counts[members] += 1
+      pairs += {0, 1} <= set(members)
+  trials = steps * passes
+  # Exact two-sided Binomial intervals, Bonferroni over the 41 tests: ALPHA in all.
+  level = ALPHA / (2 * (examples + 1))
+  low, high = stats.binom.ppf(level, trials, q), stats.binom.isf(level, trials, q)
+  assert np.all((low <= counts) & (counts <= high)), (counts.min(), counts.max(), low, high)
+  low, high = stats.binom.ppf(level, trials, q * q), stats.binom.isf(level, trials, q * q)
+  assert low <= pairs <= high  # inclusions independent across examples
+
+
+def test_sampling_rate_one_takes_every_example_every_step():
+  ids, labels = synthetic_data()
+  ids, labels = ids[:64], labels[:64]
+  model, private = private_model(batch_size=64, num_examples=64)
+  seen = []
+  model.fit(recorded(private.poisson_dataset(ids, labels, epochs=2), seen), verbose=0)
+  assert len(seen) >= 2 and set(seen) == {labels.tobytes()}
+  assert private.epsilon() == pytest.approx(independent_epsilon(1.0, 2, 1 / 64), rel=1e-3)
+
+
+def test_empty_poisson_batches_are_well_formed_and_train():
+  ids, labels = synthetic_data()
+  model, private = private_model(batch_size=0.02)  # q N = 0.02: almost every batch is empty
+  dataset = private.poisson_dataset(ids, labels, epochs=3 * private.sampling_rate)  # 3 steps
+  x, y = next(iter(dataset))
+  assert x.shape == (0,) and y.shape == (0,)
+  model.fit(dataset, verbose=0)
+  assert int(private.steps_taken.numpy()) == 3 and private.poisson_sampling
+
+
+def test_larger_batch_than_declared_is_refused_with_both_sizes():
+  ids, labels = synthetic_data()
+  ids, labels = ids[:2000], labels[:2000]
+  model, private = private_model(batch_size=20, num_examples=2000)
+  with pytest.raises(tf.errors.InvalidArgumentError) as refused:
+    model.fit(ids, labels, batch_size=2000, verbose=0)
+  message = str(refused.value)
+  assert "expected batch size 20 " in message and "[2000]" in message
+  assert "at most 56" in message and "poisson_dataset" in message
+  assert int(private.steps_taken.numpy()) == 0
+  assert largest_plausible_batch(2000, 0.01) == 56
+
+
+def test_other_inputs_are_counted_and_their_epsilon_says_not_poisson():
+  ids, labels = synthetic_data()
+  model, private = private_model()
+  poisson = private.poisson_dataset(ids, labels, epochs=0.25)
+  # map/prefetch/take keep each Poisson batch whole; a rebatch does not.
+  history = model.fit(poisson.map(lambda x, y: (x, y)).prefetch(1).take(3),
+                      verbose=0, callbacks=[private.callback()])
+  assert "epsilon" in history.history and private.poisson_sampling
+  history = model.fit(poisson.unbatch().batch(256).take(3), verbose=0,
+                      callbacks=[private.callback()])
+  assert "epsilon" not in history.history and "epsilon_not_poisson" in history.history
+  model.train_on_batch(ids[:256], labels[:256])
+  model.fit(ids, labels, batch_size=256, epochs=1, steps_per_epoch=2, verbose=0)
+  taken, unproved = int(private.steps_taken.numpy()), int(private.state.non_poisson_steps.numpy())
+  assert (taken, unproved) == (3 + 3 + 1 + 2, 3 + 1 + 2)
+  report = private.report()
+  assert not report.poisson_sampling and not report.to_dict()["poisson_sampling"]
+  epsilon_line = next(l for l in report.statement().splitlines() if "-DP for" in l)
+  assert "NOT a proved epsilon" in epsilon_line
+  assert "NOT a proved epsilon" in private.epsilon_text(private.epsilon())
+
+
+class NestedFeatures(tf.keras.Model):
+  """Dense, ragged and sparse id features in one dict."""
+
+  def __init__(self):
+    super().__init__()
+    self.ids, self.tags, self.codes = (Embedding(VOCAB, 4) for _ in range(3))
+    self.logit = tf.keras.layers.Dense(1)
+
+  def call(self, features):
+    return self.logit(tf.concat([self.ids(features["id"]), self.tags(features["tags"]),
+                                 self.codes(features["codes"])], axis=1))
+
+
+def test_nested_features_with_sample_weights_train_through_fit():
+  ids, labels = synthetic_data()
+  rng = np.random.default_rng(3)
+  lengths = rng.integers(0, 4, N)
+  features = {
+      "id": ids,
+      "tags": tf.RaggedTensor.from_row_lengths(rng.integers(0, VOCAB, lengths.sum()), lengths),
+      "codes": tf.sparse.from_dense(rng.integers(0, VOCAB, (N, 3)) * (rng.random((N, 3)) < 0.5)),
+  }
+  weights = rng.random(N).astype("float32")
+  model = NestedFeatures()
+  model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  model({"id": ids[:2], "tags": features["tags"][:2],
+         "codes": tf.sparse.slice(features["codes"], [0, 0], [2, 3])})
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", sigma1=3.0, sigma2=0.8, noise_seed=1),
+      num_examples=N, batch_size=256)
+  x, y, w = next(iter(private.poisson_dataset(features, labels, weights)))
+  assert isinstance(x["tags"], tf.RaggedTensor) and isinstance(x["codes"], tf.SparseTensor)
+  assert x["tags"].nrows() == x["codes"].dense_shape[0] == len(y) == len(w)
+  history = model.fit(private.poisson_dataset(features, labels, weights, epochs=0.5),
+                      verbose=0, callbacks=[private.callback()])
+  assert int(private.steps_taken.numpy()) == 8 and private.poisson_sampling
+  assert history.history["epsilon"][-1] > 0
