@@ -12,6 +12,8 @@ from sparse_dp.training import dense_layers
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.step import StepNoise, private_gradients
 from sparse_dp.training.validation import ModelValidationError, check_model, check_separable
+from test_step_safety import SharedCandidates
+from test_step_safety import batch as small_vocabulary_batch
 from test_tfrs_model import RankingModel
 
 B, L, FEATURES = 32, 3, 4
@@ -90,6 +92,19 @@ def centred_loss(y, logits):
   return losses - tf.reduce_mean(losses)
 
 
+class RunningMean(tf.keras.layers.Layer):
+  """Keeps a running mean of its inputs in a non-trainable variable (as BatchNormalization does)."""
+
+  def build(self, input_shape):
+    self.mean = self.add_weight(name="mean", shape=input_shape[1:], trainable=False,
+                                initializer="zeros")
+
+  def call(self, h, training=False):
+    if training:
+      self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(h, axis=0))
+    return h
+
+
 class HandWrittenInBatchSoftmax(TwoTowers):
   """The in-batch softmax written out in compute_loss, without tfrs.tasks.Retrieval."""
 
@@ -149,7 +164,9 @@ def test_check_model_passes_frozen_batch_normalization_and_nested_models():
     (lambda: over_ids(centre("centre_hidden")), id_batch, "'centre_hidden'"),
     (dense_features_model, dense_batch, "'centre_inputs'"),
     (lambda: compiled(over_ids(), centred_loss), id_batch, "the loss 'centred_loss'"),
+    (lambda: over_ids(RunningMean(name="running")), id_batch, "running/mean.*'running'"),
     (reshaped_ids_model, id_batch, "'flattened'.*'flatten_ids'"),
+    (lambda: compiled(SharedCandidates()), small_vocabulary_batch, "'candidates'.*shared ids"),
     (reversed_ids_model, id_batch, "'swap_examples'.*removing one example"),
     (lambda: reversed_ids_model(tf.keras.layers.Dropout(0.5)), id_batch,
      "'swap_examples'.*removing one example"),  # random forward pass: layer by layer
