@@ -10,6 +10,11 @@ Killed at any moment, a rerun with the same flags resumes: periods whose
 folder exists are done, a period whose spend is in the ledger is redone with
 the same secret noise seed and not charged again.
 
+A job holds the state folder's lock (:mod:`sparse_dp.models.stream_lock`)
+from before it reads the state until it ends; a second job on the same
+``--state`` waits ``--wait-for-lock`` seconds (default 0), then exits 2
+naming the running one. It reads the state and the ledger only under the lock.
+
 DP-FEST and DP-AdaFEST+ count buckets (``--fest-frequencies``): ``first-day``
 (the stream's first training day, one selection for the whole stream),
 ``all-days`` (all the job's training days, one selection per job) or
@@ -26,6 +31,7 @@ import pathlib
 import re
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.ledger import check_budget
 from sparse_dp.models import job_flags
 
 _FREQUENCIES = ("first-day", "all-days", "running")
@@ -53,6 +59,9 @@ def add_parser(commands) -> None:
                       help="vocabulary sizes of the synthetic data relative to Table 3")
   job_flags.add_fit_flags(parser)
   parser.add_argument("--state", required=True, help="state folder: ledger, models, metrics")
+  parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                      help="when another job runs on --state, wait this long for it to end "
+                           "(default 0: exit 2 naming it)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 
@@ -105,15 +114,30 @@ def stream(args: argparse.Namespace) -> dict:
     raise ValueError(f"--streaming-period must be >= 1, got {args.streaming_period}")
   if args.examples_per_day < 10 or args.eval_examples_per_day < 1:
     raise ValueError("--examples-per-day must be >= 10 and --eval-examples-per-day >= 1")
+  if args.epsilon_per_period is not None and not args.epsilon_per_period > 0:
+    raise ValueError(f"--epsilon-per-period must be > 0, got {args.epsilon_per_period}")
   job_flags.fit_settings(args, epsilon=1.0)  # checks the training flags before any spend
-  kind = Algorithm.parse(args.algorithm)
-  from sparse_dp.models.stream_periods import StreamData, run_period  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.stream_state import StreamState  # pylint: disable=import-outside-toplevel
+  delta_total = args.delta if args.delta is not None else 1.0 / (
+      len(train_days) * args.examples_per_day)
+  check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)
+  from sparse_dp.models.stream_lock import StateLock  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models.stream_periods import StreamData  # pylint: disable=import-outside-toplevel
 
   state_folder = pathlib.Path(args.state)
   data = StreamData(args, state_folder)
-  delta_total = args.delta if args.delta is not None else 1.0 / (
-      len(train_days) * args.examples_per_day)
+  data.check_days(train_days + eval_days)
+  with StateLock(state_folder, args.wait_for_lock):
+    return _run_locked(args, train_days, eval_days, data, delta_total)
+
+
+def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list[int],
+                data, delta_total: float) -> dict:
+  """The job, while it holds the state's lock: open, plan or resume, run, summarise."""
+  from sparse_dp.models.stream_periods import run_period  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models.stream_state import StreamState  # pylint: disable=import-outside-toplevel
+
+  state_folder = pathlib.Path(args.state)
+  kind = Algorithm.parse(args.algorithm)
   total = args.total_epsilon
   if total is None and not (state_folder / "stream.json").exists():
     total = 1.0
@@ -125,7 +149,6 @@ def stream(args: argparse.Namespace) -> dict:
     raise ValueError(f"{state_folder} has an unfinished job with other settings ({', '.join(changed)}); "
                      "rerun it with its flags to resume it")
   if job is None:
-    data.check_days(train_days + eval_days)
     periods = [train_days[i:i + args.streaming_period]
                for i in range(0, len(train_days), args.streaming_period)]
     selects = [kind.uses_top_k_selection and (

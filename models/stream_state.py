@@ -12,7 +12,17 @@ A job plans its periods when it starts: each period's training epsilon and
 delta, and its selection epsilon where DP-FEST / DP-AdaFEST+ select. A job
 found unfinished is resumed with the same plan; a new job on a state takes
 what remains of the budget (``--epsilon-per-period`` takes less) and is
-refused, before any spend, when nothing or too little remains.
+refused, before any spend, when nothing or too little remains. The job holds
+the folder's :class:`~sparse_dp.models.stream_lock.StateLock` while it opens,
+plans and runs, so the state and ledger it reads are the ones it spends from.
+
+Delta is split like epsilon: a job that plans epsilon ``e_job`` out of the
+remaining ``E_rem`` takes the same share of the remaining delta,
+``d_job = D_rem * min(1, e_job / E_rem)``. Jobs that follow this rule keep
+``D_rem / E_rem = D_total / E_total``, so ``d_job = D_total * e_job / E_total``:
+``--epsilon-per-period`` spends delta in proportion and leaves the rest to
+later jobs, and a job that takes all the remaining epsilon takes all the
+remaining delta. Never more than remains.
 """
 
 from __future__ import annotations
@@ -22,7 +32,8 @@ import pathlib
 import secrets
 from typing import Optional
 
-from sparse_dp.accounting.ledger import BudgetExceededError, PrivacyLedger, write_atomically
+from sparse_dp.accounting.ledger import (BudgetExceededError, PrivacyLedger, check_budget,
+                                         write_atomically)
 
 # Tolerance of comparing a plan to the budget it was split from.
 _RELATIVE_SLACK = 1e-9
@@ -51,7 +62,7 @@ class StreamState:
       return cls(folder, record)
     if epsilon_total is None:
       raise ValueError(f"{folder} holds no stream yet: give --total-epsilon to start one")
-    PrivacyLedger(folder / "ledger.jsonl", epsilon_total, delta_total)  # checks the budget
+    check_budget(epsilon_total, delta_total)
     folder.mkdir(parents=True, exist_ok=True)
     return cls(folder, {"epsilon_total": epsilon_total, "delta_total": delta_total,
                         "seed": secrets.randbits(62), "jobs": []})
@@ -73,16 +84,25 @@ class StreamState:
 
   def start_job(self, settings: dict, period_days: list[list[int]], selects: list[bool],
                 selection_share: float, epsilon_per_period: Optional[float]) -> dict:
-    """Plans ``len(period_days)`` periods within the remaining budget, or refuses."""
+    """Plans ``len(period_days)`` periods within the remaining budget, or refuses.
+
+    Each period gets ``epsilon_per_period`` (default: the remaining epsilon
+    over the periods) and the same share of the remaining delta (module doc).
+    """
     ledger, count = self.ledger, len(period_days)
-    delta_each = (self.record["delta_total"] - ledger.delta_spent) / count
-    remaining = ledger.epsilon_remaining
-    epsilon_each = epsilon_per_period if epsilon_per_period is not None else remaining / count
-    if remaining <= _RELATIVE_SLACK * ledger.epsilon_total or delta_each <= 0:
+    remaining, delta_remaining = ledger.epsilon_remaining, ledger.delta_remaining
+    spends = f"in {len(ledger.entries)} spends; ledger: {ledger.path}"
+    if remaining <= _RELATIVE_SLACK * ledger.epsilon_total:
       raise BudgetExceededError(
           f"this job's {count} period(s) need a positive epsilon, but only {remaining:.6g} of "
           f"the total epsilon {ledger.epsilon_total:g} remains (spent {ledger.epsilon_spent:.6g} "
-          f"in {len(ledger.entries)} spends; ledger: {ledger.path})")
+          f"{spends})")
+    if delta_remaining <= _RELATIVE_SLACK * ledger.delta_total:
+      raise BudgetExceededError(
+          f"this job's {count} period(s) need a positive delta, but none of the total delta "
+          f"{ledger.delta_total:.3g} remains (spent {ledger.delta_spent:.3g} {spends})")
+    epsilon_each = epsilon_per_period if epsilon_per_period is not None else remaining / count
+    delta_each = delta_remaining * min(1.0, epsilon_each * count / remaining) / count
     ledger.check(epsilon_each * count, delta_each * count, f"this job's {count} period(s)")
     first = self.last_period + 1
     periods = []

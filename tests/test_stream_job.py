@@ -1,4 +1,5 @@
-"""``sparse-dp stream``: periods under one budget, refusal, and resume after SIGKILL."""
+"""``sparse-dp stream``: periods under one budget, refusal, and resume after SIGKILL
+(the killed job's lock does not block the rerun)."""
 
 import json
 import os
@@ -67,6 +68,8 @@ def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path,
   job.send_signal(signal.SIGKILL)
   job.wait()
   assert not (killed / "periods" / "3").exists()
+  # The killed job's record stays in the lock file; its lock went with it.
+  assert json.loads((killed / "stream.lock").read_text())["pid"] == job.pid
   # The unfinished job resumes only with its own settings.
   assert main(["stream", *flags, "--learning-rate", "0.01", "--state", str(killed)]) == 2
   assert main(["stream", *flags, "--state", str(killed)]) == 0
