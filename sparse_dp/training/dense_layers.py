@@ -38,8 +38,10 @@ def trainable_leaf_layers(model: tf.keras.Model) -> list[tf.keras.layers.Layer]:
   """Layers that own trainable weights, with a clear error for unsupported ones."""
   leaves = []
   for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+    # A frozen layer (layer.trainable = False) has no trainable weights, whatever
+    # its variables' own flags say.
     own = [w for w in layer._trainable_weights if w.trainable]  # pylint: disable=protected-access
-    if not own:
+    if not own or not layer.trainable:
       continue
     if not isinstance(layer, (tf.keras.layers.Dense, Embedding)):
       raise UnsupportedLayerError(
