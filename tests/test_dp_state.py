@@ -1,0 +1,130 @@
+"""The DP state lasts: checkpoints carry it, a resumed or second run continues the budget."""
+
+import pathlib
+import subprocess
+import sys
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+from dp_accounting import pld
+
+import sparse_dp
+from keras_models import N, functional_model, synthetic_data
+
+BATCH = 256  # q = 1/16: 16 steps per epoch
+
+
+def make_private(model, sigma=2.0, budget=1.0, **options):
+  config = sparse_dp.DPConfig("dpsgd", noise_multiplier=sigma, epsilon_budget=budget)
+  return sparse_dp.make_private(model, config, num_examples=N, batch_size=BATCH, **options)
+
+
+def train(model, private, epochs, callbacks=()):
+  ids, labels = synthetic_data()
+  model.fit(private.poisson_dataset(ids, labels, epochs=epochs), verbose=0,
+            callbacks=[private.callback(), *callbacks])
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+  """A run stopped after one epoch, saved by ModelCheckpoint, model.save and tf.train.Checkpoint."""
+  folder = tmp_path_factory.mktemp("interrupted")
+  model = functional_model(optimizer=tf.keras.optimizers.Adam(0.01))
+  private = make_private(model)
+  saver = tf.keras.callbacks.ModelCheckpoint(str(folder / "weights"), save_weights_only=True)
+  train(model, private, epochs=1, callbacks=[saver])
+  model.save(folder / "saved_model")
+  tf.train.Checkpoint(model=model).save(folder / "checkpoints" / "ckpt")
+  return folder, private, model
+
+
+def test_resumed_run_continues_steps_and_stops_at_the_same_total(interrupted):
+  folder, before, _ = interrupted
+  assert int(before.steps_taken.numpy()) == 16
+  whole = functional_model()
+  whole_run = make_private(whole)
+  train(whole, whole_run, epochs=10)
+  total = int(whole_run.steps_taken.numpy())
+  assert 16 < total < 160  # the budget, not the data, stopped it
+
+  resumed_model = functional_model()
+  resumed = make_private(resumed_model, resume_from=str(folder / "weights"))
+  assert int(resumed.steps_taken.numpy()) == 16
+  assert resumed.epsilon() == pytest.approx(before.epsilon())
+  train(resumed_model, resumed, epochs=10)
+  assert int(resumed.steps_taken.numpy()) == total
+  assert resumed.epsilon() == pytest.approx(whole_run.epsilon())
+  assert resumed.epsilon() <= 1.0 < resumed.epsilon(total + 1)
+
+
+@pytest.mark.parametrize("saved", ["weights", "saved_model", "checkpoints"])
+def test_every_checkpoint_format_holds_the_state(interrupted, saved):
+  folder, before, _ = interrupted
+  resumed = make_private(functional_model(), resume_from=str(folder / saved))
+  assert int(resumed.steps_taken.numpy()) == 16 and resumed.poisson_sampling
+  assert resumed.epsilon() == pytest.approx(before.epsilon())
+  assert resumed.report().earlier_steps == 16
+
+
+def test_restored_weights_carry_the_state_before_or_after_make_private(interrupted):
+  folder, before, _ = interrupted
+  loaded_first = functional_model()
+  loaded_first.load_weights(str(folder / "weights"))
+  assert int(make_private(loaded_first).steps_taken.numpy()) == 16
+  loaded_after = functional_model()
+  private = make_private(loaded_after)
+  loaded_after.load_weights(str(folder / "weights"))  # replaces the state make_private wrote
+  assert private.epsilon() == pytest.approx(before.epsilon())
+  assert int(private.accountant.steps) == 16 and private.report().earlier_steps == 16
+
+
+def test_checkpoint_without_state_is_refused_clearly(tmp_path):
+  plain = functional_model()
+  plain.save_weights(str(tmp_path / "plain"))
+  with pytest.raises(ValueError, match="no sparse-dp DP state"):
+    make_private(functional_model(), resume_from=str(tmp_path / "plain"))
+  with pytest.raises(ValueError, match="TF format"):
+    make_private(functional_model(), resume_from=str(tmp_path / "weights.h5"))
+
+
+def test_second_make_private_on_a_model_composes_both_runs():
+  model = functional_model()
+  first = make_private(model, sigma=1.0, budget=None)
+  train(model, first, epochs=0.5)
+  spent = first.epsilon()
+  second = make_private(model, sigma=2.0, budget=None)
+  assert second.epsilon() == pytest.approx(spent)  # not zero
+  train(model, second, epochs=0.5)
+  accountant = pld.PLDAccountant()
+  for sigma in (1.0, 2.0):
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        BATCH / N, dp_accounting.GaussianDpEvent(sigma)), 8)
+  assert second.epsilon() == pytest.approx(accountant.get_epsilon(1 / N), rel=1e-3)
+  assert second.report().earlier_steps == 8 and second.report().to_dict()["steps"] == 8
+
+
+def test_saved_files_hold_no_noise_seed(interrupted):
+  folder, private, _ = interrupted
+  seed = private.seed  # drawn from the OS: no noise_seed given
+  needles = [int(seed).to_bytes(8, "little"), int(seed).to_bytes(8, "big"), str(seed).encode()]
+  files = [f for f in folder.rglob("*") if f.is_file()]
+  assert len(files) > 5
+  for path in files:
+    content = path.read_bytes()
+    assert not any(needle in content for needle in needles), path
+
+
+def test_load_model_after_import_sparse_dp_alone(interrupted):
+  folder, _, _ = interrupted
+  script = (
+      "import sys, sparse_dp, tensorflow as tf\n"
+      f"model = tf.keras.models.load_model({str(folder / 'saved_model')!r})\n"
+      "private = sparse_dp.make_private(model, sparse_dp.DPConfig('dpsgd', noise_multiplier=2.0),"
+      f" num_examples={N}, batch_size={BATCH})\n"
+      "print(type(model.optimizer).__name__, int(private.steps_taken.numpy()))\n")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300, cwd=pathlib.Path(__file__).parent)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.split()[-2:] == ["LazyAdam", "16"]
