@@ -164,3 +164,11 @@ def test_noise_seed_is_secret_by_default_and_reproducible_when_fixed():
 
   assert not np.array_equal(trained(), trained())  # fresh OS seeds: different noise
   np.testing.assert_array_equal(trained(noise_seed=5), trained(noise_seed=5))
+
+
+def test_unbuilt_subclassed_model_is_refused_clearly():
+  model = SubclassedModel()
+  model.compile(optimizer="sgd", loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  with pytest.raises(ValueError, match="is not built.*Call the model on a batch first"):
+    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=1.0),
+                           num_examples=N, batch_size=256)

@@ -262,9 +262,11 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
 
 
 def _check_built(model: tf.keras.Model) -> None:
-  unbuilt = [layer.name for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  """Refuses a model whose weights do not exist yet (its leaves cannot be found)."""
+  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  unbuilt = [layer.name for layer in layers
              if isinstance(layer, (tf.keras.layers.Dense, Embedding)) and not layer.built]
-  if not model.weights or unbuilt:
+  if unbuilt or not any(layer._trainable_weights for layer in layers):  # pylint: disable=protected-access
     raise ValueError(
         f"model '{model.name}' ({type(model).__name__}) is not built"
         f"{' (layers ' + ', '.join(unbuilt) + ')' if unbuilt else ''}: its weights do not "
