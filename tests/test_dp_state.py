@@ -128,3 +128,9 @@ def test_load_model_after_import_sparse_dp_alone(interrupted):
                         timeout=300, cwd=pathlib.Path(__file__).parent)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.split()[-2:] == ["LazyAdam", "16"]
+
+
+def test_privacy_calculator_does_not_load_tensorflow():
+  script = "import sys, sparse_dp, sparse_dp.cli; print('tensorflow' in sys.modules)"
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 import dp_accounting
 import numpy as np
+import pandas as pd
 import pytest
 import tensorflow as tf
 from dp_accounting import pld
@@ -169,7 +170,7 @@ def test_nested_features_with_sample_weights_train_through_fit():
       "tags": tf.RaggedTensor.from_row_lengths(rng.integers(0, VOCAB, lengths.sum()), lengths),
       "codes": tf.sparse.from_dense(rng.integers(0, VOCAB, (N, 3)) * (rng.random((N, 3)) < 0.5)),
   }
-  weights = rng.random(N).astype("float32")
+  weights = pd.Series(rng.random(N).astype("float32"))  # a pandas column
   model = NestedFeatures()
   model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5),
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
