@@ -3,8 +3,9 @@
 ``--state DIR`` holds ``stream.json`` (this state), ``ledger.jsonl`` (the
 :class:`~sparse_dp.accounting.ledger.PrivacyLedger`), ``periods/<p>/`` (each
 completed period's SavedModel, weights and metrics, published by one rename),
-``stream.lock`` (:mod:`~sparse_dp.models.stream_lock`) and the synthetic days. ``stream.json`` also keeps the stream's secret noise
-seed (the file is made readable by its owner only): a period rerun after a
+``stream.lock`` (:mod:`~sparse_dp.models.stream_lock`) and the synthetic days.
+``stream.json`` also keeps the stream's secret noise seed (the file is made
+readable by its owner only): a period rerun after a
 crash draws exactly the noise of the run that recorded its spend, so the
 rerun publishes what that spend paid for, not a second sample.
 
