@@ -160,11 +160,15 @@ class PrivateTraining:
     Any nest of arrays, pandas columns, ragged or sparse tensors; fresh
     batches on every pass (Keras ``epochs=``) and every call.
     """
+    if sample_weight is not None and y is None:
+      raise ValueError("poisson_dataset: sample_weight needs labels y (pass y=...); "
+                       "a model without labels takes its weights inside x")
     data = tuple(t for t in (x, y, sample_weight) if t is not None)
     stream = (int(self.state.datasets_made.assign_add(1).numpy()) if self.is_private
               else next(self._streams))
     dataset = poisson_batches(data if len(data) > 1 else data[0], self.sampling_rate,
                               steps_for_epochs(epochs, self.sampling_rate), self.seed, stream)
+    self._poisson_datasets = [ref for ref in self._poisson_datasets if ref() is not None]
     self._poisson_datasets.append(weakref.ref(dataset))
     return dataset
 
