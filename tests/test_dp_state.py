@@ -134,3 +134,16 @@ def test_privacy_calculator_does_not_load_tensorflow():
   script = "import sys, sparse_dp, sparse_dp.cli; print('tensorflow' in sys.modules)"
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
   assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr[-3000:]
+
+
+def test_resumed_preselection_is_charged_once_and_a_new_run_charges_its_own(tmp_path):
+  config = sparse_dp.DPConfig("fest", noise_multiplier=2.0, selection_epsilon=0.5)
+  model = functional_model()
+  first = sparse_dp.make_private(model, config, num_examples=N, batch_size=BATCH)
+  model.save_weights(str(tmp_path / "fest"))
+  assert first.epsilon() == pytest.approx(0.5)
+  resumed = sparse_dp.make_private(functional_model(), config, num_examples=N, batch_size=BATCH,
+                                   resume_from=str(tmp_path / "fest"))
+  assert resumed.epsilon() == pytest.approx(0.5)
+  again = sparse_dp.make_private(model, config, num_examples=N, batch_size=BATCH)
+  assert again.epsilon() == pytest.approx(1.0)  # no resume_from: a new selection

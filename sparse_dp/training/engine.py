@@ -44,7 +44,7 @@ class PrivateTraining:
 
   def __init__(self, model, config: DPConfig, num_examples: int, batch_size: float,
                spec: Optional[PrivacySpec], state: Optional[DPState] = None,
-               leaves: Optional[list] = None):
+               leaves: Optional[list] = None, resumed: bool = False):
     self.model = model
     self.config = config
     self.num_examples = num_examples
@@ -70,6 +70,10 @@ class PrivateTraining:
                    first_step=int(state.steps_taken.numpy()), num_examples=num_examples,
                    delta=self.delta, selection_epsilon=spec.selection_epsilon,
                    epsilon_budget=self.epsilon_budget, debug_metrics=config.debug_metrics)
+    earlier = state.runs
+    if resumed and earlier and earlier[-1].continued_by(self.run):
+      # The saved job goes on with the same preselection: its spend is not repeated.
+      self.run = dataclasses.replace(self.run, selection_epsilon=0.0)
     state.begin_run(self.run)
     with model.distribute_strategy.scope():
       flag = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_WRITE,
@@ -88,8 +92,7 @@ class PrivateTraining:
   @property
   def accountant(self) -> PrivacyAccountant:
     """The accountant of every run on the model, up to the steps taken."""
-    if self._record_run_if_lost():
-      self._update_step_limit()
+    self.sync_with_state()
     key = (self.state.runs_json.numpy(), int(self.state.steps_taken.numpy()))
     if self._accountant[0] != key:
       self._accountant = (key, self.state.accountant())
@@ -191,13 +194,18 @@ class PrivateTraining:
                                                    per_example_loss_fn(self.model), batch)
     return self._separable
 
-  def _record_run_if_lost(self) -> bool:
-    """Records this run again if restored weights replaced the state that held it."""
+  def sync_with_state(self) -> None:
+    """Re-records this run if restored weights replaced the state that held it.
+
+    After ``model.load_weights`` following ``make_private``, the restored
+    state lacks this run: it is recorded from the restored step, and its step
+    limit is derived anew from the budget and every recorded run.
+    """
     if any(run.run_id == self.run.run_id for run in self.state.runs):
-      return False
+      return
     self.run = dataclasses.replace(self.run, first_step=int(self.state.steps_taken.numpy()))
     self.state.begin_run(self.run)
-    return True
+    self._update_step_limit()
 
   def _update_step_limit(self) -> None:
     limit = self.max_steps_within_budget()
@@ -230,7 +238,10 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
   DP state saved there into the model first; restore the weights and the
   optimizer as usual (``model.load_weights``, ``tf.train.Checkpoint.restore``).
   The secret noise seed is never saved: a resumed run draws a fresh one unless
-  ``config.noise_seed`` is fixed.
+  ``config.noise_seed`` is fixed. A run resumed with the saved run's algorithm,
+  noise, sampling rate and ``selection_epsilon`` is that job going on: its
+  top-k preselection (DP-FEST, DP-AdaFEST+) is charged once. Any other run
+  charges its ``selection_epsilon`` as a new selection.
 
   With ``algorithm="none"`` the model trains exactly as plain Keras would.
   """
@@ -257,7 +268,8 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
   if resume_from is not None:
     state.restore(resume_from)
   model.optimizer = sparse_optimizer(model.optimizer)
-  training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves)
+  training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
+                             resumed=resume_from is not None)
   model.train_step = types.MethodType(_dp_train_step(leaves, noise, training), model)
   model.fit = types.MethodType(_private_fit(training), model)
   model.train_on_batch = types.MethodType(_private_train_on_batch(training), model)
@@ -310,8 +322,7 @@ def _private_fit(training: PrivateTraining):
   def private_fit(self, *args, **kwargs):
     call = signature.bind(self, *args, **kwargs)
     x = call.arguments.get("x")
-    if training._record_run_if_lost():  # pylint: disable=protected-access
-      training._update_step_limit()  # pylint: disable=protected-access
+    training.sync_with_state()
     poisson = training.feeds_poisson(x)
     if not training.separability_checked:
       call.arguments["x"] = _probe(training, x, call.arguments)

@@ -51,6 +51,12 @@ class Run:
   debug_metrics: bool = False
   run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
 
+  def continued_by(self, other: "Run") -> bool:
+    """Whether ``other`` trains as this run did (same mechanism, rate and selection)."""
+    return ((self.algorithm, self.noise_multiplier, self.sampling_rate, self.selection_epsilon)
+            == (other.algorithm, other.noise_multiplier, other.sampling_rate,
+                other.selection_epsilon))
+
 
 class DPState(tf.__internal__.tracking.AutoTrackable):
   """Step counters and the runs' record, as variables a checkpoint saves."""
