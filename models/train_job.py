@@ -237,7 +237,8 @@ def _pyplot():
 
 def _plot_training(logs: dict, path: pathlib.Path) -> None:
   plt = _pyplot()
-  names = [n for n in ("loss", "epsilon", "gradient_size_reduction") if n in logs]
+  names = [n for n in ("loss", "epsilon", "epsilon_not_poisson", "gradient_size_reduction")
+           if n in logs]
   figure, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3), squeeze=False)
   for axis, name in zip(axes[0], names):
     axis.plot(range(1, len(logs[name]) + 1), logs[name], marker="o")

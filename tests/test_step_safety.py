@@ -161,3 +161,59 @@ def test_an_empty_batch_gives_noise_only(noise):
   kernel = gradients[model.get_layer("logit").kernel.ref()]
   assert np.all(np.isfinite(kernel)) and np.any(kernel != 0)  # the noise, and nothing else
   assert np.isfinite(float(stats["noisy_gradient_norm"]))
+
+
+def train_one_step(model, config):
+  import sparse_dp  # pylint: disable=import-outside-toplevel
+  x, y = batch(64)
+  private = sparse_dp.make_private(model, config, num_examples=64, batch_size=64)
+  model.fit(private.poisson_dataset(x, y, epochs=1), verbose=0)
+  return private
+
+
+def test_fit_applies_a_kernel_regularizer_with_zero_clipped_sum():
+  """With C2 -> 0 and no noise the step's gradient is the penalty's alone: w -= lr 2 l2 w."""
+  import sparse_dp  # pylint: disable=import-outside-toplevel
+  model = pctr_like(kernel_regularizer=tf.keras.regularizers.L2(0.5))
+  model.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  model(batch()[0])
+  kernel = model.get_layer("hidden").kernel
+  before = kernel.numpy()
+  train_one_step(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1e-12, l2_norm_clip=1e-12,
+                                           noise_seed=1))
+  np.testing.assert_allclose(kernel.numpy(), before * (1 - 0.1 * 2 * 0.5), rtol=1e-5, atol=1e-7)
+
+
+def test_a_threshold_below_the_noise_warns_with_the_fix():
+  import sparse_dp  # pylint: disable=import-outside-toplevel
+  tf.keras.utils.set_random_seed(2)
+  ids = tf.keras.Input(shape=(), dtype=tf.int64)
+  model = compiled(tf.keras.Model(ids, tf.keras.layers.Dense(1)(Embedding(1_000_000, 2)(ids))))
+  config = sparse_dp.DPConfig("adafest", sigma1=10.0, sigma2=1.0, threshold=5.0)
+  with pytest.warns(UserWarning, match="threshold_sigmas"):
+    sparse_dp.make_private(model, config, num_examples=10_000, batch_size=100)
+  assert config.threshold_for(10.0) == 5.0
+  assert sparse_dp.DPConfig("adafest", sigma1=10.0, sigma2=1.0).threshold_for(10.0) == 40.0
+
+
+def test_a_model_with_its_own_train_step_is_refused():
+  import sparse_dp  # pylint: disable=import-outside-toplevel
+
+  class OwnStep(tf.keras.Model):
+    def __init__(self):
+      super().__init__()
+      self.table = Embedding(VOCAB, 2)
+      self.logit = tf.keras.layers.Dense(1)
+
+    def call(self, ids):
+      return self.logit(self.table(ids))
+
+    def train_step(self, data):
+      return super().train_step(data)
+
+  model = compiled(OwnStep())
+  model(batch()[0][:, 0])
+  with pytest.raises(ValueError, match="OwnStep defines its own train_step"):
+    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
+                           num_examples=100, batch_size=10)

@@ -20,8 +20,9 @@ from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training import dense_layers, validation
-from sparse_dp.training.config import DPConfig
+from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.losses import per_example_loss_fn
+from sparse_dp.training.penalties import add_penalty_gradients, penalty_of
 from sparse_dp.training.sampling import (BATCH_SIZE_FALSE_ALARM, derives_from, head,
                                          largest_plausible_batch, poisson_batches)
 from sparse_dp.training.state import DPState, Run, attach
@@ -255,9 +256,15 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
       raise ValueError("resume_from continues a DP budget; algorithm 'none' has none")
     return PrivateTraining(model, config, num_examples, batch_size, spec=None)
   _check_built(model)
+  _check_train_step(model)
   validation.check_model(model)
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
+  penalty = penalty_of(model)  # fails early on a penalty that reaches a table
   spec = _resolve_spec(config, num_examples, batch_size, epochs)
+  if algorithm.uses_contribution_map:
+    warn_if_threshold_densifies(
+        [l.vocabulary_size for l in leaves if isinstance(l, Embedding)],
+        config.threshold_for(spec.sigma1), spec.sigma1 * config.contribution_clip, batch_size)
   noise = StepNoise(
       gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
       contribution_multiplier=spec.sigma1 if algorithm.uses_contribution_map else None,
@@ -270,7 +277,7 @@ def make_private(model: tf.keras.Model, config: DPConfig, *, num_examples: int,
   model.optimizer = sparse_optimizer(model.optimizer)
   training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
                              resumed=resume_from is not None)
-  model.train_step = types.MethodType(_dp_train_step(leaves, noise, training), model)
+  model.train_step = types.MethodType(_dp_train_step(leaves, noise, penalty, training), model)
   model.fit = types.MethodType(_private_fit(training), model)
   model.train_on_batch = types.MethodType(_private_train_on_batch(training), model)
   model.train_function = None
@@ -289,6 +296,22 @@ def _check_built(model: tf.keras.Model) -> None:
         "exist yet, so make_private cannot find the layers to clip. Call the model on a "
         "batch first (model(x_batch), or model.compute_loss(batch) for a tfrs.Model) or give "
         "it an Input shape, then call make_private")
+
+
+def _check_train_step(model: tf.keras.Model) -> None:
+  """Refuses a model class with its own ``train_step``, which the DP step would replace."""
+  own = type(model).train_step
+  allowed = {tf.keras.Model.train_step}
+  try:
+    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+    allowed.add(tfrs.Model.train_step)
+  except ImportError:
+    pass
+  if own not in allowed:
+    raise ValueError(
+        f"{type(model).__name__} defines its own train_step, which make_private would replace "
+        "by the DP step, silently dropping what it does; put the per-example loss in "
+        "compile(loss=...) (or compute_loss for a tfrs.Model) and keep Keras's train_step")
 
 
 def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> PrivacySpec:
@@ -392,7 +415,7 @@ def _batch_size(data) -> tf.Tensor:
   return size
 
 
-def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
+def _dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
   """The DP ``train_step``: budget and batch-size checks, the DP gradient, the counters.
 
   On a step not fed this run's Poisson batches the realised batch size must
@@ -401,6 +424,8 @@ def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
   sampling rate, hence the real epsilon, is larger than the accountant's.
   Logs hold only DP statistics unless ``config.debug_metrics``: then also the
   un-noised loss and compiled metrics, which the epsilon does not cover.
+  ``penalty`` (weight regularizers, :mod:`sparse_dp.training.penalties`) adds
+  its gradient after the noise.
   """
   base_seed = tf.constant([training.seed, 0x2545F491], tf.int64)
   state, config = training.state, training.config
@@ -432,6 +457,7 @@ def _dp_train_step(leaves, noise: StepNoise, training: PrivateTraining):
         leaves, per_example_loss_fn(self), data, noise, step_seed, config.microbatch_size,
         on_outputs=update_metrics if config.debug_metrics else None,
         debug_metrics=config.debug_metrics)
+    gradients = add_penalty_gradients(penalty, gradients)
     variables = [v for v in self.trainable_variables if v.ref() in gradients]
     self.optimizer.apply_gradients([(gradients[v.ref()], v) for v in variables])
     # After the batch is read: a call that finds the input exhausted counts nothing.
