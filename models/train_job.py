@@ -21,6 +21,7 @@ import json
 import pathlib
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.report import NOT_POISSON, epsilon_caveat
 from sparse_dp.models import job_flags
 
 _ALGORITHMS = [a.value for a in Algorithm]
@@ -73,13 +74,10 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
-NOT_POISSON = "NOT a proved bound: batches were not Poisson-sampled"
-
-
 def _with_caveat(key: str, text, metrics: dict):
   """An epsilon printed for batches that were not Poisson-sampled says so in its line."""
   if key.endswith("epsilon") and text not in (None, "-") and metrics["poisson_sampling"] is False:
-    return f"{text} ({NOT_POISSON})"
+    return f"{text}{epsilon_caveat(False)}"
   return text
 
 
