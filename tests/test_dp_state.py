@@ -130,9 +130,11 @@ def test_load_model_after_import_sparse_dp_alone(interrupted):
   assert done.stdout.split()[-2:] == ["LazyAdam", "16"]
 
 
-def test_privacy_calculator_does_not_load_tensorflow():
+def test_privacy_calculator_does_not_load_tensorflow(tmp_path):
   script = "import sys, sparse_dp, sparse_dp.cli; print('tensorflow' in sys.modules)"
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+  # Outside the checkout: the installed package, with sparse_dp.models mapped in.
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300, cwd=tmp_path)
   assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr[-3000:]
 
 

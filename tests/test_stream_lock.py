@@ -36,8 +36,9 @@ def ledger_epsilons(state):
 def test_a_job_on_a_locked_state_exits_2_naming_the_holder_until_the_holder_is_killed(
     tmp_path, capsys):
   state = tmp_path / "state"
+  # Run outside the checkout, so that it imports the installed sparse_dp.models.
   holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(state)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
   assert holder.stdout.readline() == "locked\n"
   assert main(["stream", *TINY, "--state", str(state)]) == 2
   error = capsys.readouterr().err

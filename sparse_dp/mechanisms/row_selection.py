@@ -137,8 +137,7 @@ def bernoulli_positions(length: tf.Tensor, probability: float,
   """
   if not 0 <= probability <= 1:
     raise ValueError(f"selection probability must be in [0, 1], got {probability}")
-  _check_size(length, probability)
-  length = tf.cast(length, tf.float64)
+  length = _checked_size(length, probability)
   if probability == 0:
     return tf.zeros([0], tf.int64)
   if probability == 1:
@@ -168,8 +167,9 @@ def gap_batch_size(length: tf.Tensor, probability: float) -> tf.Tensor:
       mean + _CHUNK_SIGMAS * tf.sqrt(mean * (1 - probability)) + 16.0), tf.int64)
 
 
-def _check_size(length: tf.Tensor, probability: float) -> None:
-  """Refuses a sample that would not fit: now if ``length`` is known, else when run."""
+def _checked_size(length: tf.Tensor, probability: float) -> tf.Tensor:
+  """float64 ``length``; refuses a sample that would not fit: now if ``length`` is
+  known, else when run, before anything is drawn (the draws depend on the check)."""
   length = tf.cast(length, tf.float64)
   message = (f"bernoulli_positions(length, probability={probability:g}): length x "
              f"probability expects more than {MAX_POSITIONS:,} positions, or length "
@@ -179,7 +179,10 @@ def _check_size(length: tf.Tensor, probability: float) -> None:
     if static * probability > MAX_POSITIONS or static > _MAX_LENGTH:
       raise ValueError(f"{message} (length {static:.6g}, expected "
                        f"{static * probability:.6g} positions)")
-    return
-  tf.debugging.assert_less_equal(
-      length * probability, tf.constant(MAX_POSITIONS, tf.float64), message=message)
-  tf.debugging.assert_less_equal(length, tf.constant(_MAX_LENGTH, tf.float64), message=message)
+    return length
+  checks = [tf.debugging.assert_less_equal(
+                length * probability, tf.constant(MAX_POSITIONS, tf.float64), message=message),
+            tf.debugging.assert_less_equal(
+                length, tf.constant(_MAX_LENGTH, tf.float64), message=message)]
+  with tf.control_dependencies(checks):
+    return tf.identity(length)
