@@ -149,3 +149,22 @@ def test_resumed_preselection_is_charged_once_and_a_new_run_charges_its_own(tmp_
   assert resumed.epsilon() == pytest.approx(0.5)
   again = sparse_dp.make_private(model, config, num_examples=N, batch_size=BATCH)
   assert again.epsilon() == pytest.approx(1.0)  # no resume_from: a new selection
+
+
+def test_a_rollback_in_the_same_process_never_reuses_noise(tmp_path):
+  """Two updates from one restored checkpoint on the same batch must differ by fresh noise."""
+  model = functional_model()
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=5.0),
+                                   num_examples=N, batch_size=128)
+  ids, labels = synthetic_data()
+  model.save_weights(str(tmp_path / "ckpt"))
+  updates = []
+  for _ in range(2):
+    model.load_weights(str(tmp_path / "ckpt"))
+    before = [v.numpy() for v in model.trainable_variables]
+    model.train_on_batch(ids[:128], labels[:128])
+    updates.append([v.numpy() - b for v, b in zip(model.trainable_variables, before)])
+  difference = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(*updates)))
+  size = np.sqrt(sum(np.sum(a ** 2) for a in updates[0]))
+  assert difference > 0.5 * size  # same data, independent noise: not the same update
+  assert private.accountant.steps >= 1

@@ -83,6 +83,10 @@ class PrivateTraining:
       self.step_limit = tf.Variable(-1, dtype=tf.int64, name="dp_step_limit", **flag)
       # Set by the installed ``fit`` while it is fed this object's Poisson batches.
       self.poisson_input = tf.Variable(False, name="dp_poisson_input", **flag)
+      # Steps this object has drawn noise for: never saved nor restored, so a
+      # rollback to an earlier checkpoint (steps_taken goes back) never redraws
+      # noise already used, which would let two updates subtract it.
+      self.noise_draws = tf.Variable(0, dtype=tf.int64, name="dp_noise_draws", **flag)
     self._update_step_limit()
 
   @property
@@ -447,7 +451,9 @@ def _dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining)
     size = _batch_size(data)
     plausible = tf.debugging.Assert(tf.logical_or(poisson, size <= largest), [too_large, size])
     with tf.control_dependencies([within_budget, plausible]):
-      step_seed = tf.random.experimental.stateless_fold_in(base_seed, state.steps_taken)
+      step_seed = tf.random.experimental.stateless_fold_in(
+          tf.random.experimental.stateless_fold_in(base_seed, state.steps_taken),
+          training.noise_draws)
 
     def update_metrics(y, y_pred):
       self.compiled_loss(y, y_pred, regularization_losses=self.losses)
@@ -463,6 +469,7 @@ def _dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining)
     # After the batch is read: a call that finds the input exhausted counts nothing.
     with tf.control_dependencies([step_seed]):
       state.steps_taken.assign_add(1)
+      training.noise_draws.assign_add(1)
       state.non_poisson_steps.assign_add(tf.cast(tf.logical_not(poisson), tf.int64))
     if not config.debug_metrics:
       return stats
