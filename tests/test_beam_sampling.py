@@ -174,6 +174,11 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
   accountant = PrivacyAccountant("pld").step(metrics["noise_multipliers"]["sigma"], q, 4)
   assert metrics["epsilon"] == pytest.approx(accountant.get_epsilon(1 / num_examples), rel=1e-9)
   assert 0 < metrics["epsilon"] <= 1.0 + 1e-9
+  # A second model on the same batches would not be a second Poisson sample: refused.
+  assert main(["train", "--reader", "batches", "--data", str(out), "--eval-data", str(eval_path),
+               "--algorithm", "adafest", "--vocabulary", str(vocabulary),
+               "--out", str(tmp_path / "again")]) == 2
+  assert "all 4 batches of the sample were trained on by earlier runs" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +223,8 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   assert "not a Poisson sample" in _error(capsys, base + ["--data", str(sample), "--epochs", "1"])
   assert "top-k preselection" in _error(capsys, base + ["--data", str(sample),
                                                         "--algorithm", "fest"])
+  assert "trains one model per sample" in _error(capsys, base + ["--data", str(sample),
+                                                                "--compare", "dpsgd,adafest"])
   assert "no manifest.json" in _error(capsys, base + ["--data", str(small_sample / "data")])
   changed, missing = tmp_path / "changed", tmp_path / "missing"
   for copy in (changed, missing):
@@ -235,16 +242,38 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   assert "is not batch_size / num_examples" in _error(capsys, base + ["--data", str(changed)])
 
 
-def test_batches_are_read_once_in_step_order(small_sample):
+def _copy(sample: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
+  to.mkdir()
+  for path in sample.glob("*.*"):
+    (to / path.name).write_bytes(path.read_bytes())
+  return to
+
+
+def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path):
   from sparse_dp.models.pctr_data import hashed_vocabulary
+  from sparse_dp.sampling import claims
   from sparse_dp.sampling.batches import SampledBatches
-  batches = SampledBatches.open(str(small_sample / "sample"), hashed_vocabulary(0.01))
+  sample = str(_copy(small_sample / "sample", tmp_path / "sample"))
+  batches = SampledBatches.open(sample, hashed_vocabulary(0.01))
+  later_run = SampledBatches.open(sample, hashed_vocabulary(0.01))  # another process's view
   sizes = [int(y.shape[0]) for _, y in batches.dataset(3)]
   assert sizes == batches.manifest.batch_sizes[:3]
-  rest = batches.dataset(2)
-  assert len(list(rest)) == 2 and not list(rest) and not list(rest.repeat(3))  # never again
-  with pytest.raises(ValueError, match="0 unread batches of 5"):
-    batches.dataset(1)
+  # The later run starts after the steps the first one claimed, not at step 0.
+  assert later_run.batches_left == 2
+  assert [int(y.shape[0]) for _, y in later_run.dataset(1)] == [batches.manifest.batch_sizes[3]]
+  rest = batches.dataset(1)
+  assert [int(y.shape[0]) for _, y in rest] == [batches.manifest.batch_sizes[4]]
+  assert not list(rest) and not list(rest.repeat(3))  # never again
+  assert [(c.first, c.end) for c in claims.claims(sample)] == [(0, 3), (3, 4), (4, 5)]
+  with pytest.raises(ValueError, match="0 unread batches of 5 .5 taken by this or earlier"):
+    SampledBatches.open(sample, hashed_vocabulary(0.01)).dataset(1)
+  # Two runs that read the claims at once want the same first step: the second is refused.
+  with pytest.raises(ValueError, match="claimed the sample's batches from step 4 at the same"):
+    claims.claim(sample, 4, 5)
+  unwritable = _copy(small_sample / "sample", tmp_path / "unwritable")
+  (unwritable / claims.CLAIMS).write_text("a file where the claims folder goes")
+  with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
+    SampledBatches.open(str(unwritable), hashed_vocabulary(0.01)).dataset(1)
 
 
 _TRUNCATION = pytest.importorskip("dp_accounting")

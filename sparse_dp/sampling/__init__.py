@@ -4,6 +4,7 @@
 * :mod:`.pipeline`: the Beam pipeline that writes the batches and the manifest;
 * :mod:`.manifest`: what a sample is and the files that hold it;
 * :mod:`.batches`: reading the batches for training (``sparse-dp train --reader batches``);
+* :mod:`.claims`: the batches training runs have taken, so that none trains twice;
 * :mod:`.cli`: the ``sparse-dp sample`` command.
 
 Importing this package imports neither Beam nor TensorFlow.

@@ -6,9 +6,11 @@ do not describe one Poisson sample). :meth:`SampledBatches.dataset` gives the
 batches of steps ``0 .. steps - 1`` in order, encoded exactly as
 :class:`sparse_dp.data.criteo_stream.CriteoStream` encodes Criteo lines, each
 batch at most once: the sample's own cursor skips every batch already handed
-out (to a ``fit``, a second epoch, a ``repeat``, the separability probe), so no
-batch is ever trained on twice, which would not be a Poisson sample. A run
-accounts the batches it actually trained on.
+out (to a ``fit``, a second epoch, a ``repeat``, the separability probe), and
+each call first claims its steps in the sample's folder
+(:mod:`sparse_dp.sampling.claims`), so no batch is ever trained on twice, by
+this run or a later one, which would not be a Poisson sample. A run accounts
+the batches it actually trained on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tensorflow as tf
 from sparse_dp.data.criteo_format import NUM_FIELDS
 from sparse_dp.data.criteo_stream import CriteoStream
 from sparse_dp.data.vocabulary import Vocabulary
+from sparse_dp.sampling import claims
 from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest, file_digest
 
 
@@ -52,8 +55,9 @@ class SampledBatches:
         raise ValueError(f"--data {folder!r}: {shard.file} does not match the manifest (size "
                          "or SHA-256): the sample was changed after it was written; sample "
                          "again")
-    return cls(folder, manifest, vocabulary, tf.Variable(0, dtype=tf.int64, trainable=False,
-                                             name="sampled_batches_cursor"))
+    return cls(folder, manifest, vocabulary,
+               tf.Variable(claims.steps_taken(folder), dtype=tf.int64, trainable=False,
+                           name="sampled_batches_cursor"))
 
   @property
   def num_examples(self) -> int:
@@ -61,18 +65,24 @@ class SampledBatches:
 
   @property
   def batches_left(self) -> int:
-    return self.manifest.steps - int(self.cursor.numpy())
+    return self.manifest.steps - max(int(self.cursor.numpy()), claims.steps_taken(self.folder))
 
   def dataset(self, steps: int) -> tf.data.Dataset:
-    """The next ``steps`` unread batches, ``({"integers", "categorical"}, label)`` each."""
-    if not 1 <= steps <= self.batches_left:
-      raise ValueError(f"{steps} steps asked of a sample with {self.batches_left} unread "
-                       f"batches of {self.manifest.steps} (a batch used twice is not a Poisson "
-                       "sample): train for fewer steps, or sample more with `sparse-dp sample "
-                       "--steps`")
+    """The next ``steps`` unread batches, ``({"integers", "categorical"}, label)`` each,
+    claimed for this run before any is read."""
+    left = self.batches_left
+    first = self.manifest.steps - left
+    if not 1 <= steps <= left:
+      raise ValueError(f"{steps} steps asked of a sample with {left} unread batches of "
+                       f"{self.manifest.steps} ({first} taken by this or earlier runs, see "
+                       f"{posixpath.join(self.folder, claims.CLAIMS)}; a batch used twice is "
+                       "not a Poisson sample): train for fewer steps, or sample again with "
+                       "`sparse-dp sample`")
+    claims.claim(self.folder, first, first + steps)
+    self.cursor.assign(first)
     paths = [posixpath.join(self.folder, s.file) for s in self.manifest.shards]
     stream = CriteoStream(paths, self.vocabulary)  # its encoding; the lines were checked when sampled
-    cursor, end = self.cursor, int(self.cursor.numpy()) + steps
+    cursor, end = self.cursor, first + steps
 
     def unread(step, _):
       return tf.logical_and(step >= cursor, step < end)

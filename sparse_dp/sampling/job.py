@@ -4,8 +4,10 @@ The job trains on the batches of ``sparse-dp sample`` in step order, one batch
 per step, and accounts them at the manifest's ``q = B / N`` (and truncation),
 for the number of batches it actually trained on. Anything that would make that
 epsilon wrong is refused: a ``--batch-size`` other than the sample's (``q``
-would be another), more steps than the sample holds (a batch used twice is not
-a Poisson sample), a manifest that does not match its files, a missing shard,
+would be another), more steps than the sample has unread batches (a batch used
+twice is not a Poisson sample; batches an earlier run claimed are never read
+again, :mod:`sparse_dp.sampling.claims`), two models on one sample
+(``--compare``), a manifest that does not match its files, a missing shard,
 DP-FEST's top-k (it counts the whole data, which the sample is not).
 """
 
@@ -44,6 +46,12 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   """
   from sparse_dp.models import pctr_data  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling.batches import SampledBatches  # pylint: disable=import-outside-toplevel
+  from sparse_dp.sampling.claims import CLAIMS  # pylint: disable=import-outside-toplevel
+  if len(algorithms) > 1:
+    raise ValueError(f"--reader batches trains one model per sample, not {len(algorithms)} "
+                     "(--compare): models trained on the same batches together lose the "
+                     "sample's amplification; sample once per algorithm and train each on its "
+                     "own sample")
   refused = [a for a in algorithms if a in _NOT_WITH_A_SAMPLE]
   if refused:
     raise ValueError(f"--reader batches cannot train {', '.join(refused)}: their top-k "
@@ -65,15 +73,22 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
     raise ValueError(f"--batch-size {args.batch_size} contradicts the sample's batch size "
                      f"{manifest.batch_size} (q = {manifest.sampling_rate:.4g}): leave "
                      "--batch-size out, or sample again with the batch size you want")
-  steps = manifest.steps
+  steps = batches.batches_left
+  taken = manifest.steps - steps
+  if not steps:
+    raise ValueError(f"--data {args.data!r}: all {manifest.steps:,} batches of the sample were "
+                     f"trained on by earlier runs ({CLAIMS}/ in the sample folder); a "
+                     "batch used twice is not a Poisson sample: sample again with `sparse-dp "
+                     "sample`")
   if args.epochs is not None:
     steps = steps_for_epochs(args.epochs, manifest.sampling_rate)
-    if steps > manifest.steps:
+    if steps > manifest.steps - taken:
       raise ValueError(
-          f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample holds "
-          f"{manifest.steps:,} batches ({manifest.steps * manifest.sampling_rate:.4g} epochs); "
-          "a second pass over the same batches is not a Poisson sample: leave --epochs out "
-          "(every batch) or sample more steps with `sparse-dp sample --steps`")
+          f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample has "
+          f"{manifest.steps - taken:,} unread batches of {manifest.steps:,} "
+          f"({taken:,} taken by earlier runs): a second pass over the same batches is not a "
+          "Poisson sample: leave --epochs out (every unread batch) or sample more steps "
+          "with `sparse-dp sample --steps`")
   args.batch_size, args.epochs = manifest.batch_size, steps * manifest.sampling_rate
   held_out = pctr_data.held_out_inputs(eval_paths, vocabulary, args.on_bad_line,
                                        args.max_eval_examples)
