@@ -35,6 +35,7 @@ def _tensorflow_version() -> tuple[int, int]:
 def _keras2_namespace():
   """``tf.keras`` up to TF 2.15; the ``tf_keras`` package from TF 2.16 on."""
   if _tensorflow_version() < (2, 16):
+    _keep_keras_exports_before_tf_keras(tf.keras)
     return tf.keras
   try:
     import tf_keras  # pylint: disable=import-outside-toplevel
@@ -43,6 +44,40 @@ def _keras2_namespace():
         f"sparse_dp needs Keras 2, which TensorFlow {tf.__version__} ships separately: "
         f"pip install tf-keras=={tf.__version__}") from None
   return tf_keras
+
+
+def _keep_keras_exports_before_tf_keras(keras_api) -> None:
+  """Up to TF 2.15, with the ``tf_keras`` package installed beside Keras (TFRS needs it):
+  imports ``tf_keras`` now, then puts back every global registration of Keras's it replaced.
+
+  Both packages register into TensorFlow's global tables under the same keys:
+  their public symbols in ``tf_export`` (``keras.layers.Dense``), which Keras
+  reads to rebuild a ``.keras`` file's layers, and their SavedModel revival of
+  optimizers (``"optimizer"``), whose predicate decides how an optimizer is
+  saved; the package imported last wins. TensorFlow's SavedModel loader imports
+  ``tf_keras`` whenever a SavedModel holds a legacy optimizer (every private
+  model's LazyAdam is one). After that, ``keras.models.load_model("m.keras")``
+  built ``tf_keras`` layers that never joined Keras's functional graph and
+  looped forever in ``reconstruct_from_config``, and a legacy optimizer saved
+  to a SavedModel could not be loaded. Imported here, with Keras's entries
+  restored, the loader's import is a no-op. If something imported ``tf_keras``
+  before this module, its entries stay: import sparse_dp first.
+  """
+  if "tf_keras" in sys.modules:
+    return
+  from tensorflow.python.saved_model import revived_types  # pylint: disable=import-outside-toplevel
+  from tensorflow.python.util import tf_export  # pylint: disable=import-outside-toplevel
+  _ = keras_api.optimizers.legacy.Optimizer  # Keras's revived optimizer types are registered
+  tables = (tf_export._NAME_TO_SYMBOL_MAPPING,  # pylint: disable=protected-access
+            revived_types._REVIVED_TYPE_REGISTRY)  # pylint: disable=protected-access
+  kept = [dict(table) for table in tables]
+  try:
+    import tf_keras.optimizers.legacy  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return
+  finally:
+    for table, entries in zip(tables, kept):
+      table.update(entries)
 
 
 keras = _keras2_namespace()

@@ -6,10 +6,6 @@ tests fail a correct implementation with probability at most conftest.ALPHA.
 
 import json
 import math
-import os
-import pathlib
-import subprocess
-import sys
 
 import dp_accounting
 import numpy as np
@@ -64,24 +60,11 @@ def dp_teacher_folder(tmp_path_factory):
   return folder, private.epsilon()
 
 
-_ISOLATED = "SPARSE_DP_TEST_ISOLATED"
-
-
-def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(request, tmp_path, capsys):
-  # Runs in a fresh interpreter: on the TF 2.15 stack, after this test's SavedModel
-  # loads, Keras 2.15's functional deserialisation of another model's .keras file in
-  # the same process loops forever (tests/test_dp_state.py hung in CI; TF 2.21 is not
-  # affected; the root cause is not found yet).
-  if os.environ.get(_ISOLATED) != "1":
-    test = f"{__file__}::{request.node.name}"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-                          env={**os.environ, _ISOLATED: "1"}, capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent, timeout=1200, check=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return
+def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_folder, tmp_path,
+                                                                   capsys):
   from sparse_dp._keras import keras
   from sparse_dp.training import dp_record
-  folder, trained_epsilon = request.getfixturevalue("dp_teacher_folder")
+  folder, trained_epsilon = dp_teacher_folder
   out, saved = tmp_path / "r.json", tmp_path / "models"
   assert main(["distill", "--method", "dp-teacher", *TINY, "--teacher", str(folder),
                "--save", str(saved), "--out", str(out)]) == 0

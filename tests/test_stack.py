@@ -45,6 +45,38 @@ def test_tf_keras_and_tfrs_are_keras_2_when_sparse_dp_comes_before_tf_keras(tmp_
   assert "src.engine.base_layer" in out
 
 
+def test_a_keras_file_loads_after_a_savedmodel_of_a_private_model(tmp_path):
+  """TF 2.15: TensorFlow's SavedModel loader imports tf_keras for a legacy optimizer (the
+  LazyAdam of every private model); a .keras load after it used to loop forever."""
+  out = run_python("""
+      import numpy as np
+      import tensorflow as tf
+      import sparse_dp
+      from sparse_dp import keras
+      from sparse_dp.layers import Embedding
+      from tensorflow.python.util import tf_export
+
+      def model():
+        ids = keras.Input(shape=(), dtype=tf.int64)
+        model = keras.Model(ids, keras.layers.Dense(1)(Embedding(10, 2)(ids)))
+        model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+        return model
+
+      trained = model()
+      private = sparse_dp.make_private(
+          trained, sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, threshold=1.0),
+          num_examples=64, batch_size=16)
+      ids, labels = np.arange(64) % 10, (np.arange(64) % 2).astype("float32")
+      trained.fit(private.poisson_dataset(ids, labels, epochs=0.25), verbose=0)
+      trained.save("savedmodel")
+      print(type(keras.models.load_model("savedmodel").optimizer).__name__)
+      assert tf_export.get_symbol_from_name("keras.layers.Dense") is keras.layers.Dense
+      model().save("other.keras")
+      print(type(keras.models.load_model("other.keras").layers[1]).__name__)
+      """, tmp_path)
+  assert out.split() == ["LazyAdam", "Embedding"]
+
+
 @pytest.mark.parametrize("first_import", [
     "from sparse_dp import keras", "import sparse_dp._keras", "import sparse_dp.layers.embedding",
     "import sparse_dp.optimizers", "import sparse_dp.training", "import sparse_dp.mechanisms",
