@@ -1,16 +1,25 @@
 """``sparse_dp.study``: sweeps' analysis, tables and figures from JSON, cached runs, CLI."""
 
+import dataclasses
 import json
 import pathlib
 
+import numpy as np
 import pytest
+import tensorflow as tf
+
+from sparse_dp._keras import keras
 
 from sparse_dp.cli import main
+from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
+from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.study import plots, tables
 from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.memory import memory_limit_bytes, refusal, resident_bytes_lower_bound
 from sparse_dp.study.presets import FULL, SMOKE
 from sparse_dp.study.runs import Point, Runner
+from sparse_dp.study.step_time import throughput
 from sparse_dp.study.studies import output_paths, publish
 from sparse_dp.study.sweeps import best_reduction, default_point
 
@@ -103,3 +112,44 @@ def test_committed_full_figures_match_their_json(study):
   assert report["preset"]["name"] == "full"
   assert_figure_matches_report(paths["json"], paths["png"])
   assert paths["md"].read_text() == tables.markdown(report)
+
+
+def test_resident_bound_is_the_tables_and_the_optimizers_slots_of_the_job_model():
+  sizes = (1_000, 37, 20_000)
+  model = build_pctr_model(sizes, (4,))
+  tables = [w for w in model.trainable_weights if "embedding" in w.name]
+  optimizer = sparse_optimizer(keras.optimizers.Adam(1e-3))
+  ids = tf.constant([0, 2])
+  optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([2, t.shape[1]]), ids, t.shape), t)
+                             for t in tables])
+  slots = [optimizer.get_slot(t, name) for t in tables for name in optimizer.get_slot_names()]
+  resident = sum(int(np.prod(v.shape)) for v in tables + slots) * 4
+  assert resident == resident_bytes_lower_bound(sizes)
+  assert refusal(sizes, resident) is None
+  assert "0.0 GB" in refusal(sizes, resident - 1) and "21,037 rows" in refusal(sizes, 1)
+
+
+def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_path):
+  preset = dataclasses.replace(SMOKE, throughput_scales=(0.01, 0.1))
+  small, large = ([hashed_vocabulary(s).sizes[f] for f in SMOKE.features] for s in (0.01, 0.1))
+  points, not_run = throughput(preset, "synthetic", tmp_path,
+                               memory_limit=resident_bytes_lower_bound(large) - 1)
+  assert [(p["vocabulary_scale"], p["algorithm"]) for p in points] == [(0.01, "adafest")]
+  assert resident_bytes_lower_bound(small) < resident_bytes_lower_bound(large)
+  (refused,) = not_run
+  assert refused["vocabulary_scale"] == 0.1 and refused["table_rows"] == sum(large)
+  assert refused["algorithms"] == [points[0]["label"]] and "Adam's 2 slots" in refused["reason"]
+  runs_before = sorted((tmp_path / "runs").glob("*.json"))
+  assert throughput(preset, "synthetic", tmp_path, memory_limit=1) == ([], [
+      {**refused, "vocabulary_scale": s, "table_rows": sum(v), "memory_limit_bytes": 1,
+       "resident_bytes_lower_bound": resident_bytes_lower_bound(v),
+       "reason": refusal(v, 1)} for s, v in ((0.01, small), (0.1, large))])
+  assert sorted((tmp_path / "runs").glob("*.json")) == runs_before
+  report = {"study": "step-time", "bench": {"results": []}, "table4": [], "points": points,
+            "not_run": not_run}
+  assert "| 0.1 | " + f"{sum(large)} | {points[0]['label']} | {refused['reason']} |" in \
+      tables.markdown(report)
+  figure = plots.figure(report)
+  assert f"x0.1 not run: {refused['reason']}" in {t.get_text() for t in figure.axes[1].texts}
+  plots._pyplot().close(figure)  # pylint: disable=protected-access
+  assert 0 < memory_limit_bytes()

@@ -138,6 +138,10 @@ def _step_time(report: dict, plt):
     for row in rows:
       throughput.annotate(point_text(row), (row["vocabulary_scale"], row["examples_per_second"]),
                           textcoords="offset points", xytext=(4, 4), fontsize=6)
+  for line, scale in enumerate(report["not_run"]):
+    throughput.text(0.0, -0.16 - 0.06 * line,
+                    f"x{scale['vocabulary_scale']:g} not run: {scale['reason']}",
+                    transform=throughput.transAxes, fontsize=7, va="top", wrap=True)
   throughput.set(xscale="log", xlabel="vocabulary scale (x Table 3)",
                  ylabel="examples / second (fit wall time)", title="pCTR job throughput")
   throughput.legend(fontsize=7)

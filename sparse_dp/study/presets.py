@@ -87,7 +87,7 @@ FULL = StudyPreset(
              ("fest", "running")),
     bench_vocabularies=(100_000, 1_000_000, 10_000_000),
     bench_trainers=("nonprivate", "dpsgd", "adafest"), bench_steps=5,
-    throughput_scales=(1.0, 10.0), throughput_examples=5_000,
+    throughput_scales=(1.0, 10.0, 100.0), throughput_examples=5_000,
     throughput_algorithms=("dpsgd", "adafest"))
 
 PRESETS = {p.name: p for p in (SMOKE, FULL)}

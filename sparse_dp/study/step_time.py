@@ -6,7 +6,9 @@
 * The pCTR job at the Table-3 vocabulary sizes times each of the preset's
   scales, per algorithm and seed: examples per second as the job reports them
   (``model.fit``'s wall time, tracing included), with AUC, epsilon and
-  gradient-size reduction.
+  gradient-size reduction. A scale whose tables and Adam slots cannot fit in
+  this machine's memory (:mod:`sparse_dp.study.memory`) is listed under
+  ``not_run`` with the bound, instead of training.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Optional
 
+from sparse_dp.models.pctr_data import hashed_vocabulary
+from sparse_dp.study import memory
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import Runner
@@ -45,15 +50,36 @@ def table4(bench: dict) -> list[dict]:
   return list(rows.values())
 
 
-def step_time(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
-  bench = bench_steps(preset)
-  points = []
+def throughput(preset: StudyPreset, data: str, out: pathlib.Path,
+               memory_limit: Optional[int] = None) -> tuple[list[dict], list[dict]]:
+  """The pCTR job's points at each of the preset's vocabulary scales, and the scales
+  whose full-vocabulary algorithms cannot fit in ``memory_limit`` bytes (default: this
+  machine's), each with the reason."""
+  limit = memory.memory_limit_bytes() if memory_limit is None else memory_limit
+  points, not_run = [], []
   for scale in preset.throughput_scales:
+    sizes = hashed_vocabulary(scale).sizes
+    sizes = sizes if preset.features is None else [sizes[f] for f in preset.features]
+    wanted = [default_point(a, preset.epsilon, preset) for a in preset.throughput_algorithms]
+    reason = memory.refusal(sizes, limit)
+    refused = [p for p in wanted if reason and p.fest_k is None]
+    if refused:
+      not_run.append({"vocabulary_scale": scale, "table_rows": sum(sizes), "reason": reason,
+                      "algorithms": [p.label for p in refused], "memory_limit_bytes": limit,
+                      "resident_bytes_lower_bound": memory.resident_bytes_lower_bound(sizes)})
+    trained = [p for p in wanted if p not in refused]
+    if not trained:
+      continue
     inputs = StudyInputs.load(data, preset.throughput_examples, scale, preset.features,
                               pathlib.Path(out) / "data", hash_scale=scale)
     runs = Runner(inputs, preset, out)
-    points += [runs.summary(default_point(a, preset.epsilon, preset), vocabulary_scale=scale,
-                            table_rows=inputs.rows)
-               for a in preset.throughput_algorithms]
+    points += [runs.summary(p, vocabulary_scale=scale, table_rows=inputs.rows) for p in trained]
+  return points, not_run
+
+
+def step_time(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
+  bench = bench_steps(preset)
+  points, not_run = throughput(preset, data, out)
   return {"study": "step-time", "preset": preset.describe(), "data": data,
-          "epsilon": preset.epsilon, "bench": bench, "table4": table4(bench), "points": points}
+          "epsilon": preset.epsilon, "bench": bench, "table4": table4(bench), "points": points,
+          "not_run": not_run}

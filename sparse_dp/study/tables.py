@@ -74,7 +74,17 @@ def _step_time(report: dict) -> str:
   return ("Seconds per step (median), one table of dim 64, batch 1024 (Table 4):\n\n"
           + _table(["vocabulary"] + trainers + ["dpsgd / adafest"], rows)
           + "\n\npCTR job by vocabulary scale:\n\n"
-          + points_table(report["points"], extra=("vocabulary_scale", "table_rows")))
+          + points_table(report["points"], extra=("vocabulary_scale", "table_rows"))
+          + _not_run(report["not_run"]))
+
+
+def _not_run(scales: list[dict]) -> str:
+  if not scales:
+    return ""
+  rows = [[s["vocabulary_scale"], s["table_rows"], ", ".join(s["algorithms"]), s["reason"]]
+          for s in scales]
+  return ("\n\nNot run (memory, decided before training):\n\n"
+          + _table(["vocabulary_scale", "table_rows", "points", "why"], rows))
 
 
 _TABLES = {"tradeoffs": _tradeoffs, "heatmap": _heatmap, "streaming": _streaming,
