@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import ALPHA
+from conftest import ALPHA, one_stack
 from criteo_lines import HAND_WRITTEN, write
 from sparse_dp.cli import main
 from sparse_dp.data.vocabulary import Vocabulary
@@ -148,6 +148,7 @@ def criteo_days(tmp_path_factory):
   return folder, 5 * 4 * 20_002, eval_path
 
 
+@one_stack("tf2.21")
 def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path, capsys,
                                                                        criteo_days):
   from sparse_dp.accounting import PrivacyAccountant

@@ -13,7 +13,7 @@ import pytest
 from dp_accounting import pld
 from scipy import stats
 
-from conftest import ALPHA
+from conftest import ALPHA, one_stack
 from sparse_dp.cli import main
 from sparse_dp.distillation import dp_teacher, rona_privacy
 from sparse_dp.distillation.query_selection import bernoulli_kl, select_queries
@@ -60,6 +60,7 @@ def dp_teacher_folder(tmp_path_factory):
   return folder, private.epsilon()
 
 
+@one_stack("tf2.15")
 def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_folder, tmp_path,
                                                                    capsys):
   from sparse_dp._keras import keras
@@ -94,13 +95,17 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
     assert key in report, key
 
 
-def test_rona_epsilon_is_the_composition_of_its_answered_batches(tmp_path):
+@one_stack("tf2.15")
+def test_rona_epsilon_is_the_composition_of_its_answered_batches(tmp_path, capsys):
   out = tmp_path / "rona.json"
   assert main(["distill", "--method", "rona", *TINY, "--query-share", "0.5",
                "--query-batch-size", "50", "--noise-multiplier", "40", "--rounds", "1",
                "--hint-clip", "2", "--logit-clip", "1", "--self-batch-size", "100",
                "--out", str(out)]) == 0
   report = json.loads(out.read_text())
+  # The non-private teachers' training loss (un-noised private data) is never printed:
+  # stdout is the report alone.
+  assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [report]
   # N_q = 150 of 300 public samples: 3 batches of 50 per epoch, (T_h + R T_d) = 2 epochs.
   assert report["answered_batches"] == 6 and report["queries_per_epoch"] == 150
   assert report["mean_clip"] == {"hint": 2.0, "logit": 1.0}

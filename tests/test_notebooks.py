@@ -2,9 +2,7 @@
 interpreter; their figures match their JSON; the committed ones are paired with their
 jupytext sources and carry the full run's outputs."""
 
-import os
 import pathlib
-import sys
 
 import pytest
 
@@ -13,6 +11,7 @@ jupytext = pytest.importorskip("jupytext", reason="test extra: pip install '.[te
 from sparse_dp.study.notebooks import execute  # noqa: E402
 from sparse_dp.study.studies import output_paths  # noqa: E402
 
+from conftest import one_stack  # noqa: E402
 from study_checks import assert_figure_matches_report  # noqa: E402
 
 # The repository's notebooks (the installed package does not hold them).
@@ -32,15 +31,8 @@ def test_every_notebook_is_listed():
   assert sorted(p.stem for p in NOTEBOOKS.glob("[0-9]*.py")) == sorted(STUDIES)
 
 
-# CI runs both stacks side by side on two cores within its budget: the smoke
-# notebooks (about 9 minutes) run on the 3.12+ stack; the committed notebooks were
-# executed on the 3.11 stack at the full preset. SPARSE_DP_NOTEBOOKS=1 runs them here.
-ON_THIS_STACK = sys.version_info >= (3, 12) or os.environ.get("SPARSE_DP_NOTEBOOKS") == "1"
-
-
-@pytest.mark.skipif(not ON_THIS_STACK, reason=(
-    "smoke notebooks run in CI on the Python 3.12+ stack (CI time); the committed ones were "
-    "executed on this stack at the full preset; SPARSE_DP_NOTEBOOKS=1 runs them here"))
+# The committed notebooks were executed on the tf2.15 stack at the full preset.
+@one_stack("tf2.21")
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_notebook_runs_at_the_smoke_preset(name, out):
   notebook = execute(NOTEBOOKS / f"{name}.py", "smoke", out, cell_timeout=900)

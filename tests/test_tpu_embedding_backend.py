@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_dp
+from conftest import one_stack
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.cli import main
@@ -125,6 +126,7 @@ def test_refusals_name_the_input_and_the_fix():
                            batch_size=128, embedding="tpu")
 
 
+@one_stack("tf2.21")
 def test_train_cli_gives_the_same_metrics_with_cpu_and_auto(tmp_path, capsys):
   metrics = {}
   for embedding in ("cpu", "auto"):

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from conftest import one_stack
 from sparse_dp.cli import main
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import train_job
@@ -30,6 +31,7 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
     assert 0 < metrics["epsilon"] <= 1.0 and metrics["gradient_size_reduction"] > 1
 
 
+@one_stack("tf2.15")
 def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   out = tmp_path / "compare"
   assert main(["train", "--compare", "none,fest,adafest+", "--max-examples", "2500",
@@ -77,6 +79,7 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200
 
 
+@one_stack("tf2.21")
 def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, capsys):
   synthetic = SyntheticCriteo(scale=0.01, seed=5)
   train_days = [synthetic.write_day(tmp_path / f"day_{d}.gz", d, 1200) for d in (1, 2)]
