@@ -60,8 +60,10 @@ def _keep_keras_exports_before_tf_keras(keras_api) -> None:
   built ``tf_keras`` layers that never joined Keras's functional graph and
   looped forever in ``reconstruct_from_config``, and a legacy optimizer saved
   to a SavedModel could not be loaded. Imported here, with Keras's entries
-  restored, the loader's import is a no-op. If something imported ``tf_keras``
-  before this module, its entries stay: import sparse_dp first.
+  restored, the loader's import is a no-op. The tables can name one package:
+  on TF 2.15 that is Keras (``tf.keras``), so ``tf_keras``'s own ``.keras``
+  loading builds Keras's classes there. If ``tf_keras`` was imported before
+  this module (nothing on TF 2.15 needs it), its entries stay.
   """
   if "tf_keras" in sys.modules:
     return

@@ -179,7 +179,7 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
   assert main(["train", "--reader", "batches", "--data", str(out), "--eval-data", str(eval_path),
                "--algorithm", "adafest", "--vocabulary", str(vocabulary),
                "--out", str(tmp_path / "again")]) == 2
-  assert "all 4 batches of the sample were trained on by earlier runs" in capsys.readouterr().err
+  assert "all 4 batches of the sample were claimed by earlier runs" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +271,13 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   # Two runs that read the claims at once want the same first step: the second is refused.
   with pytest.raises(ValueError, match="claimed the sample's batches from step 4 at the same"):
     claims.claim(sample, 4, 5)
+  assert sorted(p.name for p in (tmp_path / "sample" / claims.CLAIMS).iterdir()) == [
+      "from-000000000.json", "from-000000003.json", "from-000000004.json"]  # no partial file
+  damaged = _copy(small_sample / "sample", tmp_path / "damaged")
+  (damaged / claims.CLAIMS).mkdir()
+  (damaged / claims.CLAIMS / "from-000000000.json").write_text('{"first": 0')
+  with pytest.raises(ValueError, match="from-000000000.json is not readable"):
+    SampledBatches.open(str(damaged), hashed_vocabulary(0.01))
   unwritable = _copy(small_sample / "sample", tmp_path / "unwritable")
   (unwritable / claims.CLAIMS).write_text("a file where the claims folder goes")
   with pytest.raises(ValueError, match="cannot record which batches this run trains on"):

@@ -3,7 +3,7 @@
 :meth:`SampledBatches.open` reads the manifest and refuses a sample that does
 not match it (a missing shard, a file of another size or SHA-256, numbers that
 do not describe one Poisson sample). :meth:`SampledBatches.dataset` gives the
-batches of steps ``0 .. steps - 1`` in order, encoded exactly as
+next ``steps`` unclaimed batches in step order, encoded exactly as
 :class:`sparse_dp.data.criteo_stream.CriteoStream` encodes Criteo lines, each
 batch at most once: the sample's own cursor skips every batch already handed
 out (to a ``fit``, a second epoch, a ``repeat``, the separability probe), and
@@ -65,7 +65,8 @@ class SampledBatches:
 
   @property
   def batches_left(self) -> int:
-    return self.manifest.steps - max(int(self.cursor.numpy()), claims.steps_taken(self.folder))
+    taken = max(int(self.cursor.numpy()), claims.steps_taken(self.folder))
+    return max(0, self.manifest.steps - taken)
 
   def dataset(self, steps: int) -> tf.data.Dataset:
     """The next ``steps`` unread batches, ``({"integers", "categorical"}, label)`` each,

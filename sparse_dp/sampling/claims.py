@@ -11,6 +11,8 @@ last claimed step. Steps are taken in order, so two runs that could overlap
 start from the same step and want the same file: on a local folder the create
 is exclusive and the second run is refused; on a remote filesystem
 (``gs://...``) the check and the write are two calls, not one atomic create.
+The guarantee is per folder: a copy of it, or a second sample drawn with the
+same seed file, holds the same batches with claims of its own.
 """
 
 from __future__ import annotations
@@ -36,12 +38,25 @@ class Claim:
 
 
 def claims(folder: str) -> list[Claim]:
-  """The claims recorded in the sample ``folder``, by first step."""
-  pattern = posixpath.join(folder, CLAIMS, "from-*.json")
+  """The claims recorded in the sample ``folder``, by first step; an unreadable one is
+  refused by its path (it may hold steps a run trained on)."""
+  directory = posixpath.join(folder, CLAIMS)
+  if not tf.io.gfile.isdir(directory):
+    return []
   found = []
-  for path in sorted(tf.io.gfile.glob(pattern)):
-    with tf.io.gfile.GFile(path) as handle:
-      found.append(Claim(**json.load(handle)))
+  for name in tf.io.gfile.listdir(directory):
+    if not (name.startswith("from-") and name.endswith(".json")):
+      continue
+    path = posixpath.join(directory, name)
+    try:
+      with tf.io.gfile.GFile(path) as handle:
+        found.append(Claim(**json.load(handle)))
+      if not 0 <= found[-1].first < found[-1].end:
+        raise ValueError(f"steps {found[-1].first}..{found[-1].end}")
+    except (ValueError, TypeError) as error:
+      raise ValueError(f"--data {folder!r}: the claim {path} is not readable ({error}); which "
+                       "batches runs trained on is unknown, so none can be trained on again: "
+                       "sample again with `sparse-dp sample`") from None
   return sorted(found, key=lambda c: c.first)
 
 
@@ -71,17 +86,22 @@ def claim(folder: str, first: int, end: int) -> Claim:
 
 
 def _create_new(path: str, text: str) -> bool:
-  """Writes ``text`` to ``path`` unless it exists (False then); exclusive where local."""
+  """Writes ``text`` to ``path`` unless it exists (False then). Locally the file appears
+  whole and only once: written beside it, then hard-linked to its name (``link`` fails
+  if the name exists), so a run killed mid-write leaves no partial claim."""
   if "://" in path:
     if tf.io.gfile.exists(path):
       return False
     with tf.io.gfile.GFile(path, "w") as handle:
       handle.write(text)
     return True
+  partial = f"{path}.{os.getpid()}.partial"
+  with open(partial, "w") as handle:
+    handle.write(text)
   try:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.link(partial, path)
   except FileExistsError:
     return False
-  with os.fdopen(descriptor, "w") as handle:
-    handle.write(text)
+  finally:
+    os.unlink(partial)
   return True

@@ -41,8 +41,8 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   """``(batches, held_out, vocabulary, skipped_lines)``; sets ``args.batch_size``/``epochs``.
 
   ``args.epochs`` becomes ``steps * q`` (so the job's ``ceil(epochs / q)`` is
-  ``steps``): every batch of the sample by default, or the ``ceil(E / q)``
-  first for ``--epochs E``, refused beyond the sample.
+  ``steps``): every batch no earlier run claimed by default, or the next
+  ``ceil(E / q)`` for ``--epochs E``, refused beyond them.
   """
   from sparse_dp.models import pctr_data  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling.batches import SampledBatches  # pylint: disable=import-outside-toplevel
@@ -77,7 +77,7 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   taken = manifest.steps - steps
   if not steps:
     raise ValueError(f"--data {args.data!r}: all {manifest.steps:,} batches of the sample were "
-                     f"trained on by earlier runs ({CLAIMS}/ in the sample folder); a "
+                     f"claimed by earlier runs ({CLAIMS}/ in the sample folder); a "
                      "batch used twice is not a Poisson sample: sample again with `sparse-dp "
                      "sample`")
   if args.epochs is not None:
@@ -86,7 +86,7 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
       raise ValueError(
           f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample has "
           f"{manifest.steps - taken:,} unread batches of {manifest.steps:,} "
-          f"({taken:,} taken by earlier runs): a second pass over the same batches is not a "
+          f"({taken:,} claimed by earlier runs): a second pass over the same batches is not a "
           "Poisson sample: leave --epochs out (every unread batch) or sample more steps "
           "with `sparse-dp sample --steps`")
   args.batch_size, args.epochs = manifest.batch_size, steps * manifest.sampling_rate

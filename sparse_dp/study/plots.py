@@ -138,7 +138,7 @@ def _step_time(report: dict, plt):
     for row in rows:
       throughput.annotate(point_text(row), (row["vocabulary_scale"], row["examples_per_second"]),
                           textcoords="offset points", xytext=(4, 4), fontsize=6)
-  for line, scale in enumerate(report["not_run"]):
+  for line, scale in enumerate(report.get("not_run", [])):
     throughput.text(0.0, -0.16 - 0.06 * line,
                     f"x{scale['vocabulary_scale']:g} not run: {scale['reason']}",
                     transform=throughput.transAxes, fontsize=7, va="top", wrap=True)
