@@ -73,20 +73,19 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
     raise ValueError(f"--batch-size {args.batch_size} contradicts the sample's batch size "
                      f"{manifest.batch_size} (q = {manifest.sampling_rate:.4g}): leave "
                      "--batch-size out, or sample again with the batch size you want")
-  steps = batches.batches_left
-  taken = manifest.steps - steps
-  if not steps:
+  unread = steps = batches.batches_left
+  if not unread:
     raise ValueError(f"--data {args.data!r}: all {manifest.steps:,} batches of the sample were "
                      f"claimed by earlier runs ({CLAIMS}/ in the sample folder); a "
                      "batch used twice is not a Poisson sample: sample again with `sparse-dp "
                      "sample`")
   if args.epochs is not None:
     steps = steps_for_epochs(args.epochs, manifest.sampling_rate)
-    if steps > manifest.steps - taken:
+    if steps > unread:
       raise ValueError(
           f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample has "
-          f"{manifest.steps - taken:,} unread batches of {manifest.steps:,} "
-          f"({taken:,} claimed by earlier runs): a second pass over the same batches is not a "
+          f"{unread:,} unread batches of {manifest.steps:,} "
+          f"({manifest.steps - unread:,} claimed by earlier runs): a second pass over the same batches is not a "
           "Poisson sample: leave --epochs out (every unread batch) or sample more steps "
           "with `sparse-dp sample --steps`")
   args.batch_size, args.epochs = manifest.batch_size, steps * manifest.sampling_rate
