@@ -35,57 +35,6 @@ def batch(rows=B):
           tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))
 
 
-def reshaped_ids_model():
-  """Flattens [B, L] ids to [B L] before the lookup: each lookup lands on a wrong example."""
-  ids = keras.Input(shape=(L,), dtype=tf.int64)
-  flat = keras.layers.Lambda(lambda t: tf.reshape(t, [-1]))(ids)
-  vectors = Embedding(VOCAB, 4, name="flattened")(flat)
-  per_example = keras.layers.Lambda(lambda v: tf.reshape(v, [-1, L * 4]))(vectors)
-  return compiled(keras.Model(ids, keras.layers.Dense(1)(per_example)))
-
-
-class SharedCandidates(keras.Model):
-  """Scores each example against a constant set of candidate ids looked up once."""
-
-  def __init__(self):
-    super().__init__()
-    self.table = Embedding(VOCAB, 4, name="candidates")
-    self.project = keras.layers.Dense(4, name="project")
-
-  def call(self, ids):
-    query = self.table(ids[:, 0])
-    candidates = self.project(self.table(tf.range(5, dtype=tf.int64)))  # [5, 4], not per example
-    return tf.reduce_logsumexp(query @ tf.transpose(candidates), axis=1, keepdims=True)
-
-
-@pytest.mark.parametrize("make, name", [(reshaped_ids_model, "flattened"),
-                                        (lambda: compiled(SharedCandidates()), "candidates")])
-def test_lookups_not_per_example_are_refused_naming_the_layer(make, name):
-  model = make()
-  x, y = batch()
-  model(x)
-  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=f"layer {name} .*batch dimension"):
-    step(model, (x, y))
-
-
-def test_dense_applied_across_examples_is_refused():
-  class DenseOnConstants(keras.Model):
-    def __init__(self):
-      super().__init__()
-      self.table = Embedding(VOCAB, 4)
-      self.mix = keras.layers.Dense(4, name="mix")
-
-    def call(self, ids):
-      return tf.reduce_sum(self.table(ids) * tf.reduce_mean(self.mix(tf.ones([3, 2])), 0),
-                           axis=1, keepdims=True)
-
-  model = compiled(DenseOnConstants())
-  x, y = batch()
-  model(x)
-  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="Dense layer mix "):
-    step(model, (x, y))
-
-
 def pctr_like(**dense_kwargs):
   keras.utils.set_random_seed(2)
   ids = keras.Input(shape=(L,), dtype=tf.int64)

@@ -8,7 +8,7 @@ from typing import Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.layers.recording import Lookup, record_lookup
+from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
 
 _COMBINERS = ("sum", "mean", None)
 
@@ -20,10 +20,18 @@ def gather_rows(table, ids: tf.Tensor) -> tf.Tensor:
   contiguous row ranges): on TF 2.15 ``tf.gather`` of a ``ShardedVariable``
   with a tensor of ids returned other rows than the shards hold once a
   ``ClusterCoordinator`` existed (tests/test_parameter_servers.py).
+
+  Inside a DP step (a :func:`~sparse_dp.layers.recording.recording` scope)
+  the rows are gathered from the table's value: the step runs each example's
+  forward pass alone under ``tf.vectorized_map``
+  (:mod:`sparse_dp.training.per_example`), which vectorises a gather from a
+  tensor but would run a gather from a variable (``ResourceGather``) in a
+  loop over the examples. Reading the value copies nothing: nothing writes
+  the table while the forward pass runs.
   """
   if hasattr(table, "variables") and not hasattr(table, "ref"):
     return tf.nn.embedding_lookup(table, ids)
-  return tf.gather(table, ids)
+  return tf.gather(tf.convert_to_tensor(table) if is_recording() else table, ids)
 
 
 def leading_dimension(tensor: tf.Tensor) -> tf.Tensor:

@@ -67,6 +67,12 @@ def recording() -> Iterator[Recorder]:
     stack.pop()
 
 
+def is_recording() -> bool:
+  """Whether a :func:`recording` scope is open in the graph being built."""
+  stack = getattr(_state, "stack", None)
+  return bool(stack) and stack[-1].is_current()
+
+
 def record_lookup(lookup: Lookup) -> None:
   """Called by embedding layers; a no-op outside :func:`recording`."""
   stack = getattr(_state, "stack", None)

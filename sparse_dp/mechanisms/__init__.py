@@ -12,7 +12,8 @@ from sparse_dp.mechanisms.contribution_map import (ContributionMap,
 from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
                                                     clipped_row_sum,
                                                     per_example_row_gradients,
-                                                    restrict_to_rows, squared_norms)
+                                                    restrict_to_rows, squared_norms,
+                                                    zero_examples)
 from sparse_dp.mechanisms.remapping import BucketRemapping
 from sparse_dp.mechanisms.row_noise import add_row_sparse_noise, sum_on_rows
 from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
@@ -26,5 +27,5 @@ __all__ = [
     "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "distinct_pairs", "contribution_clip_weights", "contribution_maps",
     "dp_top_k", "false_positive_probability", "per_example_row_gradients",
     "public_top_k", "restrict_to_rows", "sample_zero_rows", "select_rows",
-    "squared_norms", "sum_on_rows",
+    "squared_norms", "sum_on_rows", "zero_examples",
 ]

@@ -52,6 +52,13 @@ def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
   return RowGradients(*(tf.boolean_mask(t, keep) for t in gradients))
 
 
+def zero_examples(gradients: RowGradients, kept: tf.Tensor) -> RowGradients:
+  """The same gradients with those of examples ``i`` where ``kept[i]`` is false set to zero."""
+  keep = tf.gather(kept, gradients.example)[:, None]
+  return gradients._replace(values=tf.where(keep, gradients.values,
+                                            tf.zeros_like(gradients.values)))
+
+
 def squared_norms(gradients: RowGradients, batch_size: tf.Tensor) -> tf.Tensor:
   """``||g_i||^2`` of each example's row gradients on this table: ``[batch_size]``."""
   per_row = tf.reduce_sum(tf.square(gradients.values), axis=-1)

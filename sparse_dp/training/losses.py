@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.layers.recording import is_recording
 from sparse_dp.training.penalties import check_no_data_dependent_losses
 
 
@@ -17,11 +20,15 @@ def per_example_loss_fn(model: keras.Model):
   * Any other model: the loss given to ``compile``, applied without reduction.
 
   A loss tensor added during the forward pass (``add_loss`` in ``call``) is
-  refused (:mod:`sparse_dp.training.penalties`).
+  refused (:mod:`sparse_dp.training.penalties`). Inside the DP step (a
+  :func:`~sparse_dp.layers.recording.recording` scope) the metrics the model
+  holds (a TFRS task's) are not updated: their totals are un-noised
+  statistics of the batch, and the step runs each example alone.
   """
   if hasattr(model, "compute_loss") and _is_tfrs(model):
     def tfrs_losses(data):
-      losses = model.compute_loss(data, training=True)
+      with _metrics_frozen_when_recording(model):
+        losses = model.compute_loss(data, training=True)
       check_no_data_dependent_losses(model)
       if losses.shape.rank != 1:
         raise ValueError(
@@ -47,7 +54,8 @@ def per_example_loss_fn(model: keras.Model):
 
   def keras_losses(data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    y_pred = model(x, training=True)
+    with _metrics_frozen_when_recording(model):
+      y_pred = model(x, training=True)
     check_no_data_dependent_losses(model)
     if y_pred.shape.rank == y.shape.rank + 1 and y_pred.shape[-1] == 1:
       y = y[..., None]  # else Keras squeezes [B, 1] and averages over the batch
@@ -61,6 +69,26 @@ def per_example_loss_fn(model: keras.Model):
       losses *= tf.cast(tf.reshape(sample_weight, [-1]), losses.dtype)
     return losses, y, y_pred
   return keras_losses
+
+
+@contextlib.contextmanager
+def _metrics_frozen_when_recording(model: keras.Model):
+  """Within the block, in a DP step, every metric ``model`` holds ignores ``update_state``."""
+  if not is_recording():
+    yield
+    return
+  metrics = {m: m.update_state for m in model.submodules if isinstance(m, keras.metrics.Metric)}
+  for metric in metrics:
+    metric.update_state = _no_update
+  try:
+    yield
+  finally:
+    for metric, update_state in metrics.items():
+      metric.update_state = update_state
+
+
+def _no_update(*args, **kwargs):  # pylint: disable=unused-argument
+  return tf.no_op()
 
 
 def _is_tfrs(model) -> bool:

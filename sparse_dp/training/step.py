@@ -38,9 +38,10 @@ import tensorflow as tf
 
 from sparse_dp import mechanisms
 from sparse_dp.distribute import shards
-from sparse_dp.layers.embedding import Embedding, leading_dimension
-from sparse_dp.layers.recording import recording
+from sparse_dp.layers.embedding import Embedding
 from sparse_dp.training import dense_layers
+from sparse_dp.training.per_example import (LossesOf, PerExampleGradients, per_example_gradients,
+                                            per_example_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,27 +61,12 @@ class StepNoise:
 
 
 @dataclasses.dataclass
-class _Recorded:
-  """Per-example gradients of one (micro-)batch, by layer."""
-
-  losses: tf.Tensor  # [B]
-  rows: dict  # Embedding -> mechanisms.RowGradients
-  dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
-
-  @property
-  def batch_size(self) -> tf.Tensor:
-    return tf.shape(self.losses, out_type=tf.int64)[0]
-
-
-@dataclasses.dataclass
 class _ClippedSums:
   """``sum_i [g_i]_C2`` per variable; table sums may repeat indices."""
 
   tables: dict  # Embedding -> tf.IndexedSlices
   dense: dict  # variable ref -> tf.Tensor
-
-
-LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
+  non_finite: tf.Tensor  # int64: examples whose gradient was zeroed (un-noised: debug only)
 
 
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
@@ -89,19 +75,23 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
                       debug_metrics: bool = False):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
 
-  ``losses_of(data)`` runs the model forward on a batch and returns its
-  per-example losses ``[B]``, with labels and predictions (or ``None``s);
-  ``on_outputs(labels, predictions)`` (e.g. Keras metric updates) is called
-  once per (micro-)batch of the gradient pass. Returns ``(gradients by
-  variable ref, per-example losses, statistics)``.
+  ``losses_of(batch)`` runs the model forward on a batch and returns its
+  per-example losses ``[B]``, with labels and predictions (or ``None``s). The
+  gradients come from :func:`~sparse_dp.training.per_example.per_example_gradients`,
+  which calls ``losses_of`` on each example alone, so each example's clipped
+  gradient depends on that example only, whatever the model does.
+  ``on_outputs(labels, predictions)`` (Keras metric updates, with
+  ``debug_metrics`` only) is called once with a plain forward pass of the
+  whole batch. Returns ``(gradients by variable ref, per-example losses,
+  statistics)``.
 
-  The statistics are DP by default (see :func:`_statistics`); with
+  The statistics are DP by default (see :func:`_add_noise`); with
   ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
   """
   tables = [l for l in leaves if isinstance(l, Embedding)]
   selection_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   if microbatch_size is None:
-    recorded = _per_example_gradients(leaves, lambda: losses_of(data), on_outputs)
+    recorded = per_example_gradients(leaves, losses_of, data)
     pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
     selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
                   if noise.sparse and tables else {})
@@ -110,78 +100,15 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     chunks = _Chunks(data, microbatch_size)
     selections = {}
     if noise.sparse and tables:
-      pairs = _activated_pairs(tables, losses_of, chunks)
+      pairs = per_example_rows(leaves, losses_of, data)
       selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
-    sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise,
-                                             on_outputs)
+    sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise)
+  if on_outputs is not None:
+    _, labels, predictions = losses_of(data)
+    if labels is not None:
+      on_outputs(labels, predictions)
   gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
   return gradients, losses, stats
-
-
-def _per_example_gradients(leaves, compute, on_outputs=None) -> _Recorded:
-  with tf.GradientTape() as tape:
-    with recording() as lookups, dense_layers.recording_dense_calls(leaves) as dense_calls:
-      losses, labels, predictions = compute()
-    batch_size = leading_dimension(losses)
-    tables = lookups.by_layer()
-    with tf.control_dependencies(_attribution_checks(tables, dense_calls, batch_size)):
-      total = tf.reduce_sum(losses)
-  if on_outputs is not None and labels is not None:
-    on_outputs(labels, predictions)
-  dense_by_layer: dict = {}
-  for call in dense_calls:
-    dense_by_layer.setdefault(call.layer, []).append(call)
-  table_grads, dense_grads = tape.gradient(
-      total, ([[l.vectors for l in ls] for ls in tables.values()],
-              [[c.preactivation for c in cs] for cs in dense_by_layer.values()]))
-  rows = {
-      layer: mechanisms.per_example_row_gradients(
-          tf.concat([l.example for l in ls], 0), tf.concat([l.row for l in ls], 0),
-          tf.concat(grads, 0), batch_size)
-      for (layer, ls), grads in zip(tables.items(), table_grads)
-  }
-  dense = {layer: (tf.concat([c.inputs for c in calls], 1), tf.concat(grads, 1))
-           for (layer, calls), grads in zip(dense_by_layer.items(), dense_grads)}
-  return _Recorded(losses, rows, dense)
-
-
-def _attribution_checks(tables: dict, dense_calls, batch_size) -> list:
-  """Asserts that every recorded lookup and Dense call is per example of this batch.
-
-  Per-example clipping attributes lookup ``i`` to example ``example[i]`` and
-  row ``b`` of a Dense input to example ``b``. A lookup made on ids of another
-  shape than the batch (ids reshaped ``[B, L] -> [B L]``, a constant tensor of
-  candidate ids) or a Dense layer applied across examples would attribute one
-  example's gradient to another, and the clipped sum would no longer move by
-  at most ``C2`` when one example is added: such a step fails, naming the layer.
-  """
-  checks = []
-  for layer, lookups in tables.items():
-    for lookup in lookups:
-      checks.append(_same_batch(lookup.batch_size, batch_size, (
-          f"sparse-dp: embedding layer {layer.name} was called on ids whose batch "
-          "dimension is not the examples (ids reshaped across examples, or shared ids "
-          "such as a constant candidate set): DP clipping needs every lookup to belong to "
-          "one example; call the layer on per-example ids of shape [batch, ...]")))
-      checks.append(tf.debugging.assert_less(
-          tf.reduce_max(tf.concat([tf.cast(lookup.example, tf.int64), [-1]], 0)), batch_size,
-          message=f"sparse-dp: embedding layer {layer.name} recorded a lookup for an "
-                  "example index beyond the batch size"))
-  for call in dense_calls:
-    checks.append(_same_batch(leading_dimension(call.inputs), batch_size, (
-        f"sparse-dp: Dense layer {call.layer.name} was applied to a tensor whose first "
-        "dimension is not the batch of examples; DP clipping attributes row b of a Dense "
-        "input to example b")))
-  return checks
-
-
-def _same_batch(size, batch_size, message: str):
-  """An assertion ``size == batch_size``; fails at once when both are known when tracing."""
-  size = tf.cast(size, tf.int64)
-  known, expected = tf.get_static_value(size), tf.get_static_value(batch_size)
-  if known is not None and expected is not None and known != expected:
-    raise ValueError(f"{message} (size {known}, batch {expected})")
-  return tf.debugging.assert_equal(size, batch_size, message=message)
 
 
 def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
@@ -221,29 +148,44 @@ def _gather_across_replicas(pairs, batch_size):
   return gathered, tf.reduce_sum(sizes)
 
 
-def _clipped_sums(leaves, recorded: _Recorded, selections: dict, noise: StepNoise) -> _ClippedSums:
-  """Masks to the selected rows, clips each example jointly to ``C2``, sums."""
-  for layer, selection in selections.items():
-    if layer in recorded.rows:
-      recorded.rows[layer] = mechanisms.restrict_to_rows(recorded.rows[layer], selection.rows)
+def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
+                  noise: StepNoise) -> _ClippedSums:
+  """Masks to the selected rows, zeroes non-finite examples, clips each jointly to ``C2``, sums.
+
+  An example whose loss or gradient is not finite (a NaN input, a mean over no
+  tokens: 0/0) would make the sum NaN: clipping does not bound NaN, and
+  whether the released model is finite would tell whether the example was in
+  the batch. Its gradient is set to zero before clipping, so the clipped sum
+  is exactly the sum without it, as if it had not been sampled; the bound
+  ``||G(D + z) - G(D)|| <= C2`` holds with or without it.
+  """
+  rows = {layer: (mechanisms.restrict_to_rows(g, selections[layer].rows)
+                  if layer in selections else g) for layer, g in recorded.rows.items()}
   batch_size = recorded.batch_size
   squared = [tf.zeros([batch_size])]
-  squared += [mechanisms.squared_norms(g, batch_size) for g in recorded.rows.values()]
+  squared += [mechanisms.squared_norms(g, batch_size) for g in rows.values()]
   squared += [dense_layers.squared_norms(x, d, layer.use_bias)
               for layer, (x, d) in recorded.dense.items()]
-  factors = mechanisms.clip_factors(tf.add_n(squared), noise.l2_norm_clip)
-  sums = _ClippedSums({}, {})
+  total = tf.add_n(squared)
+  finite = tf.logical_and(tf.math.is_finite(total), tf.math.is_finite(recorded.losses))
+  rows = {layer: mechanisms.zero_examples(g, finite) for layer, g in rows.items()}
+  dense = {layer: tuple(tf.where(finite[:, None, None], t, tf.zeros_like(t)) for t in parts)
+           for layer, parts in recorded.dense.items()}
+  factors = mechanisms.clip_factors(tf.where(finite, total, tf.zeros_like(total)),
+                                    noise.l2_norm_clip)
+  non_finite = tf.math.count_nonzero(tf.logical_not(finite), dtype=tf.int64)
+  sums = _ClippedSums({}, {}, non_finite)
   for layer in leaves:
     if isinstance(layer, Embedding):
       shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
-      if layer in recorded.rows:
-        sums.tables[layer] = mechanisms.clipped_row_sum(recorded.rows[layer], factors, shape)
+      if layer in rows:
+        sums.tables[layer] = mechanisms.clipped_row_sum(rows[layer], factors, shape)
       else:
         sums.tables[layer] = tf.IndexedSlices(tf.zeros([0, layer.output_dim]),
                                               tf.zeros([0], tf.int64), shape)
       continue
-    if layer in recorded.dense:
-      kernel, bias = dense_layers.clipped_sums(*recorded.dense[layer], factors, layer.use_bias)
+    if layer in dense:
+      kernel, bias = dense_layers.clipped_sums(*dense[layer], factors, layer.use_bias)
     else:  # not called: its clipped sum is zero
       kernel = tf.zeros_like(layer.kernel)
       bias = tf.zeros_like(layer.bias) if layer.use_bias else None
@@ -274,54 +216,33 @@ class _Chunks:
     return tf.nest.map_structure(lambda t: t[start:end], self.data)
 
 
-def _activated_pairs(tables, losses_of, chunks: _Chunks) -> dict:
-  """Every ``(example, row)`` the logical batch looks up, by table: a forward-only pass."""
-  def body(index, found):
-    with recording() as lookups:
-      losses_of(chunks[index])
-    by_layer = lookups.by_layer()
-    written = []
-    for layer, (examples, rows) in zip(tables, found):
-      ls = by_layer.get(layer, [])
-      example = (tf.concat([l.example for l in ls], 0) if ls else tf.zeros([0], tf.int64))
-      row = tf.concat([l.row for l in ls], 0) if ls else tf.zeros([0], tf.int64)
-      written.append((examples.write(index, example + chunks.start(index)),
-                      rows.write(index, row)))
-    return index + 1, written
-
-  empty = [(_array(tf.int64, [None]), _array(tf.int64, [None])) for _ in tables]
-  _, found = tf.while_loop(lambda index, _: tf.cast(index, tf.int64) < chunks.count, body,
-                           (tf.constant(0), empty))
-  return {layer: (examples.concat(), rows.concat())
-          for layer, (examples, rows) in zip(tables, found)}
-
-
-def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise, on_outputs):
+def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise):
   """:func:`_clipped_sums` of every micro-batch, added up; and the per-example losses."""
   tables = [l for l in leaves if isinstance(l, Embedding)]
   dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
-  def body(index, dense, table_parts, losses):
-    recorded = _per_example_gradients(leaves, lambda: losses_of(chunks[index]), on_outputs)
+  def body(index, dense, table_parts, losses, non_finite):
+    recorded = per_example_gradients(leaves, losses_of, chunks[index])
     sums = _clipped_sums(leaves, recorded, selections, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
     table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
                     values.write(index, sums.tables[layer].values))
                    for layer, (indices, values) in zip(tables, table_parts)]
-    return index + 1, dense, table_parts, losses.write(index, recorded.losses)
+    return (index + 1, dense, table_parts, losses.write(index, recorded.losses),
+            non_finite + sums.non_finite)
 
   start = (tf.constant(0), [tf.zeros(ref.deref().shape, ref.deref().dtype) for ref in dense_refs],
            [(_array(tf.int64, [None]), _array(tf.float32, [None, layer.output_dim]))
             for layer in tables],
-           _array(tf.float32, [None]))
-  _, dense, table_parts, losses = tf.while_loop(
+           _array(tf.float32, [None]), tf.constant(0, tf.int64))
+  _, dense, table_parts, losses, non_finite = tf.while_loop(
       lambda index, *_: tf.cast(index, tf.int64) < chunks.count, body, start)
   sums = _ClippedSums(
       {layer: tf.IndexedSlices(values.concat(), indices.concat(),
                                tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
        for layer, (indices, values) in zip(tables, table_parts)},
-      dict(zip(dense_refs, dense)))
+      dict(zip(dense_refs, dense)), non_finite)
   return sums, losses.concat()
 
 
@@ -381,6 +302,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
       "noisy_gradient_norm": _norm(gradients.values()),
   }
   if debug_metrics:
+    stats["non_finite_examples"] = tf.cast(sums.non_finite, tf.float32)
     stats["gradient_snr"] = tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30))
     if selections:
       stats["rows_dropped"] = tf.cast(

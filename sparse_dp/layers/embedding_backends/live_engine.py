@@ -45,8 +45,11 @@ where that program needs it:
    and the TF-XLA bridge fails a function holding two of them, or two
    ``SendTPUEmbeddingGradients``, with "should be unique within a function"
    (``tensorflow/compiler/mlir/tensorflow/transforms/rewrite_tpu_embedding_ops.cc``,
-   ``GetOp``). A DP-AdaFEST step needs an inference round (the forward pass)
+   ``GetOp``). On a TPU a DP-AdaFEST step needs an inference round (the
+   forward pass reads the engine's rows: the host tables are stale, point 4)
    and a training round whose ids, the selected rows, exist only after it.
+   (Off TPU, ``fit`` with this adapter reads the layer's table, kept equal to
+   the engine's rows, and runs the training round only.)
 2. *enqueue inside ``strategy.run`` takes only its direct arguments*
    (``_raise_error_for_non_direct_inputs``): the selected rows are computed on
    the TensorCore, and a layer's ids are flattened and checked by the layer.

@@ -54,6 +54,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
 from sparse_dp.optimizers import LazyAdam
@@ -172,11 +173,14 @@ class TPUEmbeddingBackend(EmbeddingBackend):
       self._in_step = False
 
   def lookup(self, layer, flat_ids):
-    """In a DP step, the engine's lookup; elsewhere (predict, evaluate, a saved model), the
-    layer's ``embeddings``, which every step keeps equal to the engine's rows ``[0, V)``."""
-    if not self._in_step:
-      return tf.gather(layer.embeddings, flat_ids)
-    return self.engine.lookup({layer.name: flat_ids})[layer.name]
+    """The layer's ``embeddings``, which every step keeps equal to the engine's rows ``[0, V)``.
+
+    Also in a DP step: the step runs each example's forward pass alone
+    (:mod:`sparse_dp.training.per_example`), and an engine round per example
+    is no lookup the API allows; the rows read are the engine's, and the
+    step's update still goes through the engine.
+    """
+    return gather_rows(layer.embeddings, flat_ids)
 
   def _engine_learning_rate(self, optimizer) -> Optional[Callable]:
     """The engine optimizer's learning rate; ``None``: :func:`step_learning_rate`."""

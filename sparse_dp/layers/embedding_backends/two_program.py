@@ -66,8 +66,17 @@ class TwoProgramBackend(TPUEmbeddingBackend):
 
   @contextlib.contextmanager
   def inference_round(self, ids: dict):
-    """Program A's scope: lookups read the round the host enqueued for ``ids`` (by layer name)."""
-    self._round = {"ids": ids, "activations": None, "read": set()}
+    """Program A's scope: lookups read the round the host enqueued for ``ids`` (by layer name).
+
+    The program's one dequeue happens here, before the DP step's per-example
+    forward passes (:mod:`sparse_dp.training.per_example`): each example's
+    lookup then reads its rows from the dequeued activations of the batch's
+    ids, which are the engine's rows, the same whichever example asked.
+    """
+    activations = self.engine.dequeue_round(
+        {l.name: self.engine.input_bounds[l.name] for l in self.tables})
+    self._round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]), activations[name])
+                   for name in ids}
     self.pending = None
     try:
       yield
@@ -81,21 +90,15 @@ class TwoProgramBackend(TPUEmbeddingBackend):
       raise RuntimeError(
           "the two-program TPU embedding backend runs DP steps only in "
           "sparse_dp.training.tpu_loop.TPUTrainer (model.fit runs a step as one TPU program)")
-    if layer.name in self._round["read"]:
-      raise ValueError(
-          f"embedding layer {layer.name} is looked up twice in one step: the two-program "
-          "loop enqueues one feature per table; call the layer once on all its ids")
-    self._round["read"].add(layer.name)
-    if self._round["activations"] is None:  # the program's one dequeue, on the step's tape
-      self._round["activations"] = self.engine.dequeue_round(
-          {l.name: self.engine.input_bounds[l.name] for l in self.tables})
-    enqueued = tf.reshape(tf.cast(self._round["ids"][layer.name], tf.int64), [-1])
-    same = tf.debugging.assert_equal(
-        tf.cast(flat_ids, tf.int64), enqueued,
-        message=f"sparse-dp: layer {layer.name} looked up other ids than the host enqueued "
-                "for it (TPUTrainer's input_ids gives each table's ids of a batch)")
-    with tf.control_dependencies([same]):
-      return tf.identity(self._round["activations"][layer.name][:tf.size(flat_ids)])
+    enqueued, activations = self._round[layer.name]
+    flat_ids = tf.cast(flat_ids, tf.int64)
+    matches = tf.equal(flat_ids[:, None], enqueued[None, :])
+    found = tf.debugging.Assert(
+        tf.reduce_all(tf.reduce_any(matches, axis=1)),
+        [f"sparse-dp: layer {layer.name} looked up ids the host did not enqueue for it "
+         "(TPUTrainer's input_ids gives each table's ids of a batch)"])
+    with tf.control_dependencies([found]):
+      return tf.gather(activations, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
   def apply_table_updates(self, optimizer, updates):
     """Holds the training round in ``pending``; reads the engine's learning rate of the step."""
