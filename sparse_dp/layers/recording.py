@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -37,9 +37,10 @@ class Recorder:
   ignored.
   """
 
-  def __init__(self):
+  def __init__(self, tape: Optional[tf.GradientTape] = None):
     self.lookups: list[Lookup] = []
     self.graph = tf.compat.v1.get_default_graph()
+    self.tape = tape
 
   def is_current(self) -> bool:
     return tf.compat.v1.get_default_graph() is self.graph
@@ -56,10 +57,15 @@ _state = threading.local()
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[Recorder]:
-  """Activates a :class:`Recorder` for the lookups made inside the block."""
+def recording(tape: Optional[tf.GradientTape] = None) -> Iterator[Recorder]:
+  """Activates a :class:`Recorder` for the lookups made inside the block.
+
+  With ``tape``, each recorded lookup's vectors are watched by it, so the
+  loss's gradient with respect to them exists whatever the lookup read: a
+  table variable, or rows an embedding engine returned outside the tape.
+  """
   stack = _state.__dict__.setdefault("stack", [])
-  recorder = Recorder()
+  recorder = Recorder(tape)
   stack.append(recorder)
   try:
     yield recorder
@@ -78,3 +84,5 @@ def record_lookup(lookup: Lookup) -> None:
   stack = getattr(_state, "stack", None)
   if stack and stack[-1].is_current():
     stack[-1].lookups.append(lookup)
+    if stack[-1].tape is not None:
+      stack[-1].tape.watch(lookup.vectors)

@@ -75,7 +75,7 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data) -> PerExample
 
   def one_example(example) -> tuple:
     with tf.GradientTape() as tape:
-      with recording() as lookups, dense_layers.recording_dense_calls(leaves) as calls:
+      with recording(tape) as lookups, dense_layers.recording_dense_calls(leaves) as calls:
         with forward_without_state_writes():
           losses, _, _ = losses_of(example)
       loss = _the_loss(losses)

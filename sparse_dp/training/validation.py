@@ -12,12 +12,18 @@ bound only when
   released without noise (BatchNormalization's moving mean is the raw mean of
   the private batch).
 
-Layers that mix examples break the first point with no error: measured with
-zero noise and ``C2 = 1``, ``||G(D + z) - G(D)||`` is 62 with
-``BatchNormalization`` in training mode, 78 with a ``Lambda`` that subtracts
-the batch mean, 12-59 with TFRS's ``Retrieval`` task (in-batch softmax); the
-reported epsilon is then false. Two checks refuse such models, naming the
-layer or loss and the fix:
+The DP step makes the first point hold by construction: it computes each
+example's loss and gradients with that example alone
+(:mod:`sparse_dp.training.per_example`), and refuses a forward pass that
+writes state (:mod:`sparse_dp.training.state_writes`). A model whose layers
+mix examples then no longer breaks the bound, but it does not train as
+written: its ``BatchNormalization`` normalises one example, its in-batch
+softmax has no negatives. (Over the whole batch, as DP steps that are not
+per-example compute it, measured with zero noise and ``C2 = 1``:
+``||G(D + z) - G(D)||`` is 62 with ``BatchNormalization`` in training mode,
+78 with a ``Lambda`` that subtracts the batch mean, 12-59 with TFRS's
+``Retrieval`` task.) Two checks refuse such models first, naming the layer or
+loss and the fix:
 
 * :func:`check_model` (:mod:`.model_checks`), static, at ``make_private``:
   BatchNormalization in training mode, ``tfrs.tasks.Retrieval``,
