@@ -20,9 +20,9 @@
 
 The training keeps the job's Adam: the audit tests the configuration that
 ships. An Adam step is ``-lr m_t / (sqrt(v_t) + eps)``: its first moment is a
-running sum of the noisy gradients, and on a canary's own rows ``v_t`` is set by
-the noise alone, the same on every row, so the update is the noisy gradients
-scaled and carried over a few steps; reading every step sees each canary
+running sum of the noisy gradients, and in a DP run ``v_t`` on a canary's own
+rows is set by the noise, about the same on every row, so the update is the
+noisy gradients scaled and carried over a few steps; reading every step sees each canary
 where the final tables mix every step's direction into one.
 
 A canary's own rows are those no training example and no other canary looks
