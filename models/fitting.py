@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -50,7 +50,8 @@ class FitResult:
 def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      vocabulary_sizes, preselection: Optional[Preselection] = None,
                      initial_weights: Optional[Callable[[keras.Model], None]] = None,
-                     progress: bool = True) -> FitResult:
+                     progress: bool = True,
+                     observers: Sequence[keras.callbacks.Callback] = ()) -> FitResult:
   """Trains on ``train``, evaluates on ``held_out = (x, y)``; returns the job's metrics.
 
   ``train`` is ``(x, y)`` in memory (Poisson-sampled batches when private),
@@ -60,6 +61,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   and truncation).
 
   ``initial_weights(model)``, if given, loads weights into the built model.
+  ``observers`` are Keras callbacks that read the model at every step (the audit's
+  per-step white-box view, :mod:`sparse_dp.audit.scores`); ``--strategy ps`` runs none.
   ``progress=False`` keeps Keras's per-epoch lines (the training loss) off stdout:
   a caller whose run is not the released one (a non-private teacher) must not
   print statistics of un-noised private data.
@@ -101,7 +104,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
         model, config, num_examples=num_examples, batch_size=batch_size, epochs=settings.epochs,
         embedding=settings.embedding,
         max_batch_size=train.manifest.max_batch_size if sampled else None)
-  callbacks = [private.callback()] if private.is_private else []
+  callbacks = ([private.callback()] if private.is_private else []) + list(observers)
   start = time.perf_counter()
   if sampled:
     steps = steps_for_epochs(settings.epochs, batch_size / num_examples)
@@ -134,7 +137,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                           callbacks=callbacks, verbose=verbose).history
   else:
     epochs = max(1, round(settings.epochs))
-    history = model.fit(*train, batch_size=batch_size, epochs=epochs, verbose=verbose).history
+    history = model.fit(*train, batch_size=batch_size, epochs=epochs, callbacks=callbacks,
+                        verbose=verbose).history
     steps = epochs * -(-num_examples // batch_size)
   seconds = time.perf_counter() - start
   if private.is_private:

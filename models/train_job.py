@@ -192,10 +192,11 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
   return train, held_out, vocabulary, train.skipped_lines
 
 
-def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes, initial_weights=None):
+def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes, observers=None):
   """One algorithm: DP-FEST / DP-AdaFEST+ spend ``--selection-share`` of epsilon on
   the top-k first and train on the rest; the two compose by basic composition.
-  ``initial_weights`` goes to :func:`fitting.fit_and_evaluate`."""
+  The Keras callbacks ``observers(preselection)`` returns watch every step
+  (:func:`fitting.fit_and_evaluate`)."""
   from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
   kind = Algorithm.parse(algorithm)
   preselection = None
@@ -208,7 +209,8 @@ def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes, initial_
     settings = dataclasses.replace(settings, epsilon=args.epsilon - preselection.epsilon,
                                    selection_epsilon=preselection.epsilon)
   fit = fitting.fit_and_evaluate(algorithm, settings, train_inputs, held_out, sizes,
-                                 preselection=preselection, initial_weights=initial_weights)
+                                 preselection=preselection,
+                                 observers=observers(preselection) if observers else ())
   fit.metrics["selection_epsilon"] = preselection.epsilon if preselection is not None else None
   if fit.metrics["poisson_sampling"] is False:
     fit.metrics["privacy_caveat"] = NOT_POISSON

@@ -92,18 +92,61 @@ def test_the_audit_over_all_tries_holds_at_beta_for_randomized_response():
   assert 0.2 < np.median(bounds) < eps  # the audit sees most of it, never more
 
 
-def test_k_pairs_and_beta_split():
-  assert one_run.k_pairs(128) == [(4, 0), (4, 4), (8, 0), (8, 8), (16, 0), (16, 16),
-                                  (32, 0), (32, 32)]
+def test_k_pairs_reach_half_the_canaries_per_side_and_share_beta():
+  assert one_run.k_pairs(128) == [(4, 4), (8, 8), (16, 16), (32, 32), (64, 64),
+                                  (32, 0), (64, 0)]
+  assert (500, 500) in one_run.k_pairs(1000)  # every canary guessed
+  assert one_run.k_pairs(1000)[-2:] == [(250, 0), (500, 0)]
   included = np.arange(128) < 64
   scores = {"perfect": included.astype(float), "other": np.zeros(128)}
   result = one_run.audit(scores, included, delta=0.0, beta=0.05)
   best = result.best()
-  assert (best.score, best.k_plus, best.k_minus, best.correct) == ("perfect", 32, 32, 64)
+  assert (best.score, best.k_plus, best.k_minus, best.correct) == ("perfect", 64, 64, 128)
   assert best.epsilon_lower_bound == pytest.approx(
-      bound.epsilon_lower_bound(64, 64, 128, 0.0, 0.05 / 16))
+      bound.epsilon_lower_bound(128, 128, 128, 0.0, 0.05 / 14))
   with pytest.raises(ValueError, match="score 'other'"):
     one_run.audit({"other": np.zeros(5)}, included, 0.0)
+
+
+def appendix_d_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
+  """The paper's Appendix D ``p_value_DP_audit``, line for line."""
+  q = 1 / (1 + math.exp(-eps))
+  beta = stats.binom.sf(v - 1, r, q)
+  alpha, total = 0.0, 0.0
+  for i in range(1, v + 1):
+    total += stats.binom.pmf(v - i, r, q)
+    if total > i * alpha:
+      alpha = total / i
+  return min(beta + alpha * delta * 2 * m, 1)
+
+
+def appendix_d_epsilon(m: int, r: int, v: int, delta: float, p: float) -> float:
+  """The paper's Appendix D ``get_eps_audit``: bisection on the p-value."""
+  low, high = 0.0, 1.0
+  while appendix_d_p_value(m, r, v, high, delta) < p:
+    high += 1
+  for _ in range(30):
+    middle = (low + high) / 2
+    low, high = (middle, high) if appendix_d_p_value(m, r, v, middle, delta) < p else (low, middle)
+  return low
+
+
+# (m, r, v, delta, p) -> the paper's Appendix D code's lower bound, to 4 decimals.
+APPENDIX_D = {(1000, 100, 100, 1e-5, 0.05): 3.4654, (1000, 500, 500, 1e-5, 0.05): 5.0875,
+              (1000, 1000, 1000, 1e-5, 0.05): 5.7823, (1000, 1000, 900, 1e-5, 0.05): 2.0206,
+              (1000, 200, 180, 1e-5, 0.05): 1.7963, (5000, 1000, 950, 1e-5, 0.05): 2.6965,
+              (1000, 100, 80, 1e-6, 0.01): 0.8029, (100, 100, 90, 0.0, 0.05): 1.6308}
+
+
+@pytest.mark.parametrize("case", sorted(APPENDIX_D))
+def test_bound_is_the_papers_appendix_d_code_to_the_grid_step(case):
+  """Theorem 3.1's bound as the paper computes it (Steinke, Nasr, Jagielski, NeurIPS 2023,
+  Appendix D): ours is its last 0.01 grid point at or below the paper's value."""
+  m, r, v, delta, p = case
+  paper = appendix_d_epsilon(m, r, v, delta, p)
+  assert paper == pytest.approx(APPENDIX_D[case], abs=1e-4)
+  ours = bound.epsilon_lower_bound(r, v, m, delta, p)
+  assert paper - 0.01 <= ours <= paper + 1e-9 * (delta == 0) + 1e-6
 
 
 def test_exposure_ranks_an_inserted_canary_among_the_excluded():

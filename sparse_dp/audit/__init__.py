@@ -3,8 +3,9 @@
 ``sparse-dp audit`` (:mod:`sparse_dp.audit.cli`) trains the pCTR job with
 canaries and reports, per algorithm, the lower bound of Steinke, Nasr and
 Jagielski 2023 (:mod:`.bound`, :mod:`.one_run`) next to the claimed epsilon,
-with the canaries' exposure (:mod:`.exposure`). The broken mechanism of the
-audit's negative control lives in :mod:`.testing` only.
+with the audit's power (:mod:`.power`) and the canaries' exposure
+(:mod:`.exposure`). The broken mechanisms of the audit's negative controls
+live in :mod:`.testing` only.
 """
 
 from sparse_dp.audit.bound import epsilon_lower_bound

@@ -1,8 +1,8 @@
 """The one-run epsilon lower bound (Steinke, Nasr, Jagielski 2023).
 
-"Privacy Auditing with One (1) Training Run" (NeurIPS 2023; arXiv 2305.08846),
-as we recall it (the paper could not be consulted here; the tests check the
-numbers against a direct binomial tail and an epsilon = 0 null):
+"Privacy Auditing with One (1) Training Run" (NeurIPS 2023; arXiv 2305.08846).
+``tests/test_audit_bound.py`` checks the numbers against the paper's Appendix D
+code (its ``get_eps_audit``), a direct binomial tail and an epsilon = 0 null:
 
 * m canaries, each included in the training data independently with
   probability 1/2: ``S_i in {-1, +1}`` (§3, the auditing game).
@@ -30,9 +30,8 @@ rejected: with probability at most ``beta``.
 
 The largest bound ``r`` guesses can give (all correct, ``delta = 0``) is
 ``log(p / (1 - p))`` with ``p = beta^(1/r)``: about 2.75 for ``r = 100`` and 4.4
-for ``r = 500`` at ``beta = 0.05 / 24`` (the 24 tries of
-:mod:`sparse_dp.audit.one_run`); the number of canaries caps what an audit can
-show.
+for ``r = 500`` at ``beta = 0.05 / 24``; the number of canaries caps what an
+audit can show (:mod:`sparse_dp.audit.power`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 Trains the pCTR job with each algorithm on synthetic Criteo data plus ``m``
 canaries (each included with probability 1/2 from a secret seed), scores the
-canaries white-box and black-box, and reports the one-run lower bound of
-Steinke, Nasr and Jagielski (2023) at 95% confidence next to the epsilon the
-run claims, with the canaries' exposure. ``checks`` states the audit's three
-orderings: the non-private run's bound above every DP run's claim (the audit
-can see leakage), the broken mechanism's bound above its claim (the audit
-catches a false claim), and every DP run's bound below its claim.
+canaries white-box (every step) and black-box, and reports the one-run lower
+bound of Steinke, Nasr and Jagielski (2023) at 95% confidence next to the
+epsilon the run claims, with the audit's power (the smallest true epsilon it
+flags in 95% of runs of an ideal mechanism) and the canaries' exposure.
+``checks`` states the audit's orderings: the non-private run's bound above
+every DP run's claim (the audit can see leakage), each broken mechanism's
+bound above its claim (noise off, x1/4, x1/2: the audit catches a false
+claim), and every DP run's bound below its claim.
 
 A bound below the claim does not prove the claim: it says this audit found
 no violation; only the proof and the accountant give the guarantee.
@@ -43,9 +45,13 @@ def add_parser(commands) -> None:
   parser.add_argument("--confidence", type=float, default=0.95)
   parser.add_argument("--broken-mechanism-for-testing", metavar="ALGORITHM",
                       choices=[a for a in _ALGORITHMS if Algorithm.parse(a).is_private],
-                      help="also train ALGORITHM with its noise OFF while the accountant "
-                           "still claims --epsilon: the audit's negative control, marked "
-                           "private_run false; never a private run")
+                      help="also train ALGORITHM with its noise scaled by each of "
+                           "--broken-noise-scales while the accountant still claims "
+                           "--epsilon: the audit's negative controls, marked private_run "
+                           "false; never a private run")
+  parser.add_argument("--broken-noise-scales", default="0,0.25,0.5", metavar="SCALES",
+                      help="comma-separated noise scales in [0, 1) of the broken runs "
+                           "(0: noise off; default 0,0.25,0.5)")
   parser.add_argument("--out", default="sparse-dp-audit",
                       help="folder for the data and audit.json")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,6 +73,7 @@ def audit_report(args: argparse.Namespace) -> dict:
                      f"{','.join(_ALGORITHMS)}")
   if not 0 < args.confidence < 1:
     raise ValueError(f"--confidence must be in (0, 1), got {args.confidence}")
+  noise_scales = broken_noise_scales(args.broken_noise_scales)
   preset = PRESETS[args.preset]
   if args.canaries is not None:
     if args.canaries < 2:
@@ -75,13 +82,25 @@ def audit_report(args: argparse.Namespace) -> dict:
     preset = dataclasses.replace(preset, canaries=args.canaries)
   out = pathlib.Path(args.out)
   with job_flags.progress_output(args.json):
-    results = _runs(args, preset, algorithms, out)
+    results = _runs(args, preset, algorithms, noise_scales, out)
   report = {"command": command_line(args),
             "preset": args.preset, "settings": dataclasses.asdict(preset),
             "results": results, "checks": orderings(results)}
   out.mkdir(parents=True, exist_ok=True)
   (out / "audit.json").write_text(json.dumps(report, indent=2))
   return report
+
+
+def broken_noise_scales(text: str) -> list[float]:
+  """``--broken-noise-scales``: distinct numbers in ``[0, 1)``, in the order given."""
+  try:
+    scales = [float(word) for word in text.split(",") if word.strip()]
+  except ValueError:
+    scales = None
+  if not scales or not all(0 <= s < 1 for s in scales) or len(set(scales)) < len(scales):
+    raise ValueError(f"--broken-noise-scales {text!r}: give distinct numbers in [0, 1), "
+                     "e.g. 0,0.25,0.5")
+  return scales
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -91,10 +110,13 @@ def command_line(args: argparse.Namespace) -> str:
   for flag in ("canaries", "canary_seed", "noise_seed", "broken_mechanism_for_testing"):
     if getattr(args, flag) is not None:
       words += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+  if args.broken_mechanism_for_testing is not None:
+    words += ["--broken-noise-scales", args.broken_noise_scales]
   return shlex.join(words + ["--out", args.out] + (["--json"] if args.json else []))
 
 
-def _runs(args, preset, algorithms: list[str], out: pathlib.Path) -> list[dict]:
+def _runs(args, preset, algorithms: list[str], noise_scales: list[float],
+          out: pathlib.Path) -> list[dict]:
   from sparse_dp.audit.canaries import Canaries  # pylint: disable=import-outside-toplevel
   from sparse_dp.audit.job import AuditFlags, audited_run  # pylint: disable=import-outside-toplevel
   from sparse_dp.study.inputs import SYNTHETIC, StudyInputs  # pylint: disable=import-outside-toplevel
@@ -107,31 +129,45 @@ def _runs(args, preset, algorithms: list[str], out: pathlib.Path) -> list[dict]:
       hidden_units=preset.hidden_units, noise_seed=args.noise_seed)
   flags = AuditFlags(args.epsilon, 0.1, preset.fest_k, args.noise_seed)
   beta = 1 - args.confidence
-  runs = [(a, False) for a in algorithms]
+  runs = [(a, 1.0) for a in algorithms]
   if args.broken_mechanism_for_testing:
-    runs.append((args.broken_mechanism_for_testing, True))
+    runs += [(args.broken_mechanism_for_testing, scale) for scale in noise_scales]
   results = []
-  for algorithm, broken in runs:
-    print(f"sparse-dp audit: {algorithm}{' (noise off, for testing)' if broken else ''} with "
+  for algorithm, scale in runs:
+    print(f"sparse-dp audit: {algorithm}"
+          f"{f' (noise x{scale:g}, for testing)' if scale != 1.0 else ''} with "
           f"{canaries.count} canaries", flush=True)
-    results.append(audited_run(algorithm, flags, settings, inputs.train, inputs.held_out,
-                               canaries, beta, broken_mechanism=broken))
+    result = audited_run(algorithm, flags, settings, inputs.train, inputs.held_out,
+                         canaries, beta, noise_scale=scale)
+    print(power_line(result), flush=True)
+    results.append(result)
   return results
+
+
+def power_line(result: dict) -> str:
+  """The run's bound against its claim, and the smallest true epsilon the audit would flag."""
+  power = result["power"]
+  smallest = power["smallest_epsilon_flagged"]
+  seen = (f"flags a true epsilon >= {smallest:.2f} in {power['rate']:.0%} of runs"
+          if smallest is not None else "cannot flag any true epsilon in 95% of runs")
+  claim = result["claimed_epsilon"]
+  return (f"  lower bound {result['epsilon_lower_bound']:.2f} vs claim "
+          f"{'-' if claim is None else f'{claim:.2f}'}; the audit {seen} "
+          f"(claim {power['claim']:.2f}, {result['canaries']} canaries, {result['tries']} tries)")
 
 
 def orderings(results: list[dict]) -> dict:
   """The three orderings a sound audit of a correct implementation shows (None: not run)."""
   private = [r for r in results if r["private_run"]]
   controls = [r for r in results if r["claimed_epsilon"] is None]
-  broken = [r for r in results if r["mechanism"] != "as configured"]
+  broken = [r for r in results if r["noise_scale"] != 1.0]
   largest_claim = max((r["claimed_epsilon"] for r in private), default=None)
   return {
       "positive_control_above_claims": (
           all(r["epsilon_lower_bound"] > largest_claim for r in controls)
           if controls and private else None),
-      "broken_mechanism_above_claim": (
-          all(r["epsilon_lower_bound"] > r["claimed_epsilon"] for r in broken)
-          if broken else None),
+      "broken_mechanisms_above_claim": (
+          {f"noise x{r['noise_scale']:g}": r["flagged"] for r in broken} if broken else None),
       "private_runs_below_claims": (
           all(r["epsilon_lower_bound"] < r["claimed_epsilon"] for r in private)
           if private else None),

@@ -2,12 +2,13 @@
 
 The training is ``sparse-dp train``'s (``train_job._fit``: the same
 preselection for DP-FEST / DP-AdaFEST+, ``make_private``, Poisson-sampled
-batches, accountant), on the examples plus the included canaries, with every
-table grown by the canaries' own rows. Its claimed epsilon is the job's
-(training and preselection). The audit guesses from the trained model only
-(:mod:`sparse_dp.audit.scores`) and tests the claim at ``delta`` (the job's:
-``1 / N`` unless given; the non-private run is audited at the same
-``delta``).
+batches, Adam, accountant), on the examples plus the included canaries, with
+every table grown by the canaries' own rows. Its claimed epsilon is the job's
+(training and preselection). The audit guesses from the training's iterates
+(:mod:`sparse_dp.audit.scores`: white-box at every step, black-box from the
+trained model) and tests the claim at ``delta`` (the job's: ``1 / N`` unless
+given; the non-private run is audited at the same ``delta``). Each result
+carries the audit's power (:mod:`sparse_dp.audit.power`) at its claim.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
 
+from sparse_dp.accounting import PrivacyAccountant, effective_noise_multiplier
 from sparse_dp.audit.canaries import Canaries
 from sparse_dp.audit.exposure import exposure_summary
-from sparse_dp.audit.one_run import audit
-from sparse_dp.audit.scores import SCORES, canary_scores
-from sparse_dp.audit.testing import noise_off_for_testing
+from sparse_dp.audit.one_run import audit, k_pairs
+from sparse_dp.audit.power import IdealAudit
+from sparse_dp.audit.scores import SCORES, WHITE_BOX, CanaryRows, StepAlignment, canary_scores
+from sparse_dp.audit.testing import noise_scaled_for_testing
 from sparse_dp.models.job_flags import FitSettings
 
-WHITE_BOX = ("row_movement", "gradient_alignment")
+POWER_RATE = 0.95
+POWER_TRIALS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,52 +45,95 @@ class AuditFlags:
 
 
 def audited_run(algorithm: str, flags: AuditFlags, settings: FitSettings, train, held_out,
-                canaries: Canaries, beta: float, broken_mechanism: bool = False) -> dict:
+                canaries: Canaries, beta: float, noise_scale: float = 1.0) -> dict:
   """Trains ``algorithm`` with ``canaries`` and audits it; the result as a JSON-ready dict.
 
-  ``broken_mechanism`` trains with the noise off while the accountant claims
-  the configured epsilon (:func:`noise_off_for_testing`): a negative control,
-  never a private run.
+  ``noise_scale < 1`` trains with that share of the noise while the accountant
+  claims the configured epsilon (:func:`noise_scaled_for_testing`): a negative
+  control, never a private run.
   """
   from sparse_dp.models import train_job  # pylint: disable=import-outside-toplevel
-  initial_tables = []
+  broken = noise_scale != 1.0
+  observers = []
 
-  def record_initial_tables(model):
-    initial_tables.extend(model.get_layer(f"embedding_{t}").embeddings.numpy()
-                          for t in range(len(canaries.vocabulary_sizes)))
+  def observe(preselection):
+    observers.append(StepAlignment(CanaryRows(canaries, train[0]["categorical"], preselection)))
+    return observers
 
-  with noise_off_for_testing() if broken_mechanism else contextlib.nullcontext():
-    fit, preselection = train_job._fit(  # pylint: disable=protected-access
+  with noise_scaled_for_testing(noise_scale) if broken else contextlib.nullcontext():
+    fit, _ = train_job._fit(  # pylint: disable=protected-access
         algorithm, argparse.Namespace(**dataclasses.asdict(flags)), settings,
         canaries.insert(train), held_out, canaries.model_vocabulary_sizes,
-        initial_weights=record_initial_tables)
+        observers=observe)
   metrics = fit.metrics
-  scores = canary_scores(fit.model, initial_tables, canaries, train[0]["categorical"],
-                         preselection)
+  alignment, = observers
+  scores = canary_scores(fit.model, alignment.rows, alignment)
   delta = metrics["delta"] if metrics["delta"] is not None else (
       settings.delta if settings.delta is not None else 1.0 / metrics["train_examples"])
   result = audit(scores, canaries.included, delta, beta)
   best = result.best()
   included = canaries.included
+  claim = metrics["epsilon"]
   return {
       "algorithm": algorithm,
-      "mechanism": "broken for testing: noise off" if broken_mechanism else "as configured",
-      "private_run": metrics["epsilon"] is not None and not broken_mechanism,
-      "claimed_epsilon": metrics["epsilon"], "delta": delta,
+      "mechanism": _mechanism(noise_scale),
+      "noise_scale": noise_scale,
+      "true_epsilon": (true_epsilon(metrics, noise_scale, min(settings.batch_size,
+                                                             metrics["train_examples"]), delta)
+                       if broken and claim is not None else claim),
+      "private_run": claim is not None and not broken,
+      "claimed_epsilon": claim, "delta": delta,
       "canaries": canaries.count, "canaries_included": int(included.sum()),
       "confidence": 1 - beta,
       "epsilon_lower_bound": best.epsilon_lower_bound,
+      "flagged": claim is not None and best.epsilon_lower_bound > claim,
       "best": _guesses(best),
       "white_box": _guesses(max((result.best(s) for s in WHITE_BOX),
                                 key=lambda g: g.epsilon_lower_bound)),
       "black_box": _guesses(result.best("loss")),
       "tries": len(result.tries),
+      "power": audit_power(claim if claim is not None else flags.epsilon, canaries.count,
+                           delta, beta),
       "exposure": {name: exposure_summary(scores[name], included) for name in SCORES},
       "rows_moved": {"included": _share(scores["row_movement"][included] > 0),
                      "excluded": _share(scores["row_movement"][~included] > 0)},
+      "steps_observed": len(alignment.steps),
       "auc": metrics["auc"], "steps": metrics["steps"], "train_examples": metrics["train_examples"],
       "noise_multipliers": metrics["noise_multipliers"],
   }
+
+
+@functools.lru_cache(maxsize=None)
+def audit_power(claim: float, canaries: int, delta: float, beta: float) -> dict:
+  """The smallest true epsilon this audit (its ``m``, tries and ``beta``) flags above
+  ``claim`` in 95% of runs of the ideal mechanism (:class:`IdealAudit`)."""
+  ideal = IdealAudit(claim, canaries, delta, beta, k_pairs(canaries), scores=len(SCORES),
+                     trials=POWER_TRIALS)
+  return {"claim": claim, "rate": POWER_RATE, "trials": POWER_TRIALS,
+          "mechanism": "ideal: a Gaussian score per canary, exactly (epsilon, delta)-DP",
+          "smallest_epsilon_flagged": ideal.smallest_flagged_epsilon(POWER_RATE)}
+
+
+def true_epsilon(metrics: dict, noise_scale: float, batch_size: int,
+                 delta: float) -> Optional[float]:
+  """The accountant's epsilon for the noise a broken run really had (``None``: no noise,
+  no bound): its steps at ``noise_scale`` x the noise multipliers, plus any preselection."""
+  if noise_scale == 0:
+    return None
+  multipliers = {name: value * noise_scale for name, value in metrics["noise_multipliers"].items()}
+  sigma = multipliers.get("sigma") or effective_noise_multiplier(multipliers["sigma1"],
+                                                                  multipliers["sigma2"])
+  accountant = PrivacyAccountant().step(sigma, batch_size / metrics["train_examples"],
+                                        metrics["steps"])
+  if metrics.get("selection_epsilon"):
+    accountant.spend_pure(metrics["selection_epsilon"])
+  return accountant.get_epsilon(delta)
+
+
+def _mechanism(noise_scale: float) -> str:
+  if noise_scale == 1.0:
+    return "as configured"
+  return "broken for testing: " + ("noise off" if noise_scale == 0 else f"noise x{noise_scale:g}")
 
 
 def _guesses(guesses) -> dict:

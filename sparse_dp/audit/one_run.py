@@ -7,11 +7,17 @@ experiments, which is what lets the bound exceed the all-guesses one). Ties
 are broken by a public random order drawn from ``tie_seed``, never from the
 inclusion bits, so the guesses are a function of the trained model alone.
 
-**Search over k+ / k- and over scores is paid for.** Every ``(score, k+, k-)``
-tried is its own test at ``beta / tries`` (a union bound), so the largest
-bound over the tries still holds with probability ``1 - beta``. The tries
-are fixed before looking at the result: ``k+ = k``, ``k- in {0, k}`` for ``k``
-in :data:`K_FRACTIONS` of ``m``.
+**Search over k+ / k- and over scores is paid for.** The paper's experiments
+sweep the numbers of positive and negative guesses and keep the best; here
+every ``(score, k+, k-)`` tried is its own test at ``beta / tries`` (a union
+bound), so the largest bound over the tries still holds with probability
+``1 - beta``. The tries are fixed before looking at the result: ``k+ = k- = k``
+for ``k`` in :data:`K_FRACTIONS` of ``m``, up to ``m / 2`` per side (``k+ = k- =
+m / 2`` guesses on every canary), and ``(k, 0)`` for the two largest. Few
+guesses on both sides win when only the tails of the scores separate (a
+Gaussian mechanism, DP-SGD: :mod:`sparse_dp.audit.power`); many one-sided
+guesses when most included canaries show and the rest look excluded (a run
+without noise, where a canary the sampler never drew did not move).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 
 from sparse_dp.audit.bound import epsilon_lower_bound
 
-K_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
+K_FRACTIONS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +67,10 @@ class OneRunAudit:
 
 
 def k_pairs(canaries: int, fractions: Sequence[float] = K_FRACTIONS) -> list[tuple[int, int]]:
-  """``(k+, k-)``: ``(k, 0)`` and ``(k, k)`` for ``k = max(1, round(f m))``, distinct."""
-  ks = sorted({max(1, round(f * canaries)) for f in fractions if 2 * round(f * canaries) <= canaries})
-  return [pair for k in ks for pair in ((k, 0), (k, k))]
+  """``(k+, k-)``: ``(k, k)`` for ``k = max(1, round(f m))`` (distinct, at most ``m / 2``),
+  then ``(k, 0)`` for the two largest ``k``."""
+  ks = sorted({max(1, min(round(f * canaries), canaries // 2)) for f in fractions})
+  return [(k, k) for k in ks] + [(k, 0) for k in ks[-2:]]
 
 
 def correct_guesses(scores: np.ndarray, included: np.ndarray, k_plus: int, k_minus: int,

@@ -1,15 +1,16 @@
-"""A deliberately broken mechanism, for testing the audit only.
+"""Deliberately broken mechanisms, for testing the audit only.
 
-Inside :func:`noise_off_for_testing`, every ``make_private`` builds its DP step
-with the Gaussian noise multipliers at zero (the gradient noise, and
-DP-AdaFEST's contribution-map noise), while the accountant keeps the
-calibrated noise it was configured with: the run *claims* the configured
-epsilon and has none. This is the audit's negative control (a correct audit
-must find a lower bound above the claim). Nothing else in sparse-dp can turn
-the noise off: ``sparse-dp train`` and ``stream`` have no such flag, and
+Inside :func:`noise_scaled_for_testing`, every ``make_private`` builds its DP
+step with the Gaussian noise multipliers (the gradient noise, and DP-AdaFEST's
+contribution-map noise) multiplied by ``scale`` in ``[0, 1)``, while the
+accountant keeps the calibrated noise it was configured with: the run
+*claims* the configured epsilon and has less noise (none at ``scale = 0``).
+These are the audit's negative controls, graded: a correct audit with enough
+power must find a lower bound above the claim. Nothing else in sparse-dp can
+change the noise: ``sparse-dp train`` and ``stream`` have no such flag, and
 ``sparse-dp audit`` reaches this only through ``--broken-mechanism-for-testing``,
-whose result is marked ``"private_run": false`` and whose model is never saved.
-The switch is undone on exit, on error too.
+whose results are marked ``"private_run": false`` and whose models are never
+saved. The switch is undone on exit, on error too.
 """
 
 from __future__ import annotations
@@ -22,19 +23,22 @@ from sparse_dp.training import engine
 from sparse_dp.training.step import StepNoise
 
 
-def _noiseless(**fields) -> StepNoise:
-  noise = StepNoise(**fields)
-  return dataclasses.replace(
-      noise, gradient_multiplier=0.0,
-      contribution_multiplier=None if noise.contribution_multiplier is None else 0.0)
-
-
 @contextlib.contextmanager
-def noise_off_for_testing() -> Iterator[None]:
-  """``make_private`` calls inside add no noise but account as if they did."""
+def noise_scaled_for_testing(scale: float) -> Iterator[None]:
+  """``make_private`` calls inside add ``scale`` x the noise but account for all of it."""
+  if not 0 <= scale < 1:
+    raise ValueError(f"a broken mechanism's noise scale must be in [0, 1), got {scale}")
   if engine.StepNoise is not StepNoise:
-    raise RuntimeError("noise_off_for_testing is already active")
-  engine.StepNoise = _noiseless
+    raise RuntimeError("noise_scaled_for_testing is already active")
+
+  def scaled(**fields) -> StepNoise:
+    noise = StepNoise(**fields)
+    return dataclasses.replace(
+        noise, gradient_multiplier=noise.gradient_multiplier * scale,
+        contribution_multiplier=(None if noise.contribution_multiplier is None
+                                 else noise.contribution_multiplier * scale))
+
+  engine.StepNoise = scaled
   try:
     yield
   finally:
