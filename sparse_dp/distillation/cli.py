@@ -5,7 +5,8 @@ flags to the parser and a function ``run(args) -> dict`` returning the report,
 both named ``"module:function"`` and imported only when needed (the flags function
 when the parser is built, so its module must not import TensorFlow at the top:
 ``sparse-dp --help`` stays fast). The command adds ``method`` and ``command`` to
-the report, writes it as one JSON object to ``--out`` and prints it.
+the report, writes it as one JSON object to ``--out`` and prints it; the report's
+``caveats`` (a list, every one kept) come right after ``method``.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out must name a .json file, got {args.out!r}")
-  report = {"method": args.method}
-  report.update(_resolve(METHODS[args.method].run)(args))
+  fields = _resolve(METHODS[args.method].run)(args)
+  # Every caveat at the top, a list (a method with none says so by an empty list).
+  report = {"method": args.method, "caveats": fields.pop("caveats"), **fields}
   report["command"] = _command(args)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(report, indent=2) + "\n")
