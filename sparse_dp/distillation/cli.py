@@ -32,7 +32,8 @@ class Method:
 METHODS: dict[str, Method] = {
     "dp-teacher": Method(
         "DP-AdaFEST teacher distilled on public/synthetic inputs (post-processing: the "
-        "student inherits the teacher's epsilon)",
+        "student inherits the teacher's epsilon; with --features-are-public, one label's "
+        "replacement at (2 epsilon, (1 + e^epsilon) delta))",
         "sparse_dp.distillation.pctr_flags:add_dp_teacher_arguments",
         "sparse_dp.distillation.dp_teacher:run"),
     "rona": Method(
@@ -57,7 +58,8 @@ def add_parser(commands) -> None:
   parser = commands.add_parser(
       "distill", help="private distillation into a compact student (JSON report)",
       description=__doc__.splitlines()[0] + "  Writes one JSON object: sizes, "
-                  "compression ratio, speed-up, teacher and student quality, epsilon.")
+                  "compression ratio, speed-up, teacher and student quality, epsilon, and "
+                  "every caveat (a list, at the top).")
   parser.add_argument("--method", required=True, choices=sorted(METHODS),
                       help="; ".join(f"{name}: {m.help}" for name, m in sorted(METHODS.items())))
   parser.add_argument("--out", required=True, help="the JSON report file")

@@ -19,7 +19,7 @@ LABEL_REPLACEMENT = "replace one example's label (its features public)"
 
 
 def label_replacement(epsilon: float, delta: float) -> tuple[float, float]:
-  """``(2 epsilon, (1 + e^epsilon) delta)``: changing one label, from add/remove ``(epsilon, delta)``.
+  """``(2 eps, (1 + e^eps) delta)``: changing one label, from add/remove ``(eps, delta)``.
 
   Changing one example's label is a replacement: datasets ``D`` and ``D'``
   differ in one example, and ``D - {x}`` is an add/remove neighbour of both. For
