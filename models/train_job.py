@@ -6,10 +6,13 @@ that does not depend on the private data (:mod:`sparse_dp.models.pctr_data`),
 trains with ``sparse_dp.make_private`` on Poisson-sampled batches, and
 reports held-out AUC and log-loss with the epsilon spent. Writes to ``--out``:
 the SavedModel, ``vocabulary.json``, ``metrics.json`` and ``training.png``
-(and ``preselection.json`` for DP-FEST / DP-AdaFEST+). With ``--compare A,B``
-every algorithm trains on the same examples and split at the same epsilon, in
-``--out/<algorithm>/``, and ``compare.json``, ``compare.md`` and
-``compare.png`` (AUC against gradient-size reduction) tabulate them.
+(and ``preselection.json`` for DP-FEST / DP-AdaFEST+; with ``--reader pandas``,
+``training_examples.npy``: the training examples' content hashes,
+:mod:`sparse_dp.data.training_examples`, which ``distill --teacher`` checks).
+With ``--compare A,B`` every algorithm trains on the same examples and split at
+the same epsilon, in ``--out/<algorithm>/``, and ``compare.json``,
+``compare.md`` and ``compare.png`` (AUC against gradient-size reduction)
+tabulate them.
 """
 
 from __future__ import annotations
@@ -115,12 +118,14 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   if args.max_examples < 0 or 0 < args.max_examples < 10:
     raise ValueError(f"--max-examples must be >= 10 (or 0: every line), got {args.max_examples}")
   private = [a for a in algorithms if Algorithm.parse(a).is_private]
+  from sparse_dp.data import training_examples  # pylint: disable=import-outside-toplevel
   from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
 
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  recorded = None  # the training examples, when held in memory (--reader pandas)
   if args.reader == "batches":
     train_inputs, held_out, vocabulary, skipped = sampling_job.sampled_inputs(
         args, algorithms, bool(private))
@@ -137,7 +142,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
                                           args.min_count)
     train_inputs = pctr_data.model_inputs(split.train, vocabulary)
     held_out = pctr_data.model_inputs(split.held_out, vocabulary)
-    skipped = split.skipped_lines
+    skipped, recorded = split.skipped_lines, split.train
   results = []
   for algorithm in algorithms:
     folder = out / algorithm if args.compare else out
@@ -146,9 +151,11 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
           f"{len(held_out[1]):,} held out", flush=True)
     fit, preselection = _fit(algorithm, args, settings, train_inputs, held_out,
                              vocabulary.sizes)
-    metrics = {**fit.metrics, "skipped_lines": skipped}
+    metrics = {**fit.metrics, "skipped_lines": skipped, "noise_seed": args.noise_seed}
     fit.model.save(folder / "model")
     vocabulary.save(folder / "vocabulary.json")
+    if recorded is not None:
+      training_examples.save(recorded, folder)
     if preselection is not None:
       (folder / "preselection.json").write_text(json.dumps(
           {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))

@@ -23,6 +23,7 @@ from sparse_dp.distillation.rona_answers import NoisyAnswers, clip_rows
 TINY = ["--synthetic-scale", "0.01", "--max-examples", "300", "--max-public-examples", "300",
         "--hidden-units", "96,96", "--batch-size", "128", "--student-hidden-units", "8",
         "--student-rows", "0.1", "--student-epochs", "1", "--noise-seed", "3"]
+TINY_TEACHER = TINY[:-2]  # a loaded --teacher's noise is fixed when it is trained
 
 
 def _count(model) -> int:
@@ -36,27 +37,32 @@ def _gaussians_epsilon(multiplier: float, count: int, delta: float) -> float:
 
 @pytest.fixture(scope="module")
 def dp_teacher_folder(tmp_path_factory):
-  """A DP teacher as 'sparse-dp train' writes it (model/, vocabulary.json), made cheaply:
-  DP-SGD, two Poisson steps on random ids (the trained-here DP-AdaFEST path costs minutes
-  of tracing; benchmarks/results/distill/dp_teacher.json runs it)."""
+  """A DP teacher as 'sparse-dp train --noise-seed 1' writes it (model/, vocabulary.json,
+  training_examples.npy, metrics.json), made cheaply: DP-SGD, two Poisson steps on the
+  first 90% of the 300 synthetic day-1 examples TINY's --data reads (the trained-here
+  DP-AdaFEST path costs minutes of tracing; benchmarks/results/distill/dp_teacher.json
+  runs it)."""
   import sparse_dp
   from sparse_dp._keras import keras
+  from sparse_dp.data import training_examples
+  from sparse_dp.data.synthetic import SyntheticCriteo
   from sparse_dp.models.pctr import build_pctr_model
-  from sparse_dp.models.pctr_data import hashed_vocabulary
+  from sparse_dp.models.pctr_data import CriteoSplit, hashed_vocabulary, model_inputs
   folder = tmp_path_factory.mktemp("teacher")
   vocabulary = hashed_vocabulary(0.01)  # --synthetic-scale 0.01
-  rng = np.random.default_rng(0)
-  x = {"integers": rng.random((256, 13), np.float32),
-       "categorical": np.stack([rng.integers(0, v, 256) for v in vocabulary.sizes], 1)}
-  y = rng.integers(0, 2, (256, 1)).astype(np.float32)
+  data = SyntheticCriteo(scale=0.01, seed=0).write_day(folder / "day_1.gz", 1, 300)
+  split = CriteoSplit.read([data], 300, "error")
+  x, y = model_inputs(split.train, vocabulary)
   model = build_pctr_model(vocabulary.sizes, (96, 96))
   model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
   private = sparse_dp.make_private(
       model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.5, noise_seed=1),
-      num_examples=256, batch_size=128)
+      num_examples=len(y), batch_size=135)
   model.fit(private.poisson_dataset(x, y, epochs=1.0), verbose=0)
   model.save(folder / "model")
   vocabulary.save(folder / "vocabulary.json")
+  training_examples.save(split.train, folder)
+  (folder / "metrics.json").write_text(json.dumps({"noise_seed": 1}))
   return folder, private.epsilon()
 
 
@@ -67,7 +73,11 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
   from sparse_dp.training import dp_record
   folder, trained_epsilon = dp_teacher_folder
   out, saved = tmp_path / "r.json", tmp_path / "models"
+  # --noise-seed fixes nothing of a loaded teacher: refused.
   assert main(["distill", "--method", "dp-teacher", *TINY, "--teacher", str(folder),
+               "--out", str(out)]) == 2
+  assert "drop --noise-seed" in capsys.readouterr().err
+  assert main(["distill", "--method", "dp-teacher", *TINY_TEACHER, "--teacher", str(folder),
                "--save", str(saved), "--out", str(out)]) == 0
   report = json.loads(out.read_text())
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
@@ -89,8 +99,13 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
   assert report["epsilon"] == pytest.approx(recorded, rel=1e-6)
   assert report["epsilon"] == pytest.approx(trained_epsilon, rel=1e-6)
   assert report["delta"] == record.runs[0].delta
+  assert report["adjacency"] == "add or remove one example"
   assert report["post_processing"] is True and "post-processing" in report["epsilon_covers"]
   assert report["distillation_inputs"]["saw_private_features"] is False
+  # The teacher was trained with a fixed noise seed (its metrics.json): the caveat, at the top.
+  assert list(report)[:2] == ["method", "caveats"]
+  (caveat,) = report["caveats"]
+  assert "fixed seed (1)" in caveat
   for key in ("teacher_auc", "student_auc", "auc_loss", "speedup", "command"):
     assert key in report, key
 
@@ -103,6 +118,9 @@ def test_rona_epsilon_is_the_composition_of_its_answered_batches(tmp_path, capsy
                "--hint-clip", "2", "--logit-clip", "1", "--self-batch-size", "100",
                "--out", str(out)]) == 0
   report = json.loads(out.read_text())
+  assert list(report)[:2] == ["method", "caveats"]
+  (caveat,) = report["caveats"]
+  assert "fixed seed (3)" in caveat and "answers" in caveat
   # The non-private teachers' training loss (un-noised private data) is never printed:
   # stdout is the report alone.
   assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [report]
@@ -176,14 +194,14 @@ def test_refusals(tmp_path, capsys):
     assert main(["distill", "--method", method, *TINY, "--public-day", "1",
                  "--out", str(tmp_path / "r.json")]) == 2
     error = capsys.readouterr().err
-    assert "is the teacher's private training data" in error
+    assert "270 of its 300 examples have the features of the teacher's private" in error
     assert ("--features-are-public" in error) == (method == "dp-teacher")
   assert main(["distill", "--method", "rona", *TINY, "--query-share", "0.01",
                "--out", str(tmp_path / "r.json")]) == 2
   assert "less than one batch" in capsys.readouterr().err
   assert main(["distill", "--method", "dp-teacher", "--out", str(tmp_path / "r.txt")]) == 2
   assert "--out must name a .json file" in capsys.readouterr().err
-  assert main(["distill", "--method", "dp-teacher", *TINY, "--teacher", str(tmp_path),
+  assert main(["distill", "--method", "dp-teacher", *TINY_TEACHER, "--teacher", str(tmp_path),
                "--out", str(tmp_path / "r.json")]) == 2
   assert "is not a 'sparse-dp train' output folder" in capsys.readouterr().err
   assert not (tmp_path / "r.json").exists()
@@ -200,7 +218,7 @@ def test_declared_public_features_are_reported(tmp_path):
   from sparse_dp.distillation import pctr_inputs
   args = build_parser().parse_args(["distill", "--method", "dp-teacher", *TINY,
                                     "--public-day", "1", "--out", "x.json"])
-  with pytest.raises(ValueError, match="private training data"):
+  with pytest.raises(ValueError, match="private training examples"):
     pctr_inputs.load(args, tmp_path)
   data = pctr_inputs.load(args, tmp_path, features_are_public=True)
-  assert data.saw_private_features is True
+  assert data.saw_private_features is True and data.private_examples_in_public == 270

@@ -133,6 +133,10 @@ def test_distill_swing_writes_the_report(tmp_path):
       report["student_examples_per_second"] / report["teacher_examples_per_second"])
   assert report["epsilon"] is None and report["delta"] is None
   assert "no differential privacy guarantee" in report["epsilon_reason"]
+  # Caveats at the top: no epsilon, and the noise's seed is fixed (--swing-seed).
+  assert list(report)[:2] == ["method", "caveats"]
+  assert report["caveats"][0].startswith("no epsilon") and len(report["caveats"]) == 2
+  assert "--swing-seed (0)" in report["caveats"][1]
   assert set(report["models"]) == {"teacher", "student_alone", "kd", "swing"}
   assert report["student_accuracy"] == report["models"]["swing"]["accuracy"]
   for model in report["models"].values():

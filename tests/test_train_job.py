@@ -3,12 +3,14 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from conftest import one_stack
 from sparse_dp.cli import main
+from sparse_dp.data import training_examples
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.models import train_job
+from sparse_dp.models import pctr_data, train_job
 
 KEYS = {"algorithm", "auc", "logloss", "epsilon", "delta", "steps", "examples_per_second",
         "gradient_size_reduction", "nonzero_rows_per_step", "train_examples",
@@ -27,6 +29,12 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
   assert json.loads((out / "metrics.json").read_text()) == metrics
   for name in ("vocabulary.json", "training.png", "model/saved_model.pb"):
     assert (out / name).exists(), name
+  # The training examples by content (what distill --teacher refuses as public data).
+  assert metrics["noise_seed"] == 1
+  split = pctr_data.CriteoSplit.read([out / "synthetic_day_1.gz"], 3000, "error")
+  assert np.array_equal(training_examples.load(out),
+                        np.unique(training_examples.feature_hashes(split.train)))
+  assert len(training_examples.load(out)) == 2700
   if algorithm == "adafest":
     assert 0 < metrics["epsilon"] <= 1.0 and metrics["gradient_size_reduction"] > 1
 

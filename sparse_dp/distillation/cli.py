@@ -5,7 +5,8 @@ flags to the parser and a function ``run(args) -> dict`` returning the report,
 both named ``"module:function"`` and imported only when needed (the flags function
 when the parser is built, so its module must not import TensorFlow at the top:
 ``sparse-dp --help`` stays fast). The command adds ``method`` and ``command`` to
-the report, writes it as one JSON object to ``--out`` and prints it.
+the report, writes it as one JSON object to ``--out`` and prints it; the report's
+``caveats`` (a list, every one kept) come right after ``method``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Method:
 METHODS: dict[str, Method] = {
     "dp-teacher": Method(
         "DP-AdaFEST teacher distilled on public/synthetic inputs (post-processing: the "
-        "student inherits the teacher's epsilon)",
+        "student inherits the teacher's epsilon; with --features-are-public, one label's "
+        "replacement at (2 epsilon, (1 + e^epsilon) delta))",
         "sparse_dp.distillation.pctr_flags:add_dp_teacher_arguments",
         "sparse_dp.distillation.dp_teacher:run"),
     "rona": Method(
@@ -56,7 +58,8 @@ def add_parser(commands) -> None:
   parser = commands.add_parser(
       "distill", help="private distillation into a compact student (JSON report)",
       description=__doc__.splitlines()[0] + "  Writes one JSON object: sizes, "
-                  "compression ratio, speed-up, teacher and student quality, epsilon.")
+                  "compression ratio, speed-up, teacher and student quality, epsilon, and "
+                  "every caveat (a list, at the top).")
   parser.add_argument("--method", required=True, choices=sorted(METHODS),
                       help="; ".join(f"{name}: {m.help}" for name, m in sorted(METHODS.items())))
   parser.add_argument("--out", required=True, help="the JSON report file")
@@ -70,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
   out = pathlib.Path(args.out)
   if out.suffix != ".json":
     raise ValueError(f"--out must name a .json file, got {args.out!r}")
-  report = {"method": args.method}
-  report.update(_resolve(METHODS[args.method].run)(args))
+  fields = _resolve(METHODS[args.method].run)(args)
+  # Every caveat at the top, a list (a method with none says so by an empty list).
+  report = {"method": args.method, "caveats": fields.pop("caveats"), **fields}
   report["command"] = _command(args)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(report, indent=2) + "\n")

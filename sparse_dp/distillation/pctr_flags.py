@@ -20,14 +20,18 @@ def add_dp_teacher_arguments(group) -> None:
                           "to (unless --noise-multiplier)")
   group.add_argument("--teacher",
                      help="dp-teacher: a 'sparse-dp train' output folder (model/, "
-                          "vocabulary.json) to distil instead of training a teacher here; "
-                          "its epsilon is read from the model's dp_record; --data must name "
-                          "the data it was trained on (the inputs are checked against it)")
+                          "vocabulary.json, training_examples.npy) to distil instead of "
+                          "training a teacher here; its epsilon is read from the model's "
+                          "dp_record; --public-data examples whose features hash into its "
+                          "training_examples.npy are refused (by content, whatever the "
+                          "path); --data gives the held-out examples")
   group.add_argument("--features-are-public", action="store_true",
                      help="dp-teacher: declare that the features of the teacher's training "
                           "examples are public, so the student may be distilled on them "
-                          "(--public-data naming the private data); the epsilon then covers "
-                          "their labels only")
+                          "(--public-data sharing examples with the private data); the "
+                          "epsilon then covers changing one label only, a replacement: "
+                          "(2 epsilon, (1 + e^epsilon) delta) from the teacher's add/remove "
+                          "(epsilon, delta), by group privacy")
 
 
 def add_rona_arguments(group) -> None:
@@ -65,8 +69,9 @@ def _add_data_flags(group) -> None:
                           "Criteo files; the last 10%% are held out for evaluation")
   group.add_argument("--public-data", default="synthetic",
                      help="the distillation inputs: 'synthetic' (day --public-day of the "
-                          "same SyntheticCriteo) or Criteo files the user may publish; the "
-                          "teacher's training files are refused")
+                          "same SyntheticCriteo) or Criteo files the user may publish; "
+                          "examples with the features of a teacher's training example are "
+                          "refused (compared by content hash)")
   group.add_argument("--public-day", type=int, default=2,
                      help="day of --public-data synthetic (day 1 is the private data)")
   group.add_argument("--synthetic-scale", type=float, default=0.05,

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.distillation import pctr_inputs, report, rona_privacy, student
+from sparse_dp.distillation import pctr_inputs, privacy_fields, report, rona_privacy, student
 from sparse_dp.distillation.query_selection import select_queries
 from sparse_dp.distillation.rona_answers import NoisyAnswers
 from sparse_dp.distillation.rona_privacy import RonaSchedule
@@ -85,6 +85,7 @@ def run(args) -> dict:
       **report.size_and_speed(teacher, model, data.held_out[0]),
       **student.quality_fields(teacher, model, data.held_out),
       "epsilon": epsilon, "delta": delta, "accountant": "pld",
+      "caveats": privacy_fields.fixed_noise_seed(args.noise_seed, "the teacher's answers"),
       "epsilon_covers": _covers(schedule, sigma),
       "not_covered_by_epsilon": list(NOT_COVERED),
       "rona_claimed_epsilon": rona_privacy.rona_claimed_epsilon(sigma, answers.batch_sizes,

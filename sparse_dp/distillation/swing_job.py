@@ -135,6 +135,10 @@ def run(args: argparse.Namespace) -> dict:
       "epsilon": None,
       "delta": None,
       "epsilon_reason": NO_EPSILON_REASON,
+      "caveats": [f"no epsilon: {NO_EPSILON_REASON}",
+                  f"the Laplace noise on the soft targets was drawn from --swing-seed "
+                  f"({args.swing_seed}): reproducible, for experiments; it is only as secret "
+                  "as that number"],
       "max_exposure": float(np.log2(args.swing_items)),
       "models": models,
       "swing": {"temperature": args.swing_temperature, "protection": args.swing_protection,
