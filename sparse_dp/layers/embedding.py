@@ -8,6 +8,7 @@ from typing import Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.layers import row_gather
 from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
 
 _COMBINERS = ("sum", "mean", None)
@@ -21,17 +22,15 @@ def gather_rows(table, ids: tf.Tensor) -> tf.Tensor:
   with a tensor of ids returned other rows than the shards hold once a
   ``ClusterCoordinator`` existed (tests/test_parameter_servers.py).
 
-  Inside a DP step (a :func:`~sparse_dp.layers.recording.recording` scope)
-  the rows are gathered from the table's value: the step runs each example's
-  forward pass alone under ``tf.vectorized_map``
-  (:mod:`sparse_dp.training.per_example`), which vectorises a gather from a
-  tensor but would run a gather from a variable (``ResourceGather``) in a
-  loop over the examples. Reading the value copies nothing: nothing writes
-  the table while the forward pass runs.
+  Inside a DP step (a :func:`~sparse_dp.layers.recording.recording` scope),
+  where each example's forward pass runs alone under ``tf.vectorized_map``,
+  the gathers are the vectorisable ones of :mod:`sparse_dp.layers.row_gather`.
   """
-  if hasattr(table, "variables") and not hasattr(table, "ref"):
-    return tf.nn.embedding_lookup(table, ids)
-  return tf.gather(tf.convert_to_tensor(table) if is_recording() else table, ids)
+  sharded = hasattr(table, "variables") and not hasattr(table, "ref")
+  if is_recording():
+    return (row_gather.gather_from_shards(table.variables, ids) if sharded
+            else row_gather.gather_from_variable(table, ids))
+  return tf.nn.embedding_lookup(table, ids) if sharded else tf.gather(table, ids)
 
 
 def leading_dimension(tensor: tf.Tensor) -> tf.Tensor:
