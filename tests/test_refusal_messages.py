@@ -127,7 +127,8 @@ def test_two_outputs_with_loss_weights_name_the_tfrs_multi_task_route():
                             "rating": keras.layers.Dense(1, name="rating")(hidden)})
   model.compile(optimizer=keras.optimizers.legacy.SGD(0.1), loss={"click": BCE, "rating": BCE},
                 loss_weights={"click": 1.0, "rating": 0.5})
-  with pytest.raises(ValueError, match=r"2 losses for 2 outputs with loss_weights.*tfrs.Model.*"
+  with pytest.raises(ValueError, match=r"got 2 for the 2 output\(s\) of model '\w+' with "
+                                       r"loss_weights.*tfrs.Model.*"
                                        r"Reduction.NONE.*weighted sum from compute_loss"):
     _fit(model, y={"click": LABELS, "rating": LABELS})
 

@@ -54,9 +54,11 @@ def per_example_loss_fn(model: keras.Model):
                      "loss (e.g. loss=keras.losses.BinaryCrossentropy()) before training")
   if isinstance(loss, (dict, list, tuple)):
     weights = getattr(model.compiled_loss, "_user_loss_weights", None)
-    weighted = " with loss_weights" if weights else ""
-    raise ValueError(f"model '{model.name}' is compiled with {len(loss)} losses for "
-                     f"{len(model.outputs or loss)} outputs{weighted}; {MULTI_TASK_FIX}")
+    outputs = len(model.outputs or loss)
+    raise ValueError(
+        f"DP training takes one loss; got {len(loss)} for the {outputs} output(s) of model "
+        f"'{model.name}'{' with loss_weights' if weights else ''}: " +
+        (MULTI_TASK_FIX if outputs > 1 else "compile it with one per-example loss"))
   loss = keras.losses.get(loss)
   if isinstance(loss, keras.losses.Loss):
     config = {**loss.get_config(), "reduction": keras.losses.Reduction.NONE}
