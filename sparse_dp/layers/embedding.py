@@ -89,6 +89,13 @@ class Embedding(keras.layers.Layer):
   counts it twice). Call the same layer on several features, or on every
   token of a sequence, to share one table among them.
 
+  ``mask_zero=True`` (Keras semantics): id 0 is padding, and the layer's
+  ``compute_mask`` returns ``ids != 0`` for downstream layers that take a mask
+  (pooling, attention, RNNs); row 0 is still a row of the table. The output
+  must keep the ids' shape for a mask to mean anything, so it needs
+  ``combiner=None`` for ``[B, L]`` ids (or ``[B]`` ids). A mask is computed
+  from each example's own ids, so it keeps each example's loss its own.
+
   Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer,
   the id and the vocabulary size, also inside ``tf.function``; nothing is
   clamped. The forward pass uses only ``tf.gather`` and segment sums, so an
@@ -103,7 +110,8 @@ class Embedding(keras.layers.Layer):
   """
 
   def __init__(self, vocabulary_size: int, output_dim: int, combiner: Optional[str] = "sum",
-               embeddings_initializer="uniform", embeddings_regularizer=None, **kwargs):
+               embeddings_initializer="uniform", embeddings_regularizer=None,
+               mask_zero: bool = False, **kwargs):
     super().__init__(**kwargs)
     if not isinstance(vocabulary_size, int) or vocabulary_size < 1:
       raise ValueError(f"layer '{self.name}': vocabulary_size must be an integer >= 1, "
@@ -121,6 +129,7 @@ class Embedding(keras.layers.Layer):
     self.vocabulary_size = vocabulary_size
     self.output_dim = output_dim
     self.combiner = combiner
+    self.mask_zero = mask_zero
     self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
     self.embedding_backend = None
 
@@ -187,6 +196,19 @@ class Embedding(keras.layers.Layer):
       summed = summed / tf.maximum(counts, 1.0)[:, None]
     return summed
 
+  def compute_mask(self, ids, mask=None):
+    """``ids != 0`` with ``mask_zero``, for dense ids whose output keeps their shape."""
+    if not self.mask_zero:
+      return None
+    if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) or (
+        ids.shape.rank != 1 and self.combiner is not None):
+      raise ValueError(
+          f"layer '{self.name}': mask_zero=True masks one output per id, but combiner "
+          f"'{self.combiner}' combines the ids {ids.shape} of each example into one vector, "
+          "which has nothing to mask; use combiner=None on dense [batch, L] ids (one vector "
+          "per token, masked where the id is 0), or ragged ids without padding and no mask_zero")
+    return tf.not_equal(ids, 0)
+
   def compute_output_shape(self, input_shape):
     input_shape = tf.TensorShape(input_shape)
     if input_shape.rank == 2 and self.combiner is None:
@@ -196,5 +218,6 @@ class Embedding(keras.layers.Layer):
   def get_config(self):
     return {**super().get_config(), "vocabulary_size": self.vocabulary_size,
             "output_dim": self.output_dim, "combiner": self.combiner,
+            "mask_zero": self.mask_zero,
             "embeddings_initializer": keras.initializers.serialize(
                 self.embeddings_initializer)}

@@ -50,7 +50,7 @@ def trainable_leaf_layers(model: keras.Model) -> list[keras.layers.Layer]:
           "per-example gradients sparse-dp cannot clip; DP training supports "
           "keras.layers.Dense and sparse_dp.layers.Embedding (replace "
           "keras.layers.Embedding by sparse_dp.layers.Embedding, or freeze the layer "
-          "with layer.trainable = False)")
+          f"with layer.trainable = False){_weightless_alternative(layer)}")
     leaves.append(layer)
   # A variable a layer holds through a tf.Module, list or dict attribute is
   # trainable for Keras but not among the layer's own weights: the DP step
@@ -64,6 +64,15 @@ def trainable_leaf_layers(model: keras.Model) -> list[keras.layers.Layer]:
           "list or dict attribute), so the DP step cannot train it; make it a weight "
           "of such a layer (add_weight), or create it with trainable=False")
   return leaves
+
+
+def _weightless_alternative(layer: keras.layers.Layer) -> str:
+  """A form of ``layer`` without trainable weights that DP training takes, if one exists."""
+  if isinstance(layer, keras.layers.LayerNormalization):
+    return ("; or use LayerNormalization(center=False, scale=False), which still normalises "
+            "each example by its own statistics and has no weights (a Dense after it can "
+            "learn the scale and shift)")
+  return ""
 
 
 @contextlib.contextmanager

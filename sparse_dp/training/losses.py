@@ -9,6 +9,17 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers.recording import is_recording
 from sparse_dp.training.penalties import check_no_data_dependent_losses
+from sparse_dp.training.probe_culprits import loss_name
+
+_NONE = "reduction=keras.losses.Reduction.NONE"
+
+# How to train on several outputs: one per-example loss that sums them (README, "Multi-task").
+MULTI_TASK_FIX = (
+    "DP training clips one loss per example, so weight the outputs' losses yourself, per "
+    "example, in a tfrs.Model: give each task a loss with " + _NONE + " and return their "
+    "weighted sum from compute_loss, e.g. `return 1.0 * self.click_task(labels=click, "
+    "predictions=p_click) + 0.5 * self.rating_task(labels=rating, predictions=p_rating)` "
+    "(each [batch]); see the README's multi-task paragraph")
 
 
 def per_example_loss_fn(model: keras.Model):
@@ -18,12 +29,15 @@ def per_example_loss_fn(model: keras.Model):
     must return one loss per example; build its task with
     ``loss=keras.losses.<Loss>(reduction=keras.losses.Reduction.NONE)``.
   * Any other model: the loss given to ``compile``, applied without reduction.
+    Several outputs (``loss_weights``) are refused naming the TFRS multi-task
+    route (:data:`MULTI_TASK_FIX`).
 
   A loss tensor added during the forward pass (``add_loss`` in ``call``) is
-  refused (:mod:`sparse_dp.training.penalties`). Inside the DP step (a
-  :func:`~sparse_dp.layers.recording.recording` scope) the metrics the model
-  holds (a TFRS task's) are not updated: their totals are un-noised
-  statistics of the batch, and the step runs each example alone.
+  refused (:mod:`sparse_dp.training.penalties`); so is a loss whose first
+  dimension is not the batch's (a loss reduced to shape ``[1]``, say). Inside
+  the DP step (a :func:`~sparse_dp.layers.recording.recording` scope) the
+  metrics the model holds (a TFRS task's) are not updated: their totals are
+  un-noised statistics of the batch, and the step runs each example alone.
   """
   if hasattr(model, "compute_loss") and _is_tfrs(model):
     def tfrs_losses(data):
@@ -31,10 +45,11 @@ def per_example_loss_fn(model: keras.Model):
         losses = model.compute_loss(data, training=True)
       check_no_data_dependent_losses(model)
       if losses.shape.rank != 1:
-        raise ValueError(
-            f"{type(model).__name__}.compute_loss returned a loss of shape {losses.shape}; "
-            "DP training needs one loss per example: give its task "
-            "loss=...(reduction=keras.losses.Reduction.NONE)")
+        raise ValueError(f"{type(model).__name__}.compute_loss returned a loss of shape "
+                         f"{losses.shape}; DP training needs one loss per example: "
+                         f"{_tfrs_reduction_fix(model)}")
+      _check_one_per_example(losses, tf.nest.flatten(data)[0],
+                             f"{type(model).__name__}.compute_loss")
       return losses, None, None
     return tfrs_losses
 
@@ -45,8 +60,12 @@ def per_example_loss_fn(model: keras.Model):
     raise ValueError("the model is compiled without a loss: compile it with a per-example "
                      "loss (e.g. loss=keras.losses.BinaryCrossentropy()) before training")
   if isinstance(loss, (dict, list, tuple)):
-    raise ValueError(f"DP training supports one loss for one output; got {len(loss)}: "
-                     "compile a single-output model with one loss")
+    weights = getattr(model.compiled_loss, "_user_loss_weights", None)
+    outputs = len(model.outputs or loss)
+    raise ValueError(
+        f"DP training takes one loss; got {len(loss)} for the {outputs} output(s) of model "
+        f"'{model.name}'{' with loss_weights' if weights else ''}: " +
+        (MULTI_TASK_FIX if outputs > 1 else "compile it with one per-example loss"))
   loss = keras.losses.get(loss)
   if isinstance(loss, keras.losses.Loss):
     config = {**loss.get_config(), "reduction": keras.losses.Reduction.NONE}
@@ -63,6 +82,7 @@ def per_example_loss_fn(model: keras.Model):
     if losses.shape.rank == 0:
       raise ValueError(f"the loss reduced labels {y.shape} and predictions {y_pred.shape} "
                        "to one number; DP training needs one loss per example")
+    _check_one_per_example(losses, y_pred, f"the loss '{loss_name(model)}'")
     if losses.shape.rank > 1:
       losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
     if sample_weight is not None:
@@ -89,6 +109,41 @@ def _metrics_frozen_when_recording(model: keras.Model):
 
 def _no_update(*args, **kwargs):  # pylint: disable=unused-argument
   return tf.no_op()
+
+
+def _check_one_per_example(losses: tf.Tensor, batch: tf.Tensor, source: str) -> None:
+  """Refuses ``losses`` whose static first dimension is not ``batch``'s (shape ``[1]``, say).
+
+  A per-example loss has the batch's first dimension: the same number, or
+  unknown like the batch's while a step is traced.
+  """
+  rows, examples = losses.shape[0], batch.shape[0]
+  if rows is not None and rows != examples:
+    raise ValueError(
+        f"{source} returned losses of shape {losses.shape} for a batch of "
+        f"{examples if examples is not None else 'any number of'} examples: DP training "
+        "clips one loss per example, so the loss must return shape [batch]; compute it "
+        "per example without reducing over the batch (a keras.losses.Loss with "
+        f"{_NONE}, or a function that reduces over the last axis only, like "
+        "keras.losses.binary_crossentropy)")
+
+
+def _tfrs_reduction_fix(model) -> str:
+  """The fix for a scalar ``compute_loss``: the tasks' reduction, else the labels' shape."""
+  losses = [getattr(task, "_loss", None) for task in _tfrs_tasks(model)]
+  reductions = [loss.reduction for loss in losses if isinstance(loss, keras.losses.Loss)]
+  if reductions and all(r == keras.losses.Reduction.NONE for r in reductions):
+    return ("its task's loss already has reduction NONE, so the labels' shape reduced it: "
+            "Keras losses average over the last axis, and labels of shape [batch] (against "
+            "predictions [batch, 1] or [batch]) make that axis the batch; pass labels and "
+            "predictions of shape [batch, 1] (labels[:, None], or tf.reshape(labels, [-1, 1]))")
+  return f"give its task loss=...({_NONE})"
+
+
+def _tfrs_tasks(model) -> list:
+  import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+  layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  return [layer for layer in layers if isinstance(layer, tfrs.tasks.Ranking)]
 
 
 def _is_tfrs(model) -> bool:

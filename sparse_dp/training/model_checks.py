@@ -41,6 +41,8 @@ def check_model(model: keras.Model) -> None:
     for the public-negatives pattern.
   * any layer with an ``activity_regularizer``: a penalty computed from the
     batch's activations, added to the loss outside the per-example clipping.
+  * mixed precision (:func:`mixed_precision_problems`) and ``TimeDistributed``
+    around a trainable layer (:func:`time_distributed_problems`).
   """
   problems = []
   for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
@@ -61,9 +63,55 @@ def check_model(model: keras.Model) -> None:
           f"{describe_layer(layer)} has an activity_regularizer, a penalty computed from the "
           "batch's activations that per-example clipping does not cover; remove it, or "
           "regularise the weights instead (kernel_regularizer, added after the noise)")
+  problems += mixed_precision_problems(model) + time_distributed_problems(model)
   if problems:
     raise ModelValidationError("sparse-dp cannot train this model privately:\n* " +
                                "\n* ".join(problems))
+
+
+def mixed_precision_problems(model: keras.Model) -> list[str]:
+  """Mixed precision (float16/bfloat16 layers, a ``LossScaleOptimizer``): not supported yet.
+
+  The DP step clips and noises in the variables' dtype, and float16 rounding
+  alone makes a per-example probe see examples mix; issue 21 adds it.
+  """
+  problems = []
+  layers = model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+  low = [layer for layer in layers
+         if getattr(layer, "compute_dtype", None) in ("float16", "bfloat16")]
+  if low:
+    others = f" and {len(low) - 1} other layer(s)" if len(low) > 1 else ""
+    problems.append(
+        f"{describe_layer(low[0])}{others} compute{'' if others else 's'} in "
+        f"{low[0].compute_dtype} (dtype policy '{low[0].dtype_policy.name}'): mixed "
+        "precision is not supported by DP training yet; "
+        "build the model in float32 (keras.mixed_precision.set_global_policy('float32') "
+        "before creating its layers, and no float16/bfloat16 dtype= on any layer)")
+  if isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer):
+    problems.append(
+        f"the optimizer is a LossScaleOptimizer ({type(model.optimizer).__name__}): mixed "
+        "precision is not supported by DP training yet; compile with the optimizer it wraps "
+        "(optimizer.inner_optimizer) and a float32 model")
+  return problems
+
+
+def time_distributed_problems(model: keras.Model) -> list[str]:
+  """``TimeDistributed`` around a trainable layer, whose rows are ``batch * T``, not examples."""
+  problems = []
+  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+    if not isinstance(layer, keras.layers.TimeDistributed) or not layer.trainable_weights:
+      continue
+    inner = layer.layer
+    fix = ("drop the TimeDistributed wrapper: a Dense applied to a [batch, T, k] input acts on "
+           "each of the T vectors and DP training clips it per example as it is"
+           if isinstance(inner, keras.layers.Dense) else
+           "apply the layer to each example's [T, ...] tensor without folding T into the batch "
+           "(a Dense takes [batch, T, k] directly)")
+    problems.append(
+        f"{describe_layer(layer)} reshapes its input [batch, T, ...] to [batch * T, ...] "
+        f"before calling {describe_layer(inner)}, so that layer's rows are not the examples "
+        f"and its per-example gradients cannot be charged to them; {fix}")
+  return problems
 
 
 def describe_layer(layer: keras.layers.Layer) -> str:
