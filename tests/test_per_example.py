@@ -205,3 +205,42 @@ def test_training_with_an_empty_history_keeps_the_model_finite():
   model.fit(private.poisson_dataset((history, numeric), labels, epochs=2), verbose=0)
   assert int(private.steps_taken.numpy()) > 0
   assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
+# State written from the batch, refused by the step itself (no probe runs before a step
+# called directly, as a custom loop does).
+
+
+class CountsIds(keras.layers.Layer):
+  """Counts the training ids in a hash table: exact counts, saved with every checkpoint."""
+
+  def build(self, input_shape):
+    self.counts = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0)
+
+  def call(self, ids):
+    self.counts.insert(ids[:, 0], self.counts.lookup(ids[:, 0]) + 1)
+    return ids
+
+
+class SumsIds(keras.layers.Layer):
+  def build(self, input_shape):
+    self.total = tf.Variable(0.0, trainable=False)
+
+  def call(self, ids):
+    self.total.assign_add(tf.reduce_sum(tf.cast(ids, tf.float32)))
+    return ids
+
+
+class PrintsIds(keras.layers.Layer):
+  def call(self, ids):
+    tf.print("ids", ids)
+    return ids
+
+
+@pytest.mark.parametrize("layer, op", [(CountsIds, "LookupTableInsertV2"),
+                                       (SumsIds, "AssignAddVariableOp"), (PrintsIds, "PrintV2")])
+def test_a_forward_pass_that_writes_state_is_refused_by_the_step(layer, op):
+  ids = keras.Input(shape=(L,), dtype=tf.int64)
+  model = logit_on(Embedding(VOCAB, 4)(layer()(ids)), ids)
+  with pytest.raises(ValueError, match=f"writes state from the batch.*{op}"):
+    clipped_sum(model, int_batch())
