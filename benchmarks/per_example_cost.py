@@ -25,8 +25,8 @@ Each measurement runs in its own subprocess (``PYTHONPATH=<tree>``,
 ``TF_ENABLE_ONEDNN_OPTS=0``, ``TF_CPP_MIN_LOG_LEVEL=2``); for every repeat and
 setting the baseline runs, then the current tree, so load on a shared machine
 hits both alike. Reported per setting: each tree's median over the repeats of a
-run's median seconds per step, their ratio (current / baseline) and each
-repeat's ratio (the spread).
+run's median seconds per step, their ratio (current / baseline), each
+repeat's ratio (the spread) and the median of those.
 
   python benchmarks/per_example_cost.py --out benchmarks/results/per_example_cost.json
 """
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
         # Written after every repeat: a run stopped part-way keeps the repeats it finished.
         _write(report, runs, settings, repeat + 1, started, pathlib.Path(args.out))
   for name, summary in report["settings"].items():
-    print(f"{name:>20}: {summary['ratio'] or float('nan'):.3f}x "
+    print(f"{name:>20}: {summary['ratio'] or float('nan'):.3f}x, median of repeats "
+          f"{summary.get('median_repeat_ratio') or float('nan'):.3f}x "
           f"(repeats {summary['repeat_ratios']})")
   return 0
 
@@ -152,6 +153,9 @@ def _summary(by_tree: dict) -> dict:
       round(current["seconds_per_step"] / baseline["seconds_per_step"], 3)
       for baseline, current in zip(by_tree["baseline"], by_tree["current"])
       if "seconds_per_step" in baseline and "seconds_per_step" in current]
+  # Paired within a repeat (the two runs were next to each other): steadier under changing load.
+  summary["median_repeat_ratio"] = (statistics.median(summary["repeat_ratios"])
+                                   if summary["repeat_ratios"] else None)
   return summary
 
 
