@@ -21,7 +21,7 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import dense_layers, fit_wrappers, validation
+from sparse_dp.training import dense_layers, fit_wrappers, update_guard, validation
 from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
@@ -349,7 +349,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   state = attach(model)
   if resume_from is not None:
     state.restore(resume_from)
-  model.optimizer = sparse_optimizer(model.optimizer)
+  model.optimizer = update_guard.guard(sparse_optimizer(model.optimizer), model.name)
   if max_batch_size is not None:
     Truncation(num_examples, max_batch_size)  # refuses one the accountant cannot account
   training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
@@ -405,19 +405,34 @@ def _check_built(model: keras.Model) -> None:
 
 
 def _check_train_step(model: keras.Model) -> None:
-  """Refuses a model class with its own ``train_step``, which the DP step would replace."""
+  """Refuses a model class with its own ``train_step`` or Keras ``compute_loss``.
+
+  The DP step replaces ``train_step`` and computes the compiled loss per
+  example, so either override would be silently dropped. A ``tfrs.Model``'s
+  ``compute_loss`` is its per-example loss, which the step uses.
+  """
   own = type(model).train_step
   allowed = {keras.Model.train_step}
   try:
     import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
     allowed.add(tfrs.Model.train_step)
+    tfrs_model = isinstance(model, tfrs.Model)
   except ImportError:
-    pass
+    tfrs_model = False
   if own not in allowed:
     raise ValueError(
         f"{type(model).__name__} defines its own train_step, which make_private would replace "
         "by the DP step, silently dropping what it does; put the per-example loss in "
         "compile(loss=...) (or compute_loss for a tfrs.Model) and keep Keras's train_step")
+  keras_compute_loss = getattr(keras.Model, "compute_loss", None)
+  if (not tfrs_model and keras_compute_loss is not None
+      and type(model).compute_loss is not keras_compute_loss):
+    raise ValueError(
+        f"{type(model).__name__} overrides keras.Model.compute_loss, which the DP step does "
+        "not call: it applies the compiled loss to each example alone, so the override "
+        "would be silently dropped. Put the loss in compile(loss=...) as a per-example "
+        "keras.losses.Loss (reduction NONE), or make the model a tfrs.Model whose "
+        "compute_loss(features) returns one loss per example")
 
 
 def _epsilon_budget(config: DPConfig) -> Optional[float]:

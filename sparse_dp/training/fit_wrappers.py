@@ -25,6 +25,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
 from sparse_dp.optimizers import sparse_optimizer
+from sparse_dp.training import update_guard
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.sampling import head
 
@@ -87,7 +88,8 @@ def _private_compile(training: PrivateTraining):
     check_steps_per_execution(self, training.epsilon_budget,
                               call.arguments.get("steps_per_execution") or 1)
     optimizer = call.arguments.get("optimizer", "rmsprop")
-    call.arguments["optimizer"] = sparse_optimizer(keras.optimizers.get(optimizer))
+    call.arguments["optimizer"] = update_guard.guard(
+        sparse_optimizer(keras.optimizers.get(optimizer)), self.name)
     compile_(*call.args, **call.kwargs)
     training.require_probe()
     per_example_loss_fn(self)
