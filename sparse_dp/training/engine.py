@@ -8,7 +8,7 @@ import math
 import secrets
 import types
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -178,7 +178,10 @@ class PrivateTraining:
     ``epochs=``) and every call. Feed it to ``fit`` as it is (``prefetch``,
     ``take``, ``repeat`` are fine): behind a ``map`` or any other
     transformation its steps count as not Poisson. Transform the examples
-    before sampling instead: ``poisson_dataset(f(x), y)``.
+    before sampling instead: ``poisson_dataset(f(x), y)``, with ``f``
+    computing each example from that example alone (a statistic of the
+    dataset, such as a target encoding or a scale by the data's maximum, is
+    released through the model outside the epsilon unless it is public).
     """
     if sample_weight is not None and y is None:
       raise ValueError("poisson_dataset: sample_weight needs labels y (pass y=...); "
@@ -271,7 +274,8 @@ class PrivateTraining:
 def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  batch_size: float, epochs: Optional[float] = None,
                  resume_from: Optional[str] = None, embedding: str = "auto",
-                 max_batch_size: Optional[int] = None) -> PrivateTraining:
+                 max_batch_size: Optional[int] = None,
+                 public_layers: Sequence[str] = ()) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
 
   Call after ``model.compile``, on a built model. Refuses models that DP
@@ -313,6 +317,12 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   that many examples (``sparse-dp sample --max-batch-size``), accounted as
   such (:class:`sparse_dp.accounting.Truncation`).
 
+  ``public_layers``: names of preprocessing layers (``Normalization``,
+  ``Discretization``, ``StringLookup``, ...) whose statistics come from public
+  data; any other such layer is refused, since its statistics of the private
+  data would be released with the model outside the epsilon
+  (:mod:`sparse_dp.training.preprocessing_checks`).
+
   With ``algorithm="none"`` the model trains exactly as plain Keras would.
   """
   require_keras2_model(model)
@@ -331,7 +341,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     return PrivateTraining(model, config, num_examples, batch_size, spec=None)
   _check_built(model)
   _check_train_step(model)
-  validation.check_model(model)
+  validation.check_model(model, public_layers)
   fit_wrappers.check_steps_per_execution(model, _epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
