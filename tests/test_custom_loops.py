@@ -101,3 +101,56 @@ def test_a_keras_compute_loss_override_is_refused_naming_the_fix():
   with pytest.raises(ValueError, match="overrides keras.Model.compute_loss.*compile\\(loss="):
     sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
                            num_examples=N, batch_size=B)
+
+
+# Weights moved outside the DP step by anything else: detected from the weights.
+
+
+def test_an_outer_models_fit_moves_the_private_weights_and_no_epsilon_is_given():
+  inner, private = private_model()
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  outer = keras.Model(ids, inner(ids))
+  outer.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  inner.fit(private.poisson_dataset(*batch_of(N)), verbose=0)
+  assert private.epsilon() > 0  # DP steps only: an epsilon
+  outer.fit(*batch(), verbose=0)  # moves the inner weights, no DP
+  with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError, match="outside its DP steps"):
+    private.epsilon()
+  with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
+    private.report()
+  with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
+    inner.fit(private.poisson_dataset(*batch_of(N)), verbose=0)
+
+
+def test_a_table_shared_with_a_model_trained_without_dp_is_detected():
+  inner, private = private_model()
+  table = inner.layers[1]
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
+  plain.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  plain.fit(*batch(), verbose=0)
+  with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
+    private.epsilon()
+
+
+def test_restored_weights_are_the_dp_steps_own(tmp_path):
+  model, private = private_model()
+  model.fit(private.poisson_dataset(*batch_of(N)), verbose=0)
+  model.save_weights(str(tmp_path / "w"))
+  saved = model.get_weights()
+  model.fit(private.poisson_dataset(*batch_of(N)), verbose=0)
+  model.load_weights(str(tmp_path / "w"))  # TF format: weights and DP state
+  assert private.epsilon() > 0
+  model.set_weights(saved)
+  assert private.epsilon() > 0
+  model.save_weights(str(tmp_path / "w.h5"))
+  model.load_weights(str(tmp_path / "w.h5"))
+  assert private.epsilon() > 0
+
+
+def batch_of(rows):
+  rng = np.random.default_rng(1)
+  return (rng.integers(0, VOCAB, rows).astype("int64"),
+          rng.integers(0, 2, (rows, 1)).astype("float32"))

@@ -16,7 +16,7 @@ from sparse_dp._keras import keras, require_keras2_model
 from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
                                   PrivacySpec, Truncation, calibrate, steps_for_epochs)
 from sparse_dp.accounting.report import epsilon_caveat
-from sparse_dp.distribute import workers
+from sparse_dp.distribute import shards, workers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
@@ -30,6 +30,7 @@ from sparse_dp.training.sampling import (derives_from, largest_plausible_batch, 
                                          transformations_from)
 from sparse_dp.training.state import DPState, Run, attach
 from sparse_dp.training.step import StepNoise
+from sparse_dp.training.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
 
 
 class PrivateTraining:
@@ -71,6 +72,7 @@ class PrivateTraining:
     self._streams = itertools.count()
     self._separable = spec is None  # nothing to probe without DP
     self._accountant: tuple = (None, None)
+    self.fingerprint: Optional[Fingerprint] = None  # set by make_private
     if spec is None:
       return
     self.run = Run(config.algorithm, spec.training_noise_multiplier, self.sampling_rate,
@@ -129,13 +131,16 @@ class PrivateTraining:
 
     With ``steps``: after ``steps`` in all, the further ones at this run's noise
     and sampling rate. An epsilon of non-Poisson batches is not proved
-    (``poisson_sampling``); print it with :func:`epsilon_caveat`.
+    (``poisson_sampling``); print it with :func:`epsilon_caveat`. The epsilon
+    spent (``steps=None``) is refused once the weights moved outside the DP
+    step (:meth:`check_weights`).
     """
     if not self.is_private:
       return math.inf
     delta = self.delta if delta is None else delta
     accountant = self.accountant
     if steps is None:
+      self.check_weights()
       return accountant.get_epsilon(delta)
     return accountant.epsilon_after(delta, self.step_noise_multiplier, self.sampling_rate,
                                     steps - accountant.steps, self.run.truncation)
@@ -159,8 +164,20 @@ class PrivateTraining:
       low, high = (middle, high) if self.epsilon(middle) <= self.epsilon_budget else (low, middle)
     return low
 
+  def check_weights(self) -> None:
+    """Refuses weights that moved outside the DP step (:mod:`.weight_fingerprint`)."""
+    if self.fingerprint is not None and self.fingerprint.moved():
+      raise WeightsMovedOutsideDPError(
+          f"sparse-dp: the weights of private model '{self.model.name}' changed outside its "
+          "DP steps (another model's fit on a model that contains it, a layer shared with a "
+          "model trained without DP, an optimizer applied in a custom loop, an assign): no "
+          "epsilon covers them, so none is given. Train the private model only through its "
+          "own fit, train_on_batch or train_step; restore saved weights with load_weights "
+          "or set_weights")
+
   def report(self) -> PrivacyReport:
     """The privacy report of every step the model has taken."""
+    self.check_weights()
     accountant = self.accountant
     spec = dataclasses.replace(self.spec, schedule=BatchSchedule.constant(
         self.sampling_rate, accountant.steps - self.run.first_step))
@@ -371,9 +388,24 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     training.embedding_backend = embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size))
     training.embedding_backend.attach()
+  training.fingerprint = Fingerprint(_fingerprinted(model, leaves, backend_name),
+                                     state.weight_fingerprint)
+  training.fingerprint.reset()
   fit_wrappers.install(training)
   model.train_function = None
   return training
+
+
+def _fingerprinted(model: keras.Model, leaves: list, backend_name: str) -> list:
+  """The weights the DP step updates through the Keras optimizer, in a fixed order.
+
+  Tables held by an embedding engine (synced to Keras outside the step) and
+  tables sharded across parameter servers are left out.
+  """
+  left_out = {id(v) for layer in leaves if isinstance(layer, Embedding)
+              and (backend_name != "cpu" or shards.is_sharded(layer.embeddings))
+              for v in getattr(layer.embeddings, "variables", [layer.embeddings])}
+  return [v for v in model.trainable_variables if id(v) not in left_out]
 
 
 def _update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:

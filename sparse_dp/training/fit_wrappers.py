@@ -43,6 +43,25 @@ def install(training: PrivateTraining) -> None:
   model.fit = types.MethodType(_private_fit(training), model)
   model.train_on_batch = types.MethodType(_private_train_on_batch(training), model)
   model.compile = types.MethodType(_private_compile(training), model)
+  for name in ("load_weights", "set_weights"):
+    setattr(model, name, types.MethodType(_restoring(training, name), model))
+
+
+def _restoring(training: PrivateTraining, name: str):
+  """``load_weights``/``set_weights`` that take the loaded weights as the DP step's.
+
+  They bring the layers' DP records with the weights (the state follows the
+  weights, :mod:`sparse_dp.training.state`); the fingerprint
+  (:mod:`sparse_dp.training.weight_fingerprint`) restarts from them.
+  """
+  method = getattr(type(training.model), name)
+
+  def restoring(self, *args, **kwargs):
+    result = method(self, *args, **kwargs)
+    training.fingerprint.reset()
+    return result
+
+  return restoring
 
 
 def check_steps_per_execution(model: keras.Model, epsilon_budget: Optional[float],
@@ -115,6 +134,7 @@ def _private_fit(training: PrivateTraining):
     _check_no_validation(call.arguments, training)
     x = call.arguments.get("x")
     training.sync_with_state()
+    training.check_weights()  # more steps would not make weights moved outside DP private
     poisson = training.feeds_poisson(x)
     if not poisson:
       _warn_if_transformed(training.transformations_to(x))
