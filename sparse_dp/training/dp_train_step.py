@@ -99,10 +99,12 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
           debug_metrics=config.debug_metrics)
     gradients = add_penalty_gradients(penalty, gradients)
     with dp_step_update():  # the one update a private model's optimizer applies
-      read = training.fingerprint.before_update(gradients)
+      fingerprint = training.fingerprint
+      read = fingerprint.before_update(gradients) if fingerprint is not None else []
       training.embedding_backend.apply_gradients(self.optimizer, self.trainable_variables,
                                                  gradients)
-      training.fingerprint.after_update(read)  # s(w) follows the update (weight_fingerprint)
+      if fingerprint is not None:  # s(w) follows the update (weight_fingerprint)
+        fingerprint.after_update(read)
     # After the batch is read: a call that finds the input exhausted counts nothing.
     with tf.control_dependencies([step_seed]):
       state.count_step(poisson)

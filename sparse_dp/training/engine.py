@@ -16,7 +16,7 @@ from sparse_dp._keras import keras, require_keras2_model
 from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
                                   PrivacySpec, Truncation, calibrate, steps_for_epochs)
 from sparse_dp.accounting.report import epsilon_caveat
-from sparse_dp.distribute import shards, workers
+from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
@@ -163,6 +163,23 @@ class PrivateTraining:
       middle = (low + high) // 2
       low, high = (middle, high) if self.epsilon(middle) <= self.epsilon_budget else (low, middle)
     return low
+
+  def track_weights(self) -> None:
+    """(Re)starts the fingerprint of the weights the DP step updates through Keras.
+
+    Called by ``make_private`` and whenever the embedding backend changes.
+    Tables held by an embedding engine (synced to Keras outside the step) are
+    left out; under ``ParameterServerStrategy`` (weights on remote servers,
+    steps scheduled asynchronously) no fingerprint is kept.
+    """
+    if parameter_servers.is_parameter_server(self.model.distribute_strategy):
+      self.fingerprint = None
+      return
+    held = {id(v) for layer in self.embedding_backend.tables if not isinstance(
+        self.embedding_backend, embedding_backends.CpuBackend) for v in [layer.embeddings]}
+    variables = [v for v in self.model.trainable_variables if id(v) not in held]
+    self.fingerprint = Fingerprint(variables, self.state.weight_fingerprint)
+    self.fingerprint.reset()
 
   def check_weights(self) -> None:
     """Refuses weights that moved outside the DP step (:mod:`.weight_fingerprint`)."""
@@ -388,24 +405,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     training.embedding_backend = embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size))
     training.embedding_backend.attach()
-  training.fingerprint = Fingerprint(_fingerprinted(model, leaves, backend_name),
-                                     state.weight_fingerprint)
-  training.fingerprint.reset()
+  training.track_weights()
   fit_wrappers.install(training)
   model.train_function = None
   return training
-
-
-def _fingerprinted(model: keras.Model, leaves: list, backend_name: str) -> list:
-  """The weights the DP step updates through the Keras optimizer, in a fixed order.
-
-  Tables held by an embedding engine (synced to Keras outside the step) and
-  tables sharded across parameter servers are left out.
-  """
-  left_out = {id(v) for layer in leaves if isinstance(layer, Embedding)
-              and (backend_name != "cpu" or shards.is_sharded(layer.embeddings))
-              for v in getattr(layer.embeddings, "variables", [layer.embeddings])}
-  return [v for v in model.trainable_variables if id(v) not in left_out]
 
 
 def _update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:

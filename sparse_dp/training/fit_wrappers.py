@@ -58,7 +58,8 @@ def _restoring(training: PrivateTraining, name: str):
 
   def restoring(self, *args, **kwargs):
     result = method(self, *args, **kwargs)
-    training.fingerprint.reset()
+    if training.fingerprint is not None:
+      training.fingerprint.reset()
     return result
 
   return restoring

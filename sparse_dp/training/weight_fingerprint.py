@@ -20,8 +20,8 @@ differ exactly in float64.
 TF checkpoints and SavedModels); ``load_weights`` and ``set_weights`` of a
 private model (which also bring the layers' DP records) set it anew from the
 weights they load. Tables held by an embedding engine (``--embedding tpu``),
-whose Keras copies are synced outside the step, and tables sharded across
-parameter servers are not in the fingerprint.
+whose Keras copies are synced outside the step, are not in the fingerprint,
+and a model on ``ParameterServerStrategy`` keeps none.
 """
 
 from __future__ import annotations
