@@ -55,6 +55,7 @@ def in_order(strategy, config, initial=None):
     table.embeddings.assign(initial[0])
     for weight, value in zip(private.model.trainable_weights[-4:], initial[1:]):
       weight.assign(value)
+    private.track_weights()  # the assigned weights are where the DP steps start
   trainer = ParameterServerTraining(private, IDS, LABELS)
   keys = [key for _ in range(3) for key in trainer.fit(steps=1)["keys"]]
   return {"weights": weights(private.model, table), "keys": keys, "initial": start,

@@ -5,6 +5,9 @@ from sparse_dp.training.config import DPConfig
 from sparse_dp.training.dense_layers import UnsupportedLayerError
 from sparse_dp.training.engine import PrivateTraining, make_private
 from sparse_dp.training.sampling import poisson_batches
+from sparse_dp.training.update_guard import UpdateOutsideDPStepError
+from sparse_dp.training.weight_fingerprint import WeightsMovedOutsideDPError
 
-__all__ = ["BudgetExhaustedError", "DPConfig", "PrivacyCallback", "PrivateTraining", "UnsupportedLayerError", "make_private",
-           "poisson_batches"]
+__all__ = ["BudgetExhaustedError", "DPConfig", "PrivacyCallback", "PrivateTraining",
+           "UnsupportedLayerError", "UpdateOutsideDPStepError", "WeightsMovedOutsideDPError",
+           "make_private", "poisson_batches"]

@@ -10,6 +10,7 @@ from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import add_penalty_gradients
 from sparse_dp.training.sampling import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
 from sparse_dp.training.step import StepNoise, private_gradients
+from sparse_dp.training.update_guard import dp_step_update
 
 if TYPE_CHECKING:
   from sparse_dp.training.engine import PrivateTraining
@@ -97,8 +98,13 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
           on_outputs=update_metrics if config.debug_metrics else None,
           debug_metrics=config.debug_metrics)
     gradients = add_penalty_gradients(penalty, gradients)
-    training.embedding_backend.apply_gradients(self.optimizer, self.trainable_variables,
-                                               gradients)
+    with dp_step_update():  # the one update a private model's optimizer applies
+      fingerprint = training.fingerprint
+      read = fingerprint.before_update(gradients) if fingerprint is not None else []
+      training.embedding_backend.apply_gradients(self.optimizer, self.trainable_variables,
+                                                 gradients)
+      if fingerprint is not None:  # s(w) follows the update (weight_fingerprint)
+        fingerprint.after_update(read)
     # After the batch is read: a call that finds the input exhausted counts nothing.
     with tf.control_dependencies([step_seed]):
       state.count_step(poisson)

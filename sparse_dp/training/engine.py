@@ -8,7 +8,7 @@ import math
 import secrets
 import types
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -16,12 +16,12 @@ from sparse_dp._keras import keras, require_keras2_model
 from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
                                   PrivacySpec, Truncation, calibrate, steps_for_epochs)
 from sparse_dp.accounting.report import epsilon_caveat
-from sparse_dp.distribute import workers
+from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import dense_layers, fit_wrappers, validation
+from sparse_dp.training import dense_layers, fit_wrappers, update_guard, validation
 from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
@@ -30,6 +30,7 @@ from sparse_dp.training.sampling import (derives_from, largest_plausible_batch, 
                                          transformations_from)
 from sparse_dp.training.state import DPState, Run, attach
 from sparse_dp.training.step import StepNoise
+from sparse_dp.training.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
 
 
 class PrivateTraining:
@@ -71,6 +72,7 @@ class PrivateTraining:
     self._streams = itertools.count()
     self._separable = spec is None  # nothing to probe without DP
     self._accountant: tuple = (None, None)
+    self.fingerprint: Optional[Fingerprint] = None  # set by make_private
     if spec is None:
       return
     self.run = Run(config.algorithm, spec.training_noise_multiplier, self.sampling_rate,
@@ -129,13 +131,16 @@ class PrivateTraining:
 
     With ``steps``: after ``steps`` in all, the further ones at this run's noise
     and sampling rate. An epsilon of non-Poisson batches is not proved
-    (``poisson_sampling``); print it with :func:`epsilon_caveat`.
+    (``poisson_sampling``); print it with :func:`epsilon_caveat`. The epsilon
+    spent (``steps=None``) is refused once the weights moved outside the DP
+    step (:meth:`check_weights`).
     """
     if not self.is_private:
       return math.inf
     delta = self.delta if delta is None else delta
     accountant = self.accountant
     if steps is None:
+      self.check_weights()
       return accountant.get_epsilon(delta)
     return accountant.epsilon_after(delta, self.step_noise_multiplier, self.sampling_rate,
                                     steps - accountant.steps, self.run.truncation)
@@ -159,8 +164,37 @@ class PrivateTraining:
       low, high = (middle, high) if self.epsilon(middle) <= self.epsilon_budget else (low, middle)
     return low
 
+  def track_weights(self) -> None:
+    """(Re)starts the fingerprint of the weights the DP step updates through Keras.
+
+    Called by ``make_private`` and whenever the embedding backend changes.
+    Tables held by an embedding engine (synced to Keras outside the step) are
+    left out; under ``ParameterServerStrategy`` (weights on remote servers,
+    steps scheduled asynchronously) no fingerprint is kept.
+    """
+    if parameter_servers.is_parameter_server(self.model.distribute_strategy):
+      self.fingerprint = None
+      return
+    held = {id(v) for layer in self.embedding_backend.tables if not isinstance(
+        self.embedding_backend, embedding_backends.CpuBackend) for v in [layer.embeddings]}
+    variables = [v for v in self.model.trainable_variables if id(v) not in held]
+    self.fingerprint = Fingerprint(variables, self.state.weight_fingerprint)
+    self.fingerprint.reset()
+
+  def check_weights(self) -> None:
+    """Refuses weights that moved outside the DP step (:mod:`.weight_fingerprint`)."""
+    if self.fingerprint is not None and self.fingerprint.moved():
+      raise WeightsMovedOutsideDPError(
+          f"sparse-dp: the weights of private model '{self.model.name}' changed outside its "
+          "DP steps (another model's fit on a model that contains it, a layer shared with a "
+          "model trained without DP, an optimizer applied in a custom loop, an assign): no "
+          "epsilon covers them, so none is given. Train the private model only through its "
+          "own fit, train_on_batch or train_step; restore saved weights with load_weights "
+          "or set_weights")
+
   def report(self) -> PrivacyReport:
     """The privacy report of every step the model has taken."""
+    self.check_weights()
     accountant = self.accountant
     spec = dataclasses.replace(self.spec, schedule=BatchSchedule.constant(
         self.sampling_rate, accountant.steps - self.run.first_step))
@@ -178,7 +212,10 @@ class PrivateTraining:
     ``epochs=``) and every call. Feed it to ``fit`` as it is (``prefetch``,
     ``take``, ``repeat`` are fine): behind a ``map`` or any other
     transformation its steps count as not Poisson. Transform the examples
-    before sampling instead: ``poisson_dataset(f(x), y)``.
+    before sampling instead: ``poisson_dataset(f(x), y)``, with ``f``
+    computing each example from that example alone (a statistic of the
+    dataset, such as a target encoding or a scale by the data's maximum, is
+    released through the model outside the epsilon unless it is public).
     """
     if sample_weight is not None and y is None:
       raise ValueError("poisson_dataset: sample_weight needs labels y (pass y=...); "
@@ -271,7 +308,8 @@ class PrivateTraining:
 def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  batch_size: float, epochs: Optional[float] = None,
                  resume_from: Optional[str] = None, embedding: str = "auto",
-                 max_batch_size: Optional[int] = None) -> PrivateTraining:
+                 max_batch_size: Optional[int] = None,
+                 public_layers: Sequence[str] = ()) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
 
   Call after ``model.compile``, on a built model. Refuses models that DP
@@ -313,6 +351,12 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   that many examples (``sparse-dp sample --max-batch-size``), accounted as
   such (:class:`sparse_dp.accounting.Truncation`).
 
+  ``public_layers``: names of preprocessing layers (``Normalization``,
+  ``Discretization``, ``StringLookup``, ...) whose statistics come from public
+  data; any other such layer is refused, since its statistics of the private
+  data would be released with the model outside the epsilon
+  (:mod:`sparse_dp.training.preprocessing_checks`).
+
   With ``algorithm="none"`` the model trains exactly as plain Keras would.
   """
   require_keras2_model(model)
@@ -331,7 +375,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     return PrivateTraining(model, config, num_examples, batch_size, spec=None)
   _check_built(model)
   _check_train_step(model)
-  validation.check_model(model)
+  validation.check_model(model, public_layers)
   fit_wrappers.check_steps_per_execution(model, _epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
@@ -349,7 +393,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   state = attach(model)
   if resume_from is not None:
     state.restore(resume_from)
-  model.optimizer = sparse_optimizer(model.optimizer)
+  model.optimizer = update_guard.guard(sparse_optimizer(model.optimizer), model.name)
   if max_batch_size is not None:
     Truncation(num_examples, max_batch_size)  # refuses one the accountant cannot account
   training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
@@ -361,6 +405,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     training.embedding_backend = embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size))
     training.embedding_backend.attach()
+  training.track_weights()
   fit_wrappers.install(training)
   model.train_function = None
   return training
@@ -405,19 +450,34 @@ def _check_built(model: keras.Model) -> None:
 
 
 def _check_train_step(model: keras.Model) -> None:
-  """Refuses a model class with its own ``train_step``, which the DP step would replace."""
+  """Refuses a model class with its own ``train_step`` or Keras ``compute_loss``.
+
+  The DP step replaces ``train_step`` and computes the compiled loss per
+  example, so either override would be silently dropped. A ``tfrs.Model``'s
+  ``compute_loss`` is its per-example loss, which the step uses.
+  """
   own = type(model).train_step
   allowed = {keras.Model.train_step}
   try:
     import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
     allowed.add(tfrs.Model.train_step)
+    tfrs_model = isinstance(model, tfrs.Model)
   except ImportError:
-    pass
+    tfrs_model = False
   if own not in allowed:
     raise ValueError(
         f"{type(model).__name__} defines its own train_step, which make_private would replace "
         "by the DP step, silently dropping what it does; put the per-example loss in "
         "compile(loss=...) (or compute_loss for a tfrs.Model) and keep Keras's train_step")
+  keras_compute_loss = getattr(keras.Model, "compute_loss", None)
+  if (not tfrs_model and keras_compute_loss is not None
+      and type(model).compute_loss is not keras_compute_loss):
+    raise ValueError(
+        f"{type(model).__name__} overrides keras.Model.compute_loss, which the DP step does "
+        "not call: it applies the compiled loss to each example alone, so the override "
+        "would be silently dropped. Put the loss in compile(loss=...) as a per-example "
+        "keras.losses.Loss (reduction NONE), or make the model a tfrs.Model whose "
+        "compute_loss(features) returns one loss per example")
 
 
 def _epsilon_budget(config: DPConfig) -> Optional[float]:

@@ -25,6 +25,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
 from sparse_dp.optimizers import sparse_optimizer
+from sparse_dp.training import update_guard
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.sampling import head
 
@@ -42,6 +43,26 @@ def install(training: PrivateTraining) -> None:
   model.fit = types.MethodType(_private_fit(training), model)
   model.train_on_batch = types.MethodType(_private_train_on_batch(training), model)
   model.compile = types.MethodType(_private_compile(training), model)
+  for name in ("load_weights", "set_weights"):
+    setattr(model, name, types.MethodType(_restoring(training, name), model))
+
+
+def _restoring(training: PrivateTraining, name: str):
+  """``load_weights``/``set_weights`` that take the loaded weights as the DP step's.
+
+  They bring the layers' DP records with the weights (the state follows the
+  weights, :mod:`sparse_dp.training.state`); the fingerprint
+  (:mod:`sparse_dp.training.weight_fingerprint`) restarts from them.
+  """
+  method = getattr(type(training.model), name)
+
+  def restoring(self, *args, **kwargs):
+    result = method(self, *args, **kwargs)
+    if training.fingerprint is not None:
+      training.fingerprint.reset()
+    return result
+
+  return restoring
 
 
 def check_steps_per_execution(model: keras.Model, epsilon_budget: Optional[float],
@@ -87,7 +108,8 @@ def _private_compile(training: PrivateTraining):
     check_steps_per_execution(self, training.epsilon_budget,
                               call.arguments.get("steps_per_execution") or 1)
     optimizer = call.arguments.get("optimizer", "rmsprop")
-    call.arguments["optimizer"] = sparse_optimizer(keras.optimizers.get(optimizer))
+    call.arguments["optimizer"] = update_guard.guard(
+        sparse_optimizer(keras.optimizers.get(optimizer)), self.name)
     compile_(*call.args, **call.kwargs)
     training.require_probe()
     per_example_loss_fn(self)
@@ -113,6 +135,7 @@ def _private_fit(training: PrivateTraining):
     _check_no_validation(call.arguments, training)
     x = call.arguments.get("x")
     training.sync_with_state()
+    training.check_weights()  # more steps would not make weights moved outside DP private
     poisson = training.feeds_poisson(x)
     if not poisson:
       _warn_if_transformed(training.transformations_to(x))

@@ -6,7 +6,10 @@ separability probe (:mod:`sparse_dp.training.separability`) covers the rest.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from sparse_dp._keras import keras
+from sparse_dp.training.preprocessing_checks import statistics_problems
 
 _BATCH_NORMALIZATION = (keras.layers.BatchNormalization,
                         keras.layers.experimental.SyncBatchNormalization)
@@ -24,7 +27,7 @@ class ModelValidationError(ValueError):
   """A model or loss that DP training cannot make private as it stands."""
 
 
-def check_model(model: keras.Model) -> None:
+def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
   """Refuses, by name and with the fix, the layers known to break per-example clipping.
 
   Looks at every layer, nested ones included:
@@ -42,7 +45,9 @@ def check_model(model: keras.Model) -> None:
   * any layer with an ``activity_regularizer``: a penalty computed from the
     batch's activations, added to the loss outside the per-example clipping.
   * mixed precision (:func:`mixed_precision_problems`) and ``TimeDistributed``
-    around a trainable layer (:func:`time_distributed_problems`).
+    around a trainable layer (:func:`time_distributed_problems`);
+  * preprocessing layers holding statistics of data, unless named in
+    ``public_layers`` (:mod:`sparse_dp.training.preprocessing_checks`).
   """
   problems = []
   for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
@@ -64,6 +69,7 @@ def check_model(model: keras.Model) -> None:
           "batch's activations that per-example clipping does not cover; remove it, or "
           "regularise the weights instead (kernel_regularizer, added after the noise)")
   problems += mixed_precision_problems(model) + time_distributed_problems(model)
+  problems += statistics_problems(model, public_layers)
   if problems:
     raise ModelValidationError("sparse-dp cannot train this model privately:\n* " +
                                "\n* ".join(problems))

@@ -74,6 +74,9 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
       self.non_poisson_steps = tf.Variable(0, dtype=tf.int64, name="non_poisson_steps",
                                            **_FIRST_REPLICA)
       self.datasets_made = tf.Variable(0, dtype=tf.int64, name="datasets_made", **_FIRST_REPLICA)
+      # s(w) of the weights the DP step last left (sparse_dp.training.weight_fingerprint).
+      self.weight_fingerprint = tf.Variable(0.0, dtype=tf.float64, name="weight_fingerprint",
+                                            **_FIRST_REPLICA)
     self.runs_json = workers.worker_local_variable(strategy, "[]", dtype=tf.string,
                                                    trainable=False, name="runs")
     self._untracked = _Untracked(weights)

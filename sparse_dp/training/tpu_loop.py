@@ -91,6 +91,7 @@ class TPUTrainer:
           {layer: batch * _ids_per_example(layer) for layer in tables}, api_factory,
           sum_inside_sqrt)
     private.embedding_backend = self.backend
+    private.track_weights()  # its tables are the engine's now
     self.backend.attach()
     self.engine = self.backend.engine
     self._enqueue = tf.function(self._host_enqueue)

@@ -1,0 +1,59 @@
+"""Refuses preprocessing layers whose state is a statistic of data, unless declared public.
+
+A model is released with every weight it holds. An adapted ``Normalization``
+holds the mean and variance of the data it was adapted on (one value moves
+them without bound), a ``Discretization`` its quantiles, a ``StringLookup``,
+``IntegerLookup`` or ``TextVectorization`` the ids or words that occur (one
+example's rare id changes the vocabulary): un-noised statistics, released
+outside the epsilon, and the noise of training does not cover them. Such a
+layer is refused at ``make_private`` unless its statistics come from public
+data (a public vocabulary, published quantiles, or values computed with a DP
+mechanism whose epsilon the user accounts) and the user says so, naming it in
+``make_private(..., public_layers=[...])``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from sparse_dp._keras import keras
+
+_STATISTICS = {
+    "Normalization": "the mean and variance",
+    "Discretization": "the bin boundaries (quantiles)",
+    "StringLookup": "the vocabulary (which strings occur)",
+    "IntegerLookup": "the vocabulary (which ids occur)",
+    "TextVectorization": "the vocabulary (which words occur)",
+}
+
+
+def statistics_problems(model: keras.Model, public_layers: Iterable[str] = ()) -> list[str]:
+  """Why each preprocessing layer of ``model`` that holds statistics of data is refused."""
+  public = set(public_layers)
+  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  unknown = public - {layer.name for layer in layers}
+  if unknown:
+    raise ValueError(f"public_layers names {sorted(unknown)}, which model '{model.name}' does "
+                     "not have; name its preprocessing layers (layer.name)")
+  problems = []
+  for layer in layers:
+    held = _statistic(layer)
+    if held is not None and layer.name not in public:
+      problems.append(
+          f"layer '{layer.name}' ({type(layer).__name__}) holds {held} of the data it was "
+          "adapted on or given, released with the model without noise, outside the epsilon "
+          "(one example can change it); if it comes from public data (or a DP computation "
+          f"you account), declare it: make_private(..., public_layers=['{layer.name}']); "
+          "else compute it on public data, or drop the layer and transform the features "
+          "per example before poisson_dataset")
+  return problems
+
+
+def _statistic(layer) -> str | None:
+  """What data statistic ``layer`` holds, or ``None`` (a layer without one, e.g. Hashing)."""
+  for cls in type(layer).__mro__:
+    if cls.__name__ in _STATISTICS and cls.__module__.split(".")[0] in ("keras", "tf_keras"):
+      return _STATISTICS[cls.__name__]
+  if getattr(layer, "is_adapted", False):
+    return "statistics of the data it was adapted on"
+  return None

@@ -1,0 +1,115 @@
+"""A fingerprint of the private weights that only the DP step's updates keep current.
+
+``epsilon()`` accounts the DP steps; it says nothing about weights moved by
+anything else: another model's ``fit`` on a model that contains the private
+one, a table shared with a non-private model, an optimizer of a custom loop.
+The fingerprint detects such moves from the weights themselves:
+
+``s(w) = sum_v sum_{i,j} r_v(i, j) w_v[i, j]`` (float64), with signs
+``r_v(i, j) = +-1`` from an integer hash of (variable, row, column). The DP
+step keeps ``s`` current at the cost of its update: it reads the rows it
+updates before and after (a table's selected rows; a dense weight whole) and
+adds ``sum r (w_after - w_before)``. Querying the epsilon recomputes ``s`` from
+the weights (``O(parameters)``, once per query) and compares: a move outside
+the DP step changes ``s`` by ``sum r dw``, which is zero only for moves
+orthogonal to the signs, a measure-zero event for a real optimizer step. The
+tolerance is float64 rounding (``1e-10`` of ``sum |w|``); float32 weights
+differ exactly in float64.
+
+``s`` lives in the model's DP state (saved and restored with the weights in
+TF checkpoints and SavedModels); ``load_weights`` and ``set_weights`` of a
+private model (which also bring the layers' DP records) set it anew from the
+weights they load. Tables held by an embedding engine (``--embedding tpu``),
+whose Keras copies are synced outside the step, are not in the fingerprint,
+and a model on ``ParameterServerStrategy`` keeps none.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+_MODULUS = 2**31 - 1  # products of two residues fit in int64
+_ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525
+_CHUNK_ROWS = 1 << 16
+RELATIVE_TOLERANCE = 1e-10
+
+
+class WeightsMovedOutsideDPError(RuntimeError):
+  """The private weights changed outside the DP step: no epsilon covers them."""
+
+
+def _signs(index: int, rows: tf.Tensor, width: int) -> tf.Tensor:
+  """``r(i, j)`` for rows ``rows`` (int64 ``[n]``) and every column: ``[n, width]`` float64."""
+  rows = tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS)
+  columns = tf.range(width, dtype=tf.int64)
+  h = tf.math.floormod(rows[:, None] * _ROW + columns[None, :] * _COLUMN + index * _VARIABLE,
+                       _MODULUS)
+  h = tf.math.floormod(h * _MIX + 1, _MODULUS)
+  return 1.0 - 2.0 * tf.cast(tf.math.floormod(h // 7, 2), tf.float64)
+
+
+def _as_rows(values: tf.Tensor) -> tf.Tensor:
+  """A weight as ``[rows, width]``: a vector or scalar is one row."""
+  return tf.reshape(values, [-1, values.shape[-1]]) if values.shape.rank >= 2 else (
+      tf.reshape(values, [1, -1]))
+
+
+def _partial(index: int, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """``sum r w`` over the given rows of variable ``index``."""
+  values = tf.cast(values, tf.float64)
+  return tf.reduce_sum(_signs(index, rows, values.shape[-1]) * values)
+
+
+class Fingerprint:
+  """The fingerprint of ``variables`` (in a fixed order), kept in ``state_variable``."""
+
+  def __init__(self, variables: list, state_variable: tf.Variable):
+    self.variables = list(variables)
+    self.value = state_variable
+
+  def compute(self) -> tuple[float, float]:
+    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager)."""
+    total, magnitude = 0.0, 0.0
+    for index, variable in enumerate(self.variables):
+      values = _as_rows(tf.convert_to_tensor(variable))
+      for start in range(0, int(values.shape[0]), _CHUNK_ROWS):
+        chunk = values[start:start + _CHUNK_ROWS]
+        rows = tf.range(start, start + int(chunk.shape[0]), dtype=tf.int64)
+        total += float(_partial(index, rows, chunk))
+        magnitude += float(tf.reduce_sum(tf.abs(tf.cast(chunk, tf.float64))))
+    return total, magnitude
+
+  def reset(self) -> None:
+    """Takes the weights as they are now as the DP step's (after a restore)."""
+    self.value.assign(self.compute()[0])
+
+  def moved(self) -> bool:
+    """Whether the weights moved since the last DP step (or :meth:`reset`)."""
+    now, magnitude = self.compute()
+    return abs(now - float(self.value.numpy())) > RELATIVE_TOLERANCE * (magnitude + 1.0)
+
+  def before_update(self, gradients: dict) -> list:
+    """The rows the update is about to change, read now: ``[(index, rows, values, sparse)]``."""
+    read = []
+    for index, variable in enumerate(self.variables):
+      gradient = gradients.get(variable.ref())
+      if gradient is None:
+        continue
+      if isinstance(gradient, tf.IndexedSlices):  # a table's selected rows
+        rows, _ = tf.unique(tf.cast(gradient.indices, tf.int64))
+        read.append((index, rows, tf.gather(variable, rows), True))
+      else:
+        values = _as_rows(tf.identity(variable))
+        read.append((index, tf.range(tf.shape(values, out_type=tf.int64)[0]), values, False))
+    return read
+
+  def after_update(self, read: list) -> tf.Operation:
+    """Adds ``sum r (w_after - w_before)`` of the rows read by :meth:`before_update`."""
+    if not read:
+      return tf.no_op()
+    delta = []
+    for index, rows, before, sparse in read:
+      variable = self.variables[index]
+      after = tf.gather(variable, rows) if sparse else _as_rows(tf.identity(variable))
+      delta.append(_partial(index, rows, after) - _partial(index, rows, before))
+    return self.value.assign_add(tf.add_n(delta))

@@ -1,0 +1,70 @@
+"""Preprocessing layers holding statistics of the private data are refused unless declared public."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from sparse_dp import keras
+from sparse_dp.layers import Embedding
+
+N, B = 100, 10
+CONFIG = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0)
+
+
+def numeric_model(preprocess, name):
+  values = keras.Input(shape=(1,), dtype=tf.float32)
+  model = keras.Model(values, keras.layers.Dense(1)(preprocess(values)), name=name)
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def adapted(layer, data):
+  layer.adapt(data)
+  return layer
+
+
+def lookup_model(lookup):
+  words = keras.Input(shape=(), dtype=tf.string)
+  ids = lookup(words)
+  model = keras.Model(words, keras.layers.Dense(1)(Embedding(lookup.vocabulary_size(), 2)(ids)))
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+DATA = np.random.default_rng(0).normal(size=(N, 1)).astype("float32")
+LAYERS = [
+    (lambda: numeric_model(adapted(keras.layers.Normalization(name="norm"), DATA), "m1"),
+     "norm", "mean and variance"),
+    (lambda: numeric_model(keras.layers.Normalization(mean=0.5, variance=2.0, name="given"),
+                           "m2"), "given", "mean and variance"),
+    (lambda: numeric_model(adapted(keras.layers.Discretization(num_bins=4, name="bins"), DATA),
+                           "m3"), "bins", "quantiles"),
+    (lambda: lookup_model(keras.layers.StringLookup(vocabulary=["a", "b", "c"], name="vocab")),
+     "vocab", "vocabulary"),
+]
+
+
+@pytest.mark.parametrize("make, name, held", LAYERS)
+def test_a_layer_holding_data_statistics_is_refused_naming_it_and_the_declaration(make, name,
+                                                                                   held):
+  with pytest.raises(ValueError, match=f"'{name}'.*{held}.*public_layers=\\['{name}'\\]"):
+    sparse_dp.make_private(make(), CONFIG, num_examples=N, batch_size=B)
+
+
+@pytest.mark.parametrize("make, name, held", LAYERS)
+def test_a_layer_declared_public_is_accepted(make, name, held):
+  del held
+  private = sparse_dp.make_private(make(), CONFIG, num_examples=N, batch_size=B,
+                                   public_layers=[name])
+  assert private.is_private
+
+
+def test_hashing_holds_no_statistics_and_unknown_names_are_refused():
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  model = keras.Model(ids, keras.layers.Dense(1)(
+      Embedding(16, 2)(keras.layers.Hashing(16)(ids))))
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  with pytest.raises(ValueError, match="public_layers names \\['nope'\\]"):
+    sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B, public_layers=["nope"])
+  assert sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B).is_private
