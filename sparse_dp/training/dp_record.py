@@ -46,6 +46,7 @@ class Run:
   num_examples: int
   delta: float
   selection_epsilon: float = 0.0  # pure DP, spent once at the start of the run
+  statistics_epsilon: float = 0.0  # pure DP of its preprocessing statistics, spent once too
   epsilon_budget: Optional[float] = None
   debug_metrics: bool = False
   run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)

@@ -46,7 +46,7 @@ class PrivateTraining:
   def __init__(self, model, config: DPConfig, num_examples: int, batch_size: float,
                spec: Optional[PrivacySpec], state: Optional[DPState] = None,
                leaves: Optional[list] = None, resumed: bool = False,
-               max_batch_size: Optional[int] = None):
+               max_batch_size: Optional[int] = None, statistics_epsilon: float = 0.0):
     self.model = model
     self.config = config
     self.num_examples = num_examples
@@ -78,6 +78,7 @@ class PrivateTraining:
     self.run = Run(config.algorithm, spec.training_noise_multiplier, self.sampling_rate,
                    first_step=int(state.steps_taken.numpy()), num_examples=num_examples,
                    delta=self.delta, selection_epsilon=spec.selection_epsilon,
+                   statistics_epsilon=statistics_epsilon,
                    epsilon_budget=self.epsilon_budget, debug_metrics=config.debug_metrics,
                    max_batch_size=max_batch_size)
     earlier = state.runs
@@ -309,7 +310,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  batch_size: float, epochs: Optional[float] = None,
                  resume_from: Optional[str] = None, embedding: str = "auto",
                  max_batch_size: Optional[int] = None,
-                 public_layers: Sequence[str] = ()) -> PrivateTraining:
+                 public_layers: Sequence[str] = (),
+                 private_statistics: Sequence = ()) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
 
   Call after ``model.compile``, on a built model. Refuses models that DP
@@ -351,7 +353,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   that many examples (``sparse-dp sample --max-batch-size``), accounted as
   such (:class:`sparse_dp.accounting.Truncation`).
 
-  ``public_layers``: names of preprocessing layers (``Normalization``,
+  ``private_statistics``: the :class:`sparse_dp.preprocessing.PrivateStatistic`
+  objects of the model's preprocessing layers (DP mean and variance, quantiles,
+  vocabulary): their layers are accepted and their epsilons spent once at the
+  start of this run, composed with its steps. ``public_layers``: names of preprocessing layers (``Normalization``,
   ``Discretization``, ``StringLookup``, ...) whose statistics come from public
   data; any other such layer is refused, since its statistics of the private
   data would be released with the model outside the epsilon
@@ -375,7 +380,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     return PrivateTraining(model, config, num_examples, batch_size, spec=None)
   _check_built(model)
   _check_train_step(model)
-  validation.check_model(model, public_layers)
+  statistics = {s.layer.name: s for s in private_statistics}
+  validation.check_model(model, [*public_layers, *statistics])
   fit_wrappers.check_steps_per_execution(model, _epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
@@ -397,7 +403,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   if max_batch_size is not None:
     Truncation(num_examples, max_batch_size)  # refuses one the accountant cannot account
   training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
-                             resumed=resume_from is not None, max_batch_size=max_batch_size)
+                             resumed=resume_from is not None, max_batch_size=max_batch_size,
+                             statistics_epsilon=sum(s.epsilon for s in statistics.values()))
   training.step_noise = noise
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
   if backend_name == "tpu":

@@ -161,8 +161,9 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     runs = record.runs_by_id()
     for run_id, steps in record.steps_by_run().items():
       run = runs[run_id]
-      if run.selection_epsilon > 0:
-        accountant.spend_pure(run.selection_epsilon)
+      for spent in (run.selection_epsilon, run.statistics_epsilon):
+        if spent > 0:
+          accountant.spend_pure(spent)
       accountant.step(run.noise_multiplier, run.sampling_rate, steps, run.truncation)
     return accountant
 

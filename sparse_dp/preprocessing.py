@@ -1,0 +1,125 @@
+"""Preprocessing layers whose statistics of the private data are DP, with their epsilon.
+
+A ``Normalization`` adapted on the training data holds its exact mean and
+variance, a ``Discretization`` its quantiles, an ``IntegerLookup`` the ids
+that occur: released with the model, outside the training epsilon, so
+``make_private`` refuses them (:mod:`sparse_dp.training.preprocessing_checks`).
+These functions compute the statistics with pure ``epsilon``-DP mechanisms
+(add/remove adjacency, the number of examples ``N`` public as the accountant
+takes it) and return the layer with its epsilon, a :class:`PrivateStatistic`.
+Pass them to ``make_private(..., private_statistics=[...])``: the layers are
+accepted and their epsilons are spent once at the start of the run, composed
+with its steps by the accountant (``spend_pure``), so ``private.epsilon()``
+covers them.
+
+* :func:`private_mean_variance`: each value clipped to ``[low, high]``; the
+  sums of the clipped values and of their squares get Laplace noise of scale
+  ``F Delta / (epsilon / 2)`` each (``Delta = max(|low|, |high|)`` and its
+  square; ``F`` features), divided by ``N`` (Dwork, McSherry, Nissim, Smith,
+  "Calibrating Noise to Sensitivity in Private Data Analysis", TCC 2006).
+* :func:`private_quantiles`: for each of ``m`` quantiles ``p``, the
+  exponential mechanism over a public grid of candidates with utility
+  ``-|#{x <= c} - p N|`` (sensitivity 1), at ``epsilon / m`` each (Smith,
+  "Privacy-preserving statistical estimation with optimal convergence rates",
+  STOC 2011), sampled by Gumbel-max.
+* :func:`private_vocabulary`: the package's DP top-k of the ids' example
+  counts over a public id range (the Gumbel one-shot top-k of DP-FEST,
+  :func:`sparse_dp.mechanisms.dp_top_k`: ``epsilon``-DP for any number of
+  distinct ids per example, each count moving by at most 1).
+
+The noise comes from the operating system's entropy unless ``seed`` is given
+(reproducible experiments only: a known seed lets anyone subtract the noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_dp._keras import keras
+from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms import bucket_counts, dp_top_k
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateStatistic:
+  """A preprocessing layer whose statistics are ``epsilon``-DP (pure)."""
+
+  layer: keras.layers.Layer
+  epsilon: float
+  mechanism: str
+
+
+def _rng(seed: Optional[int]) -> np.random.Generator:
+  return np.random.default_rng(secrets.randbits(128) if seed is None else seed)
+
+
+def private_mean_variance(values, low: float, high: float, epsilon: float,
+                          seed: Optional[int] = None, name: Optional[str] = None
+                          ) -> PrivateStatistic:
+  """A ``Normalization`` layer with the DP mean and variance of ``values`` ``[N, F]``."""
+  check_positive("epsilon", epsilon)
+  if not low < high:
+    raise ValueError(f"private_mean_variance needs low < high, got [{low}, {high}]")
+  values = np.clip(np.asarray(values, np.float64).reshape(len(values), -1), low, high)
+  count, features = values.shape
+  rng = _rng(seed)
+  bound = max(abs(low), abs(high))
+  half = epsilon / 2
+  total = values.sum(0) + rng.laplace(0.0, features * bound / half, features)
+  squares = (np.square(values).sum(0)
+             + rng.laplace(0.0, features * bound * bound / half, features))
+  mean = np.clip(total / count, low, high)
+  variance = np.maximum(squares / count - np.square(mean), 1e-12)
+  layer = keras.layers.Normalization(mean=mean, variance=variance, name=name)
+  return PrivateStatistic(layer, float(epsilon), "laplace mean and variance")
+
+
+def private_quantiles(values, quantiles: Sequence[float], candidates, epsilon: float,
+                      seed: Optional[int] = None, name: Optional[str] = None
+                      ) -> PrivateStatistic:
+  """A ``Discretization`` layer whose boundaries are DP ``quantiles`` of ``values`` ``[N]``.
+
+  ``candidates``: a public grid the boundaries are chosen from.
+  """
+  check_positive("epsilon", epsilon)
+  values = np.asarray(values, np.float64).reshape(-1)
+  grid = np.unique(np.asarray(candidates, np.float64))
+  if not quantiles or any(not 0 < p < 1 for p in quantiles):
+    raise ValueError(f"quantiles must be in (0, 1), got {quantiles}")
+  rng = _rng(seed)
+  picked = [grid[np.argmax(quantile_scores(values, p, grid, epsilon / len(quantiles))
+                           + rng.gumbel(size=grid.size))] for p in quantiles]
+  layer = keras.layers.Discretization(bin_boundaries=sorted(set(float(b) for b in picked)),
+                                      name=name)
+  return PrivateStatistic(layer, float(epsilon), "exponential-mechanism quantiles")
+
+
+def quantile_scores(values: np.ndarray, p: float, grid: np.ndarray, epsilon: float) -> np.ndarray:
+  """Log-weights of the exponential mechanism: ``epsilon u(c) / 2``, ``u(c) = -|#{x <= c} - pN|``.
+
+  Sampling ``argmax(scores + Gumbel)`` picks ``c`` with probability
+  ``exp(scores[c]) / sum exp(scores)``: ``epsilon``-DP, as ``u`` moves by at
+  most 1 when one value is added or removed.
+  """
+  below = np.searchsorted(np.sort(values), grid, side="right")
+  return -epsilon * np.abs(below - p * values.size) / 2
+
+
+def private_vocabulary(ids, id_range: int, k: int, epsilon: float, seed: Optional[int] = None,
+                       name: Optional[str] = None) -> PrivateStatistic:
+  """An ``IntegerLookup`` of ``k`` ids of ``[0, id_range)`` chosen by DP top-k of ``ids``.
+
+  ``ids``: each example's ids, ``[N]``, ``[N, L]`` or ragged; an example
+  counts once per distinct id.
+  """
+  ids = ids if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) else tf.constant(ids, tf.int64)
+  counts = bucket_counts(ids, id_range)
+  draw = secrets.randbits(62) if seed is None else seed
+  chosen = dp_top_k(counts, k, epsilon, tf.constant([draw, 0x70CAB], tf.int64))
+  layer = keras.layers.IntegerLookup(vocabulary=chosen.numpy(), name=name)
+  return PrivateStatistic(layer, float(epsilon), "gumbel top-k vocabulary")
