@@ -356,7 +356,9 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   ``private_statistics``: the :class:`sparse_dp.preprocessing.PrivateStatistic`
   objects of the model's preprocessing layers (DP mean and variance, quantiles,
   vocabulary): their layers are accepted and their epsilons spent once at the
-  start of this run, composed with its steps. ``public_layers``: names of preprocessing layers (``Normalization``,
+  start of this run, composed with its steps.
+
+  ``public_layers``: names of preprocessing layers (``Normalization``,
   ``Discretization``, ``StringLookup``, ...) whose statistics come from public
   data; any other such layer is refused, since its statistics of the private
   data would be released with the model outside the epsilon
