@@ -253,7 +253,7 @@ def _batch_of_one(element, batch):
 
 
 def _flat(ids, values, width: int) -> tuple:
-  """Stacked per-example ``[B, L]`` ids (and ``[B, L, d]`` values), flattened with example indices."""
+  """Stacked per-example ids ``[B, L]`` (and values ``[B, L, d]``), flat, with example indices."""
   if isinstance(ids, tf.RaggedTensor):
     example = ids.value_rowids()
     return (example, ids.flat_values,
