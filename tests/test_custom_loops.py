@@ -82,27 +82,6 @@ def test_train_step_and_make_train_function_called_directly_are_dp_steps():
   assert np.any(model.trainable_weights[0].numpy() != before)
 
 
-def test_a_keras_compute_loss_override_is_refused_naming_the_fix():
-  class OwnLoss(keras.Model):
-    def __init__(self):
-      super().__init__()
-      self.table = Embedding(VOCAB, 2)
-      self.logit = keras.layers.Dense(1)
-
-    def call(self, ids):
-      return self.logit(self.table(ids))
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
-      return tf.reduce_mean(tf.square(y - y_pred))
-
-  model = OwnLoss()
-  model.compile(optimizer="sgd", loss="mse")
-  model(batch()[0])
-  with pytest.raises(ValueError, match="overrides keras.Model.compute_loss.*compile\\(loss="):
-    sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
-                           num_examples=N, batch_size=B)
-
-
 # Weights moved outside the DP step by anything else: detected from the weights.
 
 

@@ -147,23 +147,36 @@ def test_a_threshold_below_the_noise_warns_with_the_fix():
   assert sparse_dp.DPConfig("adafest", sigma1=10.0, sigma2=1.0).threshold_for(10.0) == 40.0
 
 
-def test_a_model_with_its_own_train_step_is_refused():
+class OwnStep(keras.Model):
+  def __init__(self):
+    super().__init__()
+    self.table = Embedding(VOCAB, 2)
+    self.logit = keras.layers.Dense(1)
+
+  def call(self, ids):
+    return self.logit(self.table(ids))
+
+  def train_step(self, data):
+    return super().train_step(data)
+
+
+class OwnLoss(OwnStep):
+  """A Keras compute_loss override: the DP step (which applies the compiled loss per example)
+  would silently not call it."""
+
+  train_step = keras.Model.train_step
+
+  def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+    return tf.reduce_mean(tf.square(y - y_pred))
+
+
+@pytest.mark.parametrize("make, message", [
+    (OwnStep, "OwnStep defines its own train_step"),
+    (OwnLoss, "OwnLoss overrides keras.Model.compute_loss.*compile\\(loss=")])
+def test_a_model_with_its_own_train_step_or_compute_loss_is_refused(make, message):
   import sparse_dp  # pylint: disable=import-outside-toplevel
-
-  class OwnStep(keras.Model):
-    def __init__(self):
-      super().__init__()
-      self.table = Embedding(VOCAB, 2)
-      self.logit = keras.layers.Dense(1)
-
-    def call(self, ids):
-      return self.logit(self.table(ids))
-
-    def train_step(self, data):
-      return super().train_step(data)
-
-  model = compiled(OwnStep())
+  model = compiled(make())
   model(batch()[0][:, 0])
-  with pytest.raises(ValueError, match="OwnStep defines its own train_step"):
+  with pytest.raises(ValueError, match=message):
     sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
                            num_examples=100, batch_size=10)
