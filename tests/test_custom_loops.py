@@ -19,15 +19,16 @@ from sparse_dp.training.update_guard import UpdateOutsideDPStepError
 N, B, VOCAB = 64, 16, 20
 
 
-def private_model():
+DPSGD = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, noise_seed=2)
+
+
+def private_model(config=DPSGD):
   keras.utils.set_random_seed(1)
   ids = keras.Input(shape=(), dtype=tf.int64)
   model = keras.Model(ids, keras.layers.Dense(1)(Embedding(VOCAB, 4)(ids)))
   model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, noise_seed=2),
-      num_examples=N, batch_size=B)
+  private = sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
   return model, private
 
 
@@ -103,7 +104,9 @@ def test_an_outer_models_fit_moves_the_private_weights_and_no_epsilon_is_given()
 
 
 def test_a_table_shared_with_a_model_trained_without_dp_is_detected():
-  inner, private = private_model()
+  """(DP-AdaFEST: the tables of DP-SGD and DP-FEST are not fingerprinted, weight_fingerprint)."""
+  inner, private = private_model(sparse_dp.DPConfig(
+      "adafest", sigma1=1.0, sigma2=1.0, threshold=2.0, noise_seed=2))
   table = inner.layers[1]
   ids = keras.Input(shape=(), dtype=tf.int64)
   plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))

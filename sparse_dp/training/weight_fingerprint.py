@@ -19,9 +19,11 @@ differ exactly in float64.
 ``s`` lives in the model's DP state (saved and restored with the weights in
 TF checkpoints and SavedModels); ``load_weights`` and ``set_weights`` of a
 private model (which also bring the layers' DP records) set it anew from the
-weights they load. Tables held by an embedding engine (``--embedding tpu``),
-whose Keras copies are synced outside the step, are not in the fingerprint,
-and a model on ``ParameterServerStrategy`` keeps none.
+weights they load. Not in the fingerprint: tables held by an embedding
+engine (``--embedding tpu``), whose Keras copies are synced outside the step,
+and the tables of DP-SGD and DP-FEST (dense noise: each step updates every
+row, so keeping their fingerprint would cost two full reads of each table per
+step); a model on ``ParameterServerStrategy`` keeps none.
 """
 
 from __future__ import annotations
