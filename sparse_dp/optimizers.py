@@ -10,8 +10,11 @@ does so for Adam.
 this step, ``m <- beta1 m + (1 - beta1) g`` and ``v <- beta2 v + (1 - beta2)
 g^2`` and the row moves by ``lr_t m / (sqrt(v) + eps)`` with the usual bias
 correction of step ``t``; a row without a gradient keeps its moments and
-weights unchanged (no decay of its moments, no momentum step). With DP-AdaFEST
-the rows with a gradient are exactly the selected rows. Decoupled weight decay
+weights unchanged (no decay of its moments, no momentum step); so does a row
+whose gradient is exactly zero in every coordinate (the padding of a DP
+step's fixed-capacity update, :mod:`sparse_dp.mechanisms.padding`). With
+DP-AdaFEST the rows with a gradient are exactly the selected rows (a selected
+row's noisy gradient is zero with probability 0). Decoupled weight decay
 ``lambda`` (AdamW; Anil et al. Algorithm 1) is applied to the updated rows
 only, and to dense weights every step.
 """
@@ -59,15 +62,19 @@ class LazyAdam(_legacy.Adam):
     coefficients = ((apply_state or {}).get((var_device, var_dtype))
                     or self._fallback_apply_state(var_device, var_dtype))
     m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
-    m_rows = (coefficients["beta_1_t"] * tf.gather(m, indices)
+    m_before, v_before = tf.gather(m, indices), tf.gather(v, indices)
+    moves = tf.reduce_any(tf.not_equal(grad, 0), axis=-1, keepdims=True)
+    m_rows = (coefficients["beta_1_t"] * m_before
               + coefficients["one_minus_beta_1_t"] * grad)
-    v_rows = (coefficients["beta_2_t"] * tf.gather(v, indices)
+    v_rows = (coefficients["beta_2_t"] * v_before
               + coefficients["one_minus_beta_2_t"] * tf.square(grad))
     step = coefficients["lr"] * m_rows / (tf.sqrt(v_rows) + coefficients["epsilon"])
     step += self._decay(var, tf.gather(var, indices), apply_state)
-    return tf.group(m.scatter_update(tf.IndexedSlices(m_rows, indices)),
-                    v.scatter_update(tf.IndexedSlices(v_rows, indices)),
-                    var.scatter_sub(tf.IndexedSlices(step, indices)))
+    # Keras sums repeated indices before this call: each row is written once.
+    return tf.group(m.scatter_update(tf.IndexedSlices(tf.where(moves, m_rows, m_before), indices)),
+                    v.scatter_update(tf.IndexedSlices(tf.where(moves, v_rows, v_before), indices)),
+                    var.scatter_sub(tf.IndexedSlices(tf.where(moves, step, tf.zeros_like(step)),
+                                                     indices)))
 
   def get_config(self):
     config = super().get_config()

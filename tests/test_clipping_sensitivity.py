@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparse_dp.mechanisms import (clip_factors, clipped_row_sum, contribution_maps,
+from sparse_dp.mechanisms import (clip_factors, clipped_row_sum, contribution_maps, is_valid,
                                   per_example_row_gradients, restrict_to_rows,
                                   squared_norms)
 
@@ -24,8 +24,15 @@ def with_example(ids, new_ids):
   return tf.concat([ids, tf.constant(new_ids, tf.int64)], axis=0)
 
 
+def trimmed(contribution):
+  """The map's rows and values without its padding."""
+  valid = is_valid(contribution.rows)
+  return tf.boolean_mask(contribution.rows, valid), tf.boolean_mask(contribution.values, valid)
+
+
 def dense_map(contribution, vocabulary):
-  return tf.scatter_nd(contribution.rows[:, None], contribution.values, [vocabulary]).numpy()
+  rows, values = trimmed(contribution)
+  return tf.scatter_nd(rows[:, None], values, [vocabulary]).numpy()
 
 
 @pytest.mark.parametrize("c1", [1.0, 5.0])
@@ -47,12 +54,14 @@ def test_contribution_counts_each_activated_row_once_across_layouts():
   ragged = tf.ragged.constant([[4, 4, 1], [1], []], tf.int64)
   sparse = ragged.to_sparse()
   (a,), (b,) = contribution_maps([ragged], 10.0), contribution_maps([sparse], 10.0)
-  np.testing.assert_array_equal(a.rows.numpy(), [1, 4])
-  np.testing.assert_allclose(a.values.numpy(), [2.0, 1.0])
+  # One entry per lookup: the distinct rows, then padding (PAD, value 0).
+  assert a.rows.shape == (4,)
+  np.testing.assert_array_equal(trimmed(a)[0].numpy(), [1, 4])
+  np.testing.assert_allclose(a.values.numpy(), [2.0, 1.0, 0.0, 0.0])
   np.testing.assert_allclose(b.values.numpy(), a.values.numpy())
   # Dense [B, L] ids; norm sqrt(2) per example clipped to 1.
   (d,) = contribution_maps([tf.constant([[0, 1], [1, 2]], tf.int64)], 1.0)
-  np.testing.assert_allclose(d.values.numpy(), [1, 2, 1] / np.sqrt(2), rtol=1e-6)
+  np.testing.assert_allclose(trimmed(d)[1].numpy(), [1, 2, 1] / np.sqrt(2), rtol=1e-6)
 
 
 def clipped_sums(per_table, dense_grads, selected, c2):

@@ -6,9 +6,9 @@ import tensorflow as tf
 from scipy import stats
 
 from conftest import ALPHA
-from sparse_dp.mechanisms import (ContributionMap, bernoulli_positions,
-                                  false_positive_probability, sample_zero_rows,
-                                  select_rows)
+from sparse_dp.mechanisms import (PAD, ContributionMap, bernoulli_positions,
+                                  false_positive_capacity, false_positive_probability,
+                                  padded_bernoulli_positions, sample_zero_rows, select_rows)
 from sparse_dp.mechanisms import row_selection
 from sparse_dp.mechanisms.exponential import exponential_from_bits
 
@@ -27,8 +27,10 @@ def test_zero_count_rows_are_selected_at_rate_psi(seed):
   assert false_positive_probability(tau, sigma1 * c1) == pytest.approx(p)
   low, high = binomial_interval(vocabulary - 1000, p)
   assert low <= int(selection.num_false_positives) <= high
-  rows = selection.rows.numpy()
+  rows = selection.selected_rows().numpy()
   assert np.all(np.diff(rows) > 0) and rows[0] >= 0 and rows[-1] < vocabulary
+  # The rest of the fixed-capacity buffer is padding.
+  assert np.all(selection.rows.numpy()[len(rows):] == PAD) and not selection.over_capacity
   # Contributions of 100 always pass; every other selected row is a false positive.
   assert int(selection.num_true_positives) == 1000 and int(selection.num_dropped) == 0
   assert np.isin(contributed, rows).all()
@@ -53,16 +55,28 @@ def _selection_counts(sampler, trials, vocabulary):
   return counts
 
 
-@pytest.mark.parametrize("chunk_sigmas", [row_selection._CHUNK_SIGMAS, -3.0])
-def test_geometric_skips_match_dense_bernoulli_reference(seed, monkeypatch, chunk_sigmas):
-  # chunk_sigmas = -3 makes the first batch of gaps too short, so the sampler
-  # must continue with further batches.
-  monkeypatch.setattr(row_selection, "_CHUNK_SIGMAS", chunk_sigmas)
+def _padded_zero_rows(excluded, vocabulary, p):
+  capacity = false_positive_capacity(vocabulary, p)
+  sample = tf.function(lambda s: sample_zero_rows(excluded, vocabulary, p, s, capacity)[0])
+  return lambda s: [r for r in sample(s).numpy() if r != PAD]
+
+
+def _chunked_zero_rows(excluded, vocabulary, p):
+  # bernoulli_positions (the Poisson sampler's) over the zero rows, with a first
+  # batch of gaps too short (chunk_sigmas = -3): it must continue with further batches.
+  zero_rows = np.setdiff1d(np.arange(vocabulary), excluded.numpy())
+  sample = tf.function(lambda s: bernoulli_positions(len(zero_rows), p, s))
+  return lambda s: zero_rows[sample(s).numpy()]
+
+
+@pytest.mark.parametrize("sampler", [_padded_zero_rows, _chunked_zero_rows])
+def test_geometric_skips_match_dense_bernoulli_reference(seed, monkeypatch, sampler):
+  monkeypatch.setattr(row_selection, "_CHUNK_SIGMAS", -3.0)
   vocabulary, p, trials = 40, 0.15, 4000
   excluded = tf.constant([0, 7, 8, 20, 39], tf.int64)
   zero_rows = np.setdiff1d(np.arange(vocabulary), excluded.numpy())
-  geometric = tf.function(lambda s: sample_zero_rows(excluded, vocabulary, p, s))
-  skip = _selection_counts(lambda t: geometric(seed + t).numpy(), trials, vocabulary)
+  geometric = sampler(excluded, vocabulary, p)
+  skip = _selection_counts(lambda t: geometric(seed + t), trials, vocabulary)
   uniform = tf.random.stateless_uniform([trials, vocabulary], seed + 10**6).numpy()
   dense = (uniform < p) & np.isin(np.arange(vocabulary), zero_rows)
 
@@ -90,8 +104,10 @@ def test_geometric_skips_match_dense_bernoulli_reference(seed, monkeypatch, chun
 def test_edge_cases(seed):
   assert bernoulli_positions(0, 0.3, seed).shape == (0,)
   assert bernoulli_positions(10**9, 0.0, seed).shape == (0,)
-  everything = sample_zero_rows(tf.constant([2, 5], tf.int64), 8, 0.999999, seed).numpy()
-  np.testing.assert_array_equal(everything, [0, 1, 3, 4, 6, 7])
+  everything, over = sample_zero_rows(tf.constant([2, 5], tf.int64), 8, 0.999999, seed,
+                                     false_positive_capacity(8, 0.999999))
+  np.testing.assert_array_equal(everything.numpy(), [0, 1, 3, 4, 6, 7, PAD, PAD])
+  assert not over
   with pytest.raises(ValueError, match="tau must be > 0"):
     select_rows(ContributionMap(tf.zeros([0], tf.int64), tf.zeros([0])), 10, 0.0, 1.0, seed)
 
@@ -138,7 +154,7 @@ def test_huge_vocabulary_with_tiny_probability(seed):
   assert low <= len(positions) <= high
   assert np.all(np.diff(positions) > 0) and positions[0] >= 0 and positions[-1] < vocabulary
   rows = select_rows(ContributionMap(tf.constant([5, 10 ** 11], tf.int64), tf.constant([9.0, 9.0])),
-                     10 ** 12, 6.0, 1.0, seed).rows.numpy()
+                     10 ** 12, 6.0, 1.0, seed).selected_rows().numpy()
   assert {5, 10 ** 11} <= set(rows.tolist()) and rows[-1] < 10 ** 12
 
 
@@ -159,3 +175,41 @@ def test_probability_one_keeps_every_position(seed):
   np.testing.assert_array_equal(bernoulli_positions(5, 1.0, seed).numpy(), [0, 1, 2, 3, 4])
   with pytest.raises(ValueError, match=r"in \[0, 1\]"):
     bernoulli_positions(5, 1.5, seed)
+
+
+def test_capacity_bounds_the_false_positive_tail():
+  for vocabulary, p in [(10 ** 7, 3e-5), (1000, 3e-5), (10 ** 5, 0.2), (50, 0.5)]:
+    capacity = false_positive_capacity(vocabulary, p)
+    assert stats.binom.sf(capacity, vocabulary, p) <= row_selection.FALSE_POSITIVE_OVERFLOW
+    assert capacity <= vocabulary
+  assert false_positive_capacity(10, 0.0) == 0 and false_positive_capacity(10, 1.0) == 10
+
+
+def test_padded_positions_are_the_first_batch_of_the_chunked_sampler(seed):
+  length, p = 10 ** 6, 1e-3
+  capacity = false_positive_capacity(length, p)
+  padded, over = padded_bernoulli_positions(length, p, capacity, seed)
+  padded = padded.numpy()
+  np.testing.assert_array_equal(padded[padded != PAD], bernoulli_positions(length, p, seed).numpy())
+  assert not over and padded.shape == (capacity,)
+
+
+def test_more_positions_than_the_capacity_are_flagged(seed):
+  positions, over = padded_bernoulli_positions(1000, 0.5, 10, seed)
+  assert bool(over) and np.all(positions.numpy() != PAD)
+  _, fits = padded_bernoulli_positions(1000, 0.5, 1000, seed)
+  assert not fits
+
+
+def test_the_selection_compiles_with_xla_to_the_same_rows(seed):
+  rows = tf.constant([3, 17, 40, 41, PAD, PAD], tf.int64)
+  contribution = ContributionMap(rows, tf.constant([0.5, 2.0, 1.0, 3.0, 0.0, 0.0]))
+
+  def select(seed):
+    return select_rows(contribution, 10 ** 6, 1.0, 0.4, seed)
+
+  graph = tf.function(select)(seed)
+  compiled = tf.function(select, jit_compile=True)(seed)
+  for a, b in zip(graph, compiled):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  assert graph.rows.shape == (6 + false_positive_capacity(10 ** 6, stats.norm.sf(2.5)),)

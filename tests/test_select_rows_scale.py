@@ -39,4 +39,4 @@ def test_billion_row_table_selection_is_sparse(seed):
   zero_rows = VOCABULARY - len(np.unique(ids.numpy()))
   low, high = stats.binom.ppf(ALPHA / 2, zero_rows, p), stats.binom.isf(ALPHA / 2, zero_rows, p)
   assert low <= int(selection.num_false_positives) <= high
-  assert int(selection.rows[-1]) < VOCABULARY
+  assert int(selection.selected_rows()[-1]) < VOCABULARY

@@ -10,6 +10,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers import row_gather
 from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
+from sparse_dp.mechanisms.scans import compiling_with_xla
 
 _COMBINERS = ("sum", "mean", None)
 
@@ -143,9 +144,14 @@ class Embedding(keras.layers.Layer):
   def call(self, ids):
     example, flat_ids, batch_size = self._flatten(ids)
     flat_ids = self._checked(flat_ids)
+    outside = None
+    if compiling_with_xla():  # the check above is compiled away: see _outside_as_nan
+      flat_ids, outside = self._outside_as_nan(flat_ids)
     vectors = (gather_rows(self.embeddings, flat_ids) if self.embedding_backend is None
                else self.embedding_backend.lookup(self, flat_ids))
-    record_lookup(Lookup(self, example, flat_ids, vectors, batch_size))
+    if outside is not None:
+      vectors = tf.where(outside[:, None], tf.constant(float("nan"), vectors.dtype), vectors)
+    record_lookup(Lookup(self, example, flat_ids, vectors, batch_size, outside))
     if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
       if self.combiner is None:
         raise ValueError(f"layer '{self.name}': ragged or sparse ids need a combiner "
@@ -186,6 +192,18 @@ class Embedding(keras.layers.Layer):
          first_bad], summarize=1)
     with tf.control_dependencies([check]):
       return tf.identity(flat_ids)
+
+  def _outside_as_nan(self, flat_ids):
+    """Under XLA, ids outside the vocabulary read row 0 as NaN (and are returned marked).
+
+    XLA drops the assert of :meth:`_checked` and clamps an out-of-range
+    gather to the last row: a wrong id would silently train another row. Here
+    its vectors are NaN, so the DP step zeroes that example's gradient (the
+    update does not depend on it) and reports the count, which ``fit``
+    refuses on the host (:mod:`sparse_dp.training.host_guards`).
+    """
+    outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
+    return tf.where(outside, tf.zeros_like(flat_ids), flat_ids), outside
 
   def _combine(self, vectors, example, batch_size):
     example = tf.cast(example, tf.int32)

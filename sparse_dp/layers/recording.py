@@ -27,6 +27,7 @@ class Lookup(NamedTuple):
   row: tf.Tensor  # int64 [n]
   vectors: tf.Tensor  # [n, d], the gathered rows, on the gradient tape
   batch_size: tf.Tensor  # int64 scalar
+  outside: Optional[tf.Tensor] = None  # bool [n]: id outside the vocabulary (under XLA)
 
 
 class Recorder:

@@ -14,18 +14,25 @@ from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
                                                     per_example_row_gradients,
                                                     restrict_to_rows, squared_norms,
                                                     zero_examples)
+from sparse_dp.mechanisms.gaussian import standard_normal
+from sparse_dp.mechanisms.padding import PAD, is_valid, padded_unique, safe_rows
 from sparse_dp.mechanisms.remapping import BucketRemapping
+from sparse_dp.mechanisms.seeds import fold_in, portable, split
 from sparse_dp.mechanisms.row_noise import add_row_sparse_noise, sum_on_rows
 from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
+                                                false_positive_capacity,
                                                 false_positive_probability,
+                                                padded_bernoulli_positions,
                                                 sample_zero_rows, select_rows)
 from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
-    "Activations", "BucketRemapping", "ContributionMap", "RowGradients", "RowSelection",
+    "PAD", "Activations", "BucketRemapping", "ContributionMap", "RowGradients", "RowSelection",
     "activations", "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
-    "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "distinct_pairs", "contribution_clip_weights", "contribution_maps",
-    "dp_top_k", "false_positive_probability", "per_example_row_gradients",
-    "public_top_k", "restrict_to_rows", "sample_zero_rows", "select_rows",
-    "squared_norms", "sum_on_rows", "zero_examples",
+    "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "contribution_clip_weights",
+    "contribution_maps", "distinct_pairs", "dp_top_k", "false_positive_capacity", "fold_in",
+    "false_positive_probability", "is_valid", "padded_bernoulli_positions", "padded_unique",
+    "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows", "safe_rows",
+    "sample_zero_rows", "select_rows", "split", "squared_norms", "standard_normal", "sum_on_rows",
+    "zero_examples",
 ]

@@ -3,7 +3,9 @@
 Ids of one feature come as a dense ``[B]`` or ``[B, L]`` int tensor, a
 ``tf.RaggedTensor`` ``[B, None]``, or a ``tf.SparseTensor`` ``[B, L]``. Each is
 reduced to the distinct pairs ``(example, row)``: an id repeated within one
-example activates its row once (``../shared/NOTES.md`` §2).
+example activates its row once (``../shared/NOTES.md`` §2). The pairs are kept
+in a buffer as long as the lookups, padded (:mod:`sparse_dp.mechanisms.padding`:
+row ``PAD``, example 0), so the shapes do not depend on the data.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from typing import NamedTuple, Union
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding
+
 Ids = Union[tf.Tensor, tf.RaggedTensor, tf.SparseTensor]
 
 
 class Activations(NamedTuple):
   """Distinct activated pairs of one table: ``example[i]`` activates ``row[i]``."""
 
-  example: tf.Tensor  # int64 [n], in [0, batch_size)
-  row: tf.Tensor  # int64 [n]
+  example: tf.Tensor  # int64 [n], in [0, batch_size); 0 where row is PAD
+  row: tf.Tensor  # int64 [n]: sorted by (row, example), then PAD
   batch_size: tf.Tensor  # int64 scalar
 
 
@@ -55,8 +59,14 @@ def distinct_pairs(example: tf.Tensor, row: tf.Tensor,
   """Distinct ``(example, row)`` pairs, and for each input pair its distinct index.
 
   Pairs are keyed as ``row * batch_size + example`` (int64), exact for rows
-  below ``2**63 / batch_size``.
+  below ``2**63 / batch_size``, and made distinct by
+  :func:`~sparse_dp.mechanisms.padding.padded_unique`: the outputs have the
+  inputs' length, the distinct pairs sorted by key and then padding (row
+  ``PAD``, example 0). Input pairs whose row is ``PAD`` are padding too.
   """
   stride = tf.maximum(tf.cast(batch_size, tf.int64), 1)
-  keys, index = tf.unique(row * stride + example, out_idx=tf.int64)
-  return keys % stride, keys // stride, index
+  keys = tf.where(padding.is_valid(row), row * stride + example, padding.PAD)
+  unique = padding.padded_unique(keys)
+  valid = padding.is_valid(unique.values)
+  return (tf.where(valid, unique.values % stride, tf.zeros_like(unique.values)),
+          tf.where(valid, unique.values // stride, unique.values), unique.slot)

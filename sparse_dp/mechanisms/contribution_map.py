@@ -16,14 +16,19 @@ from typing import NamedTuple, Sequence
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding
 from sparse_dp.mechanisms.activations import Activations, Ids, activations
 
 
 class ContributionMap(NamedTuple):
-  """Nonzero entries of one table's ``V_hat``: ``values[i] = V_hat[rows[i]]``."""
+  """Nonzero entries of one table's ``V_hat``: ``values[i] = V_hat[rows[i]]``.
 
-  rows: tf.Tensor  # int64 [n], sorted, distinct
-  values: tf.Tensor  # float32 [n], > 0
+  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.padding`) as long
+  as the table's activated pairs; the padding has value 0.
+  """
+
+  rows: tf.Tensor  # int64 [n]: sorted, distinct, then PAD
+  values: tf.Tensor  # float32 [n]: > 0, then 0
 
 
 def contribution_clip_weights(per_table: Sequence[Activations],
@@ -31,7 +36,7 @@ def contribution_clip_weights(per_table: Sequence[Activations],
   """``min(1, C1 / sqrt(n_i))`` for every example ``i`` of the batch, float32 [B]."""
   batch_size = per_table[0].batch_size
   counts = tf.add_n([
-      tf.math.unsorted_segment_sum(tf.ones_like(a.example, tf.float32), a.example,
+      tf.math.unsorted_segment_sum(tf.cast(padding.is_valid(a.row), tf.float32), a.example,
                                    batch_size) for a in per_table
   ])
   norms = tf.sqrt(tf.maximum(counts, 1.0))
@@ -55,11 +60,12 @@ def clipped_contribution_maps(per_table: Sequence[Activations],
                               clip_norm: float) -> list[ContributionMap]:
   """:func:`contribution_maps` from each table's distinct activated pairs."""
   weights = contribution_clip_weights(per_table, clip_norm)
-  return [_sum_by_row(a.row, tf.gather(weights, a.example)) for a in per_table]
+  return [_sum_by_row(a.row, padding.mask_rows(tf.gather(weights, a.example),
+                                               padding.is_valid(a.row)))
+          for a in per_table]
 
 
 def _sum_by_row(rows: tf.Tensor, values: tf.Tensor) -> ContributionMap:
-  unique_rows, index = tf.unique(rows)
-  summed = tf.math.unsorted_segment_sum(values, index, tf.size(unique_rows))
-  order = tf.argsort(unique_rows)
-  return ContributionMap(tf.gather(unique_rows, order), tf.gather(summed, order))
+  unique = padding.padded_unique(rows)
+  summed = tf.math.unsorted_segment_sum(values, unique.slot, tf.size(rows, out_type=tf.int64))
+  return ContributionMap(unique.values, summed)

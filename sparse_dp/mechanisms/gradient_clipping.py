@@ -19,12 +19,17 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding
 from sparse_dp.mechanisms.activations import distinct_pairs
 from sparse_dp.mechanisms.sorted_ids import sorted_lookup
 
 
 class RowGradients(NamedTuple):
-  """Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``."""
+  """Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``.
+
+  Padded (:mod:`sparse_dp.mechanisms.padding`): where ``row`` is ``PAD`` the
+  values are zero and the example is 0.
+  """
 
   example: tf.Tensor  # int64 [n]
   row: tf.Tensor  # int64 [n]
@@ -47,9 +52,14 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
 
 
 def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
-  """Keeps only the gradients of ``rows`` (sorted, distinct): Algorithm 1, line 8."""
-  _, keep = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
-  return RowGradients(*(tf.boolean_mask(t, keep) for t in gradients))
+  """Keeps only the gradients of ``rows`` (a padded row list): Algorithm 1, line 8.
+
+  The others become padding (row ``PAD``, zero values), so the shapes stay.
+  """
+  _, found = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
+  keep = tf.logical_and(found, padding.is_valid(gradients.row))
+  return RowGradients(gradients.example, tf.where(keep, gradients.row, padding.PAD),
+                      padding.mask_rows(gradients.values, keep))
 
 
 def zero_examples(gradients: RowGradients, kept: tf.Tensor) -> RowGradients:
@@ -75,8 +85,13 @@ def clip_factors(squared_norms_total: tf.Tensor, clip_norm: float) -> tf.Tensor:
 
 def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
                     dense_shape: tf.Tensor) -> tf.IndexedSlices:
-  """``sum_i factors[i] * g_i`` on this table, one slice per distinct row."""
+  """``sum_i factors[i] * g_i`` on this table, one slice per distinct row.
+
+  As many slices as ``gradients`` has entries: the distinct rows, sorted,
+  then zero slices at row 0 (the padding, harmless in any sum).
+  """
   scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
-  rows, index = tf.unique(gradients.row, out_idx=tf.int64)
-  return tf.IndexedSlices(tf.math.unsorted_segment_sum(scaled, index, tf.size(rows)),
-                          rows, tf.cast(dense_shape, tf.int64))
+  rows = padding.padded_unique(gradients.row)
+  size = tf.size(gradients.row, out_type=tf.int64)
+  return tf.IndexedSlices(tf.math.unsorted_segment_sum(scaled, rows.slot, size),
+                          padding.safe_rows(rows.values), tf.cast(dense_shape, tf.int64))

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms import seeds
 from sparse_dp.mechanisms.remapping import BucketRemapping
 from sparse_dp.mechanisms.top_k import dp_top_k
 
@@ -65,7 +66,7 @@ def preselect_buckets(counts: Sequence, k: int, epsilon: float, seed) -> Presele
     if t not in selected:
       remappings.append(None)
       continue
-    table_seed = tf.random.experimental.stateless_fold_in(seed, t)
+    table_seed = seeds.fold_in(seed, t)
     remappings.append(BucketRemapping(dp_top_k(table_counts, k, epsilon / len(selected),
                                                table_seed)))
   return Preselection(tuple(remappings),

@@ -4,28 +4,32 @@
 the clipped gradient sum restricted to the selected rows, plus Gaussian noise
 of standard deviation ``sigma2 * C2`` on every coordinate of those rows and no
 others. The result stays a ``tf.IndexedSlices`` over the selected rows, so the
-optimizer's update is a scatter on them.
+optimizer's update is a scatter on them. Row lists are padded
+(:mod:`sparse_dp.mechanisms.padding`): the padding gets neither signal nor
+noise.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding
+from sparse_dp.mechanisms.gaussian import standard_normal
 from sparse_dp.mechanisms.sorted_ids import sorted_lookup
 
 
 def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.Tensor:
-  """``clipped_sum`` restricted to ``selected_rows`` (sorted, distinct): dense ``[m, d]``.
+  """``clipped_sum`` restricted to ``selected_rows`` (a padded row list): dense ``[m, d]``.
 
   Repeated indices are summed; indices outside ``selected_rows`` are dropped;
-  a selected row without a gradient gets zeros.
+  a selected row without a gradient, and the padding, get zeros.
   """
   selected_rows = tf.cast(selected_rows, tf.int64)
   slot, is_selected = sorted_lookup(selected_rows, tf.cast(clipped_sum.indices, tf.int64))
-  values = tf.convert_to_tensor(clipped_sum.values)
-  return tf.math.unsorted_segment_sum(tf.boolean_mask(values, is_selected),
-                                      tf.boolean_mask(slot, is_selected),
-                                      tf.size(selected_rows, out_type=tf.int64))
+  size = tf.size(selected_rows, out_type=tf.int64)
+  # Dropped entries go to one extra segment past the end, cut off after the sum.
+  return tf.math.unsorted_segment_sum(tf.convert_to_tensor(clipped_sum.values),
+                                      tf.where(is_selected, slot, size), size + 1)[:-1]
 
 
 def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor,
@@ -35,15 +39,18 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
   Args:
     clipped_sum: sum of clipped per-example gradients of one table; its indices
       may repeat (they are summed) and may include unselected rows (dropped).
-    selected_rows: sorted, distinct int64 rows from
+    selected_rows: the padded row list of
       :func:`sparse_dp.mechanisms.select_rows`.
     noise_stddev: ``sigma2 * C2``.
     seed: shape ``[2]`` integer seed.
 
   Returns:
-    ``tf.IndexedSlices`` with one row per selected row, in ``selected_rows`` order.
+    ``tf.IndexedSlices`` with one slice per entry of ``selected_rows``, in its
+    order; the padding becomes zero slices at row 0 (harmless in any sum).
   """
   kept = sum_on_rows(clipped_sum, selected_rows)
-  noise = tf.random.stateless_normal(tf.shape(kept), seed, stddev=noise_stddev, dtype=kept.dtype)
-  return tf.IndexedSlices(kept + noise, tf.cast(selected_rows, tf.int64),
+  selected = padding.is_valid(selected_rows)
+  noise = padding.mask_rows(standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev,
+                            selected)
+  return tf.IndexedSlices(kept + noise, padding.safe_rows(tf.cast(selected_rows, tf.int64)),
                           clipped_sum.dense_shape)

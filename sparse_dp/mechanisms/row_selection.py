@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding, scans, seeds
 from sparse_dp.mechanisms.contribution_map import ContributionMap
 from sparse_dp.mechanisms.exponential import standard_exponential
 
@@ -42,15 +43,33 @@ _CHUNK_SIGMAS = 6.0
 MAX_POSITIONS = 2 ** 31
 # Positions are float64 sums of gaps, exact integers below 2^53.
 _MAX_LENGTH = 2 ** 53
+# Probability that one table's false positives in one step exceed the room
+# made for them (false_positive_capacity): the step then refuses.
+FALSE_POSITIVE_OVERFLOW = 1e-18
 
 
 class RowSelection(NamedTuple):
-  """Rows of one table that receive a (noisy) gradient this step."""
+  """Rows of one table that receive a (noisy) gradient this step.
 
-  rows: tf.Tensor  # int64 [m], sorted, distinct: true and false positives
+  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.padding`): the
+  selected rows, sorted and distinct, then :data:`~sparse_dp.mechanisms.padding.PAD`
+  up to a capacity fixed by the shapes (contributed rows plus
+  :func:`false_positive_capacity`).
+  """
+
+  rows: tf.Tensor  # int64 [capacity]: true and false positives, sorted, then PAD
   num_true_positives: tf.Tensor  # int64: contributed rows that passed tau
   num_dropped: tf.Tensor  # int64: contributed rows that did not pass tau
   num_false_positives: tf.Tensor  # int64: zero-contribution rows that passed tau
+  over_capacity: tf.Tensor  # bool: more false positives than the capacity (see its bound)
+
+  @property
+  def num_selected(self) -> tf.Tensor:
+    return self.num_true_positives + self.num_false_positives
+
+  def selected_rows(self) -> tf.Tensor:
+    """The selected rows without the padding (a dynamic shape: not for compiled code)."""
+    return self.rows[:self.num_selected]
 
 
 def false_positive_probability(threshold: float, noise_stddev: float) -> float:
@@ -73,12 +92,38 @@ def negative_log_survival(x: tf.Tensor) -> tf.Tensor:
                   -tf.math.log1p(-0.5 * tf.math.erfc(-x / root2)))
 
 
+def false_positive_capacity(vocabulary_size: int, probability: float,
+                            failure_probability: float = FALSE_POSITIVE_OVERFLOW) -> int:
+  """Room for the false positives of one table's step: ``K`` with ``P(Bin(c, p) > K) <= beta``.
+
+  The zero-contribution rows are fewer than the ``c`` rows of the table, so
+  their count of false positives is below ``Bin(c, p)`` in law. Bernstein's
+  inequality, ``P(X >= mu + t) <= exp(-t^2 / (2 (v + t / 3)))`` with mean
+  ``mu = c p`` and variance ``v = c p (1 - p)``, equals ``beta``
+  (``failure_probability``) at ``t = a / 3 + sqrt(a^2 / 9 + 2 a v)``,
+  ``a = ln(1 / beta)``; ``K = ceil(mu + t)``. At ``c = 10^7``, ``p = 3e-5``
+  (``mu = 300``): ``K = 472``. The selection is then the exact mechanism
+  except on an event of probability ``<= beta``, flagged ``over_capacity``.
+  """
+  if probability <= 0 or vocabulary_size <= 0:
+    return 0
+  if probability >= 1:
+    return int(vocabulary_size)
+  mean = vocabulary_size * probability
+  a = math.log(1.0 / failure_probability)
+  t = a / 3 + math.sqrt(a * a / 9 + 2 * a * mean * (1 - probability))
+  return int(min(vocabulary_size, math.ceil(mean + t)))
+
+
 def select_rows(contribution: ContributionMap, vocabulary_size: int,
                 threshold: float, noise_stddev: float, seed: tf.Tensor) -> RowSelection:
   """Rows whose noisy contribution ``V_hat + N(0, noise_stddev^2)`` is ``>= threshold``.
 
+  Every shape is fixed by ``contribution``'s capacity and the table's
+  :func:`false_positive_capacity`, so the selection compiles with XLA.
+
   Args:
-    contribution: the table's clipped contribution map.
+    contribution: the table's clipped contribution map (rows may be padded).
     vocabulary_size: number of rows ``c`` of the table.
     threshold: ``tau``; must be > 0, else most of the vocabulary is selected.
     noise_stddev: ``sigma1 * C1``.
@@ -95,33 +140,78 @@ def select_rows(contribution: ContributionMap, vocabulary_size: int,
         f"{vocabulary_size * probability:.3g} of the {vocabulary_size:,} rows would pass "
         f"it by noise alone each step, more than the {MAX_POSITIONS:,} rows a step can "
         "hold; raise tau (DPConfig(threshold_sigmas=...))")
-  contributed_seed, zero_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  contributed_seed, zero_seed = seeds.split(seed, 2)
+  contributed = padding.is_valid(contribution.rows)
   gap = (threshold - tf.cast(contribution.values, tf.float64)) / noise_stddev
-  passed = (standard_exponential(tf.shape(gap), contributed_seed)
-            >= negative_log_survival(gap))
-  true_positives = tf.boolean_mask(contribution.rows, passed)
-  false_positives = sample_zero_rows(contribution.rows, vocabulary_size, probability,
-                                     zero_seed)
+  passed = tf.logical_and(contributed, standard_exponential(tf.shape(gap), contributed_seed)
+                          >= negative_log_survival(gap))
+  true_positives = tf.where(passed, contribution.rows, padding.PAD)
+  false_positives, over_capacity = sample_zero_rows(
+      contribution.rows, vocabulary_size, probability, zero_seed,
+      false_positive_capacity(vocabulary_size, probability))
   rows = tf.sort(tf.concat([true_positives, false_positives], axis=0))
-  num_true = tf.size(true_positives, out_type=tf.int64)
+  num_true = tf.math.count_nonzero(passed, dtype=tf.int64)
   return RowSelection(rows, num_true,
-                      tf.size(contribution.rows, out_type=tf.int64) - num_true,
-                      tf.size(false_positives, out_type=tf.int64))
+                      tf.math.count_nonzero(contributed, dtype=tf.int64) - num_true,
+                      tf.math.count_nonzero(padding.is_valid(false_positives), dtype=tf.int64),
+                      over_capacity)
 
 
-def sample_zero_rows(excluded_rows: tf.Tensor, vocabulary_size: int,
-                     probability: float, seed: tf.Tensor) -> tf.Tensor:
+def sample_zero_rows(excluded_rows: tf.Tensor, vocabulary_size: int, probability: float,
+                     seed: tf.Tensor, capacity: int) -> tuple[tf.Tensor, tf.Tensor]:
   """Each row of ``[0, vocabulary_size)`` not in ``excluded_rows``, kept w.p. ``probability``.
 
-  ``excluded_rows`` must be sorted and distinct. Returns sorted int64 rows.
+  ``excluded_rows`` is a padded row list (sorted, distinct, then ``PAD``).
+  Returns the kept rows as a padded row list of ``capacity``, and whether
+  there were more than ``capacity`` (then the list holds the first ones).
   """
   excluded_rows = tf.cast(excluded_rows, tf.int64)
-  num_zero_rows = tf.cast(vocabulary_size, tf.int64) - tf.size(excluded_rows, out_type=tf.int64)
-  positions = bernoulli_positions(num_zero_rows, probability, seed)
+  excluded = padding.is_valid(excluded_rows)
+  num_zero_rows = (tf.cast(vocabulary_size, tf.int64)
+                   - tf.math.count_nonzero(excluded, dtype=tf.int64))
+  positions, over_capacity = padded_bernoulli_positions(num_zero_rows, probability, capacity,
+                                                        seed)
   # The z-th row absent from `excluded_rows` is z plus the number of excluded
   # rows r_k with r_k - k <= z.
-  shifted = excluded_rows - tf.range(tf.size(excluded_rows, out_type=tf.int64))
-  return positions + tf.searchsorted(shifted, positions, side="right", out_type=tf.int64)
+  shifted = tf.where(excluded,
+                     excluded_rows - tf.range(tf.size(excluded_rows, out_type=tf.int64)),
+                     padding.PAD)
+  rows = positions + scans.searchsorted(shifted, positions, side="right")
+  return tf.where(padding.is_valid(positions), rows, padding.PAD), over_capacity
+
+
+def padded_bernoulli_positions(length: tf.Tensor, probability: float, capacity: int,
+                               seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """The first ``capacity`` positions of :func:`bernoulli_positions`, padded with ``PAD``.
+
+  One batch of ``capacity`` geometric gaps, the first batch
+  :func:`bernoulli_positions` draws for the same seed (so both give the same
+  positions when it holds them all); returns the positions below ``length``
+  and whether the batch ended inside ``[0, length)`` (more positions may
+  follow: over capacity).
+  """
+  if not 0 <= probability <= 1:
+    raise ValueError(f"selection probability must be in [0, 1], got {probability}")
+  length = _checked_size(length, probability)
+  if probability == 0 or capacity == 0:
+    over = tf.logical_and(tf.constant(probability > 0), length > 0)
+    return tf.fill([capacity], tf.constant(padding.PAD, tf.int64)), over
+  if probability == 1:
+    positions = tf.range(capacity, dtype=tf.float64)
+  else:
+    positions = _gap_positions(tf.constant(0.0, tf.float64), capacity, probability, seed, 1)
+  inside = positions < length
+  return (tf.where(inside, tf.cast(positions, tf.int64), padding.PAD),
+          positions[-1] < length - 1.0)
+
+
+def _gap_positions(start: tf.Tensor, count, probability: float, seed: tf.Tensor,
+                   index) -> tf.Tensor:
+  """Batch ``index`` of ``count`` positions after ``start``: gaps ``floor(E / -log(1 - p)) + 1``."""
+  exponential = standard_exponential(tf.reshape(count, [1]),
+                                     seeds.fold_in(seed, index))
+  gaps = tf.floor(exponential / -math.log1p(-probability)) + 1.0
+  return start + scans.cumsum(gaps) - 1.0
 
 
 def bernoulli_positions(length: tf.Tensor, probability: float,
@@ -142,14 +232,10 @@ def bernoulli_positions(length: tf.Tensor, probability: float,
     return tf.zeros([0], tf.int64)
   if probability == 1:
     return tf.range(tf.cast(length, tf.int64))
-  log_keep_out = -math.log1p(-probability)
   chunk = gap_batch_size(length, probability)
 
   def draw(index, start, found):
-    exponential = standard_exponential(
-        tf.reshape(chunk, [1]), tf.random.experimental.stateless_fold_in(seed, index))
-    gaps = tf.floor(exponential / log_keep_out) + 1.0
-    positions = start + tf.cumsum(gaps) - 1.0
+    positions = _gap_positions(start, chunk, probability, seed, index)
     return index + 1, positions[-1] + 1.0, found.write(index, positions)
 
   none_yet = tf.TensorArray(tf.float64, size=1, dynamic_size=True, infer_shape=False,

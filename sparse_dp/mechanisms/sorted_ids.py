@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import scans
+
 
 def sorted_lookup(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """Position of each of ``ids`` in ``sorted_ids``, and whether it is there.
@@ -13,7 +15,7 @@ def sorted_lookup(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, tf.
   ``ids``: where ``found``, ``sorted_ids[slot] == ids``.
   """
   flat = tf.reshape(ids, [-1])
-  slot = tf.searchsorted(sorted_ids, flat, side="left", out_type=tf.int64)
+  slot = scans.searchsorted(sorted_ids, flat, side="left")
   # A -1 sentinel after the last id: a slot past the end never matches.
   padded = tf.concat([sorted_ids, tf.constant([-1], tf.int64)], axis=0)
   found = tf.equal(tf.gather(padded, slot), flat)

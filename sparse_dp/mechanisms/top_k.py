@@ -18,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms import padding
 from sparse_dp.mechanisms.activations import Ids, activations
 from sparse_dp.mechanisms.exponential import standard_exponential
 
@@ -29,9 +30,10 @@ def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
   example moves each count by at most 1 (the sensitivity ``dp_top_k`` assumes).
   """
   rows = activations(ids).row
+  valid, rows = padding.is_valid(rows), padding.safe_rows(rows)
   tf.debugging.assert_less(rows, tf.cast(vocabulary_size, tf.int64),
                            message="bucket id outside the vocabulary")
-  return tf.math.unsorted_segment_sum(tf.ones_like(rows, tf.float32), rows, vocabulary_size)
+  return tf.math.unsorted_segment_sum(tf.cast(valid, tf.float32), rows, vocabulary_size)
 
 
 def dp_top_k(counts: tf.Tensor, k: int, epsilon: float, seed: tf.Tensor) -> tf.Tensor:

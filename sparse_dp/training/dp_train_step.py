@@ -6,9 +6,11 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from sparse_dp import mechanisms
+
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import add_penalty_gradients
-from sparse_dp.training.sampling import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
+from sparse_dp.training.host_guards import budget_message, largest_batch, too_large_message
 from sparse_dp.training.step import StepNoise, private_gradients
 from sparse_dp.training.update_guard import dp_step_update
 
@@ -44,7 +46,7 @@ def scheduled_step_seed(seed: int, scheduled_step) -> tf.Tensor:
   is the Poisson sample keyed by the same number.
   """
   base = tf.constant([seed, 0x5CED_57E9], tf.int64)
-  return tf.random.experimental.stateless_fold_in(base, scheduled_step)
+  return mechanisms.fold_in(base, scheduled_step)
 
 
 def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
@@ -54,6 +56,8 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
   not exceed :func:`largest_plausible_batch` of the declared rate (a Poisson
   batch exceeds it with probability ``1e-9``): a larger batch means the real
   sampling rate, hence the real epsilon, is larger than the accountant's.
+  Both asserts are checked again on the host (:mod:`~sparse_dp.training.host_guards`),
+  where XLA cannot compile them away.
   Logs hold only DP statistics unless ``config.debug_metrics``: then also the
   un-noised loss and compiled metrics, which the epsilon does not cover.
   ``penalty`` (weight regularizers, :mod:`sparse_dp.training.penalties`) adds
@@ -61,30 +65,21 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
   """
   base_seed = tf.constant([training.seed, 0x2545F491], tf.int64)
   state, config = training.state, training.config
-  largest = largest_plausible_batch(training.num_examples, training.sampling_rate)
-  too_large = (
-      f"sparse-dp: this batch is larger than any Poisson sample of the declared expected "
-      f"batch size {training.batch_size:g} (q = {training.sampling_rate:.4g} of "
-      f"{training.num_examples:,} examples) reaches except with probability "
-      f"{BATCH_SIZE_FALSE_ALARM:g} (at most {largest}), so the accounted epsilon would be "
-      "false. Feed fit private.poisson_dataset(...), or pass make_private the batch size you "
-      "feed (batch_size=...). Realised batch size:")
+  largest, too_large = largest_batch(training), too_large_message(training)
 
   def train_step(self, data, scheduled_step=None):
     """One DP step; ``scheduled_step``: see :func:`scheduled_step_seed`."""
     within_budget = tf.debugging.Assert(
         tf.logical_or(training.step_limit < 0, state.steps_taken < training.step_limit),
-        [f"sparse-dp: the epsilon budget {training.epsilon_budget} allows no further step "
-         "(pass private.callback() to fit to stop cleanly)"])
+        [budget_message(training)])
     poisson = (tf.convert_to_tensor(training.poisson_input) if scheduled_step is None
                else tf.constant(True))
     size = _batch_size(data)
     plausible = tf.debugging.Assert(tf.logical_or(poisson, size <= largest), [too_large, size])
     with tf.control_dependencies([within_budget, plausible]):
       if scheduled_step is None:
-        step_seed = tf.random.experimental.stateless_fold_in(
-            tf.random.experimental.stateless_fold_in(base_seed, state.steps_taken),
-            training.noise_draws)
+        step_seed = mechanisms.fold_in(mechanisms.fold_in(base_seed, state.steps_taken),
+                                       training.noise_draws)
       else:
         step_seed = scheduled_step_seed(training.seed, scheduled_step)
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import update_guard
+from sparse_dp.training import host_guards, update_guard
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.sampling import head
 
@@ -141,6 +141,12 @@ def _private_fit(training: PrivateTraining):
       _warn_if_transformed(training.transformations_to(x))
     if not training.separability_checked:
       call.arguments["x"] = _probe(training, x, call.arguments)
+    if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
+      _refuse_uncompilable_optimizer(self.optimizer)
+      if not poisson:
+        call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)
+      call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
+                                     + list(call.arguments.get("callbacks") or []))
     training.feeding_poisson = poisson
     training.poisson_input.assign(poisson)
     try:
@@ -171,6 +177,40 @@ def _check_no_validation(arguments: dict, training: PrivateTraining) -> None:
         "which the privacy report marks as not private")
 
 
+def _refuse_uncompilable_optimizer(optimizer) -> None:
+  """Keras's legacy Adagrad applies sparse updates with a kernel XLA does not have."""
+  if isinstance(optimizer, keras.optimizers.legacy.Adagrad):
+    raise ValueError(
+        "sparse-dp: Adagrad's sparse update (ResourceSparseApplyAdagradV2) has no XLA kernel, "
+        "so a model compiled with jit_compile=True cannot train with it; use SGD or Adam "
+        "(sparse_dp.optimizers.LazyAdam), or compile without jit_compile")
+
+
+def _leading_size(x) -> int:
+  """Examples in ``train_on_batch``'s ``x``: the leading size of its first part."""
+  first = tf.nest.flatten(x, expand_composites=False)[0]
+  if isinstance(first, tf.RaggedTensor):
+    return int(first.nrows())
+  return int(first.shape[0]) if getattr(first, "shape", None) is not None else len(first)
+
+
+def _host_checked(training: PrivateTraining, x, arguments: dict):
+  """``fit``'s non-Poisson input with its batch sizes checked on the host (for XLA).
+
+  A compiled step's own batch-size assert is compiled away; a ``tf.data``
+  input gets the check in its pipeline, arrays by their ``batch_size``.
+  """
+  if isinstance(x, tf.data.Dataset):
+    return host_guards.checked_batches(training, x)
+  if isinstance(x, (keras.utils.Sequence, collections.abc.Iterator)):
+    raise ValueError(
+        "sparse-dp: a model compiled with jit_compile=True is fit on a generator or a "
+        "keras.utils.Sequence, whose batch sizes cannot be checked outside the compiled step. "
+        "Feed private.poisson_dataset(...), a tf.data.Dataset, or arrays with batch_size")
+  host_guards.refuse_batch_size(training, arguments.get("batch_size") or 32)
+  return x
+
+
 def _warn_if_transformed(transformations: Optional[list[str]]) -> None:
   """Says why a transformed Poisson dataset is counted as not Poisson, and the fix."""
   if not transformations:
@@ -190,6 +230,9 @@ def _private_train_on_batch(training: PrivateTraining):
 
   def private_train_on_batch(self, x, y=None, sample_weight=None, *args, **kwargs):
     parameter_servers.refuse_keras_fit(self)
+    if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
+      host_guards.refuse_past_budget(training)
+      host_guards.refuse_batch_size(training, _leading_size(x))
     training.check_separable(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
     return train_on_batch(self, x, y, sample_weight, *args, **kwargs)
 

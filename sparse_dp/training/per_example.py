@@ -57,6 +57,7 @@ class PerExampleGradients(NamedTuple):
   losses: tf.Tensor  # [B]
   rows: dict  # Embedding -> mechanisms.RowGradients
   dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
+  ids_outside: dict  # Embedding -> int64 [B]: ids outside its vocabulary (counted under XLA)
 
   @property
   def batch_size(self) -> tf.Tensor:
@@ -86,9 +87,13 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data) -> PerExample
         loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     rows = [_rows(t, by_table.get(t, []), grads) for t, grads in zip(tables, table_grads)]
     dense_parts = [_tokens(d, by_dense.get(d, []), grads) for d, grads in zip(dense, dense_grads)]
-    return loss, rows, dense_parts
+    outside = [tf.add_n([tf.math.count_nonzero(l.outside, dtype=tf.int64)
+                         for l in by_table.get(t, []) if l.outside is not None]
+                        or [tf.constant(0, tf.int64)]) for t in tables]
+    return loss, rows, dense_parts, outside
 
-  loss, rows, dense_parts = _over_examples(one_example, data, _signature(tables, dense))
+  loss, rows, dense_parts, outside = _over_examples(one_example, data,
+                                                    _signature(tables, dense))
   batch_size = tf.shape(loss, out_type=tf.int64)[0]
   by_table = {}
   for table, (ids, grads) in zip(tables, rows):
@@ -96,7 +101,7 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data) -> PerExample
     by_table[table] = per_example_row_gradients(example, ids, grads, batch_size)
   by_dense = {layer: (_dense(inputs, layer.kernel.shape[0]), _dense(grads, layer.units))
               for layer, (inputs, grads) in zip(dense, dense_parts)}
-  return PerExampleGradients(loss, by_table, by_dense)
+  return PerExampleGradients(loss, by_table, by_dense, dict(zip(tables, outside)))
 
 
 def per_example_rows(leaves: list, losses_of: LossesOf, data) -> dict:
@@ -171,7 +176,8 @@ def _signature(tables: list, dense: list) -> tuple:
   return (tf.TensorSpec([], tf.float32),
           [(_spec([None], tf.int64), _spec([None, t.output_dim], tf.float32)) for t in tables],
           [(_spec([None, d.kernel.shape[0]], tf.float32), _spec([None, d.units], tf.float32))
-           for d in dense])
+           for d in dense],
+          [tf.TensorSpec([], tf.int64) for _ in tables])
 
 
 def _over_examples(fn, data, signature):
@@ -194,13 +200,12 @@ def _over_examples(fn, data, signature):
 
   if composite:
     return tf.map_fn(on_one, present, fn_output_signature=signature)
-  batch_size = tf.shape(present[0], out_type=tf.int64)[0]
-  known = tf.get_static_value(batch_size)
-  if known is not None:
-    return _vectorized(on_one, present) if known > 0 else _no_examples(signature)
-  # A Poisson batch may be empty, which tf.vectorized_map cannot run on.
-  return tf.cond(batch_size > 0, lambda: _vectorized(on_one, present),
-                 lambda: _no_examples(signature))
+  # tf.vectorized_map cannot run on an empty batch, which a Poisson batch may
+  # be: it runs on the batch and one zero example, whose results are cut off.
+  # (No branch on the batch size, whose outputs XLA could not give a shape.)
+  with_spare = [tf.concat([p, tf.zeros(tf.concat([[1], tf.shape(p)[1:]], 0), p.dtype)], 0)
+                for p in present]
+  return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
 
 
 def _vectorized(fn, elements):
@@ -232,13 +237,6 @@ def _raised_converting(error: Exception) -> bool:
   converter = [i for i, name in enumerate(files) if "parallel_for" in name]
   return bool(converter) and all(f"{os.sep}tensorflow{os.sep}" in name
                                  for name in files[converter[-1] + 1:])
-
-
-def _no_examples(signature) -> tuple:
-  """Results of no examples: the signature's shapes with a first dimension of 0."""
-  return tf.nest.map_structure(
-      lambda spec: tf.zeros([0] + [0 if d is None else d for d in spec.shape.as_list()],
-                            spec.dtype), signature)
 
 
 def _batch_of_one(element, batch):

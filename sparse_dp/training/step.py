@@ -39,7 +39,9 @@ import tensorflow as tf
 from sparse_dp import mechanisms
 from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
+from sparse_dp.mechanisms.scans import compiling_with_xla
 from sparse_dp.training import dense_layers
+from sparse_dp.training.host_guards import IDS_OUTSIDE
 from sparse_dp.training.per_example import (LossesOf, PerExampleGradients, per_example_gradients,
                                             per_example_rows)
 
@@ -89,7 +91,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
   """
   tables = [l for l in leaves if isinstance(l, Embedding)]
-  selection_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  selection_seed, noise_seed = mechanisms.split(seed, 2)
   if microbatch_size is None:
     recorded = per_example_gradients(leaves, losses_of, data)
     pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
@@ -108,6 +110,9 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     if labels is not None:
       on_outputs(labels, predictions)
   gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
+  if microbatch_size is None and compiling_with_xla():  # for the host's refusal (host_guards)
+    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(tf.reduce_sum(count), tf.float32)
+                  for layer, count in recorded.ids_outside.items()})
   return gradients, losses, stats
 
 
@@ -122,7 +127,7 @@ def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dic
   activations = [mechanisms.Activations(*mechanisms.distinct_pairs(example, row, batch_size)[:2],
                                         batch_size) for example, row in everyone]
   maps = mechanisms.clipped_contribution_maps(activations, noise.contribution_clip)
-  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, len(tables)))
+  seeds = mechanisms.split(seed, len(tables))
   return {layer: mechanisms.select_rows(contribution, layer.vocabulary_size, noise.threshold,
                                         noise.contribution_multiplier * noise.contribution_clip,
                                         table_seed)
@@ -138,13 +143,12 @@ def _gather_across_replicas(pairs, batch_size):
   offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
   gathered = []
   for example, row in pairs:
-    local = tf.stack([example + offset, row], axis=1)
-    length = tf.shape(local, out_type=tf.int64)[0]
+    length = tf.shape(row, out_type=tf.int64)[0]
     longest = tf.reduce_max(context.all_gather(length[None], axis=0))
-    padded = tf.pad(local, [[0, longest - length], [0, 0]], constant_values=-1)
-    everyone = context.all_gather(padded, axis=0)
-    everyone = tf.boolean_mask(everyone, everyone[:, 0] >= 0)
-    gathered.append((everyone[:, 0], everyone[:, 1]))
+    # Padding (row PAD) brings every replica's pairs to one length.
+    row = tf.pad(row, [[0, longest - length]], constant_values=mechanisms.PAD)
+    example = tf.pad(example + offset, [[0, longest - length]])
+    gathered.append((context.all_gather(example, axis=0), context.all_gather(row, axis=0)))
   return gathered, tf.reduce_sum(sizes)
 
 
@@ -258,12 +262,12 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   adds_noise = 1.0 if context is None else tf.cast(
       tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
   std = noise.gradient_multiplier * noise.l2_norm_clip
-  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 2 * len(leaves)))
+  seeds = mechanisms.split(seed, 2 * len(leaves))
   gradients, signal, noise_squared = {}, [], []
   nonzero_rows = tf.constant(0, tf.int64)
 
   def noised(variable, clipped, draw_seed):
-    draw = tf.random.stateless_normal(tf.shape(clipped), draw_seed, stddev=std) * adds_noise
+    draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
     signal.append(tf.reduce_sum(tf.square(clipped)))
     noise_squared.append(tf.reduce_sum(tf.square(draw)))
     return (clipped + draw) / noise.expected_batch_size
@@ -279,15 +283,14 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
         signal.append(tf.reduce_sum(tf.square(kept)))
         noise_squared.append(tf.reduce_sum(tf.square(noisy.values - kept)))
         gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
-            noisy.values / noise.expected_batch_size, rows, clipped.dense_shape)
-        nonzero_rows += tf.size(rows, out_type=tf.int64)
-      else:  # DP-SGD: noise on every row; the clipped rows are scattered into it
-        rows, index = tf.unique(tf.cast(clipped.indices, tf.int64), out_idx=tf.int64)
-        values = tf.math.unsorted_segment_sum(clipped.values, index, tf.size(rows))
-        draw = tf.random.stateless_normal(clipped.dense_shape, seeds[2 * i], stddev=std)
-        signal.append(tf.reduce_sum(tf.square(values)))
+            noisy.values / noise.expected_batch_size, noisy.indices, clipped.dense_shape)
+        nonzero_rows += selections[layer].num_selected
+      else:  # DP-SGD: noise on every row; the clipped rows are added to it
+        draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
+        signal.append(tf.reduce_sum(tf.square(clipped.values)))
         noise_squared.append(tf.reduce_sum(tf.square(draw * adds_noise)))
-        noisy = tf.tensor_scatter_nd_add(draw * adds_noise, rows[:, None], values)
+        noisy = tf.tensor_scatter_nd_add(draw * adds_noise, clipped.indices[:, None],
+                                         clipped.values)
         gradients[shards.gradient_key(layer.embeddings)] = noisy / noise.expected_batch_size
         nonzero_rows += layer.vocabulary_size
       continue

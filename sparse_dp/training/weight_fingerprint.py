@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms.padding import is_valid, mask_rows, padded_unique, safe_rows
+
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
 _ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525
 _CHUNK_ROWS = 1 << 16
@@ -54,6 +56,11 @@ def _as_rows(values: tf.Tensor) -> tf.Tensor:
   """A weight as ``[rows, width]``: a vector or scalar is one row."""
   return tf.reshape(values, [-1, values.shape[-1]]) if values.shape.rank >= 2 else (
       tf.reshape(values, [1, -1]))
+
+
+def _rows_of(variable, rows: tf.Tensor) -> tf.Tensor:
+  """Rows ``rows`` (a padded row list) of a table; the padding reads as zeros."""
+  return mask_rows(tf.gather(variable, safe_rows(rows)), is_valid(rows))
 
 
 def _partial(index: int, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
@@ -97,9 +104,9 @@ class Fingerprint:
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
-      if isinstance(gradient, tf.IndexedSlices):  # a table's selected rows
-        rows, _ = tf.unique(tf.cast(gradient.indices, tf.int64))
-        read.append((index, rows, tf.gather(variable, rows), True))
+      if isinstance(gradient, tf.IndexedSlices):  # a table's selected rows (padded list)
+        rows = padded_unique(tf.cast(gradient.indices, tf.int64)).values
+        read.append((index, rows, _rows_of(variable, rows), True))
       else:
         values = _as_rows(tf.identity(variable))
         read.append((index, tf.range(tf.shape(values, out_type=tf.int64)[0]), values, False))
@@ -112,6 +119,6 @@ class Fingerprint:
     delta = []
     for index, rows, before, sparse in read:
       variable = self.variables[index]
-      after = tf.gather(variable, rows) if sparse else _as_rows(tf.identity(variable))
+      after = _rows_of(variable, rows) if sparse else _as_rows(tf.identity(variable))
       delta.append(_partial(index, rows, after) - _partial(index, rows, before))
     return self.value.assign_add(tf.add_n(delta))

@@ -1,0 +1,73 @@
+"""Row lists of a fixed capacity, so that a DP step compiles with XLA.
+
+XLA (``jit_compile=True``, and every program on a TPU) compiles a program only
+when every shape is known when it is compiled. The sizes that depend on the
+data (how many distinct rows a batch activates, how many rows pass the
+threshold, how many false positives the geometric skips find) are therefore
+never the sizes of tensors here: each row list is a buffer of a capacity
+fixed by the shapes of the inputs (or, for false positives, by a tail bound,
+:func:`sparse_dp.mechanisms.row_selection.false_positive_capacity`), sorted,
+with :data:`PAD` after its valid rows. ``PAD`` is the largest int64, so a
+padded list is still sorted and ``searchsorted`` on it finds the valid rows;
+every consumer masks the padding (``rows != PAD``) and gives it zero values.
+The same code runs in graph mode, where the capacities may be dynamic: the
+step is one program whether compiled or not.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_dp.mechanisms import scans
+
+PAD = int(np.iinfo(np.int64).max)
+
+
+class PaddedUnique(NamedTuple):
+  """Distinct values of a vector, sorted, with their slots."""
+
+  values: tf.Tensor  # int64 [n]: the distinct values, sorted, then PAD
+  slot: tf.Tensor  # int64 [n]: input i is values[slot[i]]
+  count: tf.Tensor  # int64: distinct values (PAD is not counted)
+
+
+def is_valid(rows: tf.Tensor) -> tf.Tensor:
+  """Where a padded row list holds a row (not :data:`PAD`)."""
+  return tf.not_equal(rows, PAD)
+
+
+def padded_unique(values: tf.Tensor) -> PaddedUnique:
+  """The distinct values of int64 ``values [n]``, in a buffer of capacity ``n``.
+
+  A sort-based unique: sort, mark the first of each run of equal values, and
+  number the runs by a cumulative sum. ``values`` must be ``>= 0``; entries
+  equal to :data:`PAD` are padding and stay so (slot of the padding, not
+  counted). Unlike ``tf.unique`` every output shape is the input's.
+  """
+  values = tf.cast(values, tf.int64)
+  size = tf.size(values, out_type=tf.int64)
+  order = tf.argsort(values, stable=True)
+  ordered = tf.gather(values, order)
+  previous = tf.concat([tf.constant([-1], tf.int64), ordered], axis=0)[:-1]
+  first = tf.not_equal(ordered, previous)
+  run = scans.cumsum(tf.cast(first, tf.int64)) - 1
+  # An empty segment (past the last run) takes unsorted_segment_min's identity: PAD.
+  distinct = tf.math.unsorted_segment_min(ordered, run, size)
+  slot = tf.tensor_scatter_nd_update(tf.zeros_like(values), order[:, None], run)
+  count = tf.math.count_nonzero(tf.logical_and(first, is_valid(ordered)), dtype=tf.int64)
+  return PaddedUnique(distinct, slot, count)
+
+
+def safe_rows(rows: tf.Tensor) -> tf.Tensor:
+  """Rows to gather or scatter at: the padding replaced by row 0 (give it zero values)."""
+  return tf.where(is_valid(rows), rows, tf.zeros_like(rows))
+
+
+def mask_rows(values: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+  """``values [n, ...]`` with the rows where ``keep [n]`` is false set to zero."""
+  keep = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([values.shape.rank - 1], tf.int32)],
+                                    axis=0))
+  return tf.where(keep, values, tf.zeros_like(values))

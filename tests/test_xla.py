@@ -1,0 +1,111 @@
+"""The DP step compiles with XLA (``jit_compile=True``, as every TPU program is) and
+takes the step graph mode takes for the same noise seed."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from keras_models import N, VOCAB, functional_model, synthetic_data
+from sparse_dp import keras
+from sparse_dp.optimizers import LazyAdam
+from sparse_dp.training import BudgetExhaustedError
+
+NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
+CONFIGS = {
+    "none": {},
+    "dpsgd": NOISE["dpsgd"],
+    "fest": dict(NOISE["dpsgd"], selection_epsilon=0.5),
+    "adafest": NOISE["adafest"],
+    "adafest+": dict(NOISE["adafest"], selection_epsilon=0.5),
+}
+
+
+def trained(algorithm, jit_compile, optimizer=None):
+  """Trained weights and logs after 4 Poisson batches.
+
+  Each batch size is compiled anew (the batches are not padded to a fixed
+  capacity yet), so few steps keep the test short.
+  """
+  ids, labels = synthetic_data()
+  model = functional_model(seed=3)
+  model.compile(optimizer=optimizer or keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
+      num_examples=N, batch_size=256)
+  history = model.fit(private.poisson_dataset(ids, labels, epochs=1).take(4), verbose=0)
+  return [w.numpy() for w in model.trainable_weights], history.history, private
+
+
+@pytest.mark.parametrize("algorithm,optimizer", [
+    ("none", None), ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None),
+    ("adafest", lambda: LazyAdam(0.05))])
+def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
+  make = optimizer or (lambda: None)
+  graph, graph_logs, _ = trained(algorithm, False, make())
+  compiled, logs, private = trained(algorithm, True, make())
+  assert private.model._jit_compile
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  if algorithm != "none":
+    assert private.accountant.steps == 4 and private.epsilon() > 0
+    assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+
+
+def compiled_private(budget=None):
+  model = functional_model(seed=3)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  noise = dict(noise_multiplier=3.0, epsilon_budget=budget) if budget else CONFIGS["adafest"]
+  algorithm = "dpsgd" if budget else "adafest"
+  return model, sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=1, **noise),
+                                       num_examples=N, batch_size=256)
+
+
+def test_a_compiled_step_past_the_budget_is_refused_on_the_host():
+  # XLA compiles the step's own assert to nothing: the host refuses the step.
+  ids, labels = synthetic_data()
+  model, private = compiled_private(budget=0.15)
+  limit = int(private.step_limit.numpy())
+  assert 0 < limit < 30
+  with pytest.raises(BudgetExhaustedError, match="budget 0.15 allows no further step"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=3).take(limit + 2), verbose=0)
+  assert private.accountant.steps == limit
+
+
+def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  with pytest.raises(ValueError, match="larger than any Poisson sample.*Realised batch size: 2000"):
+    model.fit(ids, labels, batch_size=2000, verbose=0)
+  batches = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(2000)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="larger than any Poisson sample"):
+    model.fit(batches, verbose=0)
+  with pytest.raises(ValueError, match="larger than any Poisson sample"):
+    model.train_on_batch(ids[:2000], labels[:2000])
+  assert private.accountant.steps == 0
+
+
+def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  # The first fit's probe (not compiled) would refuse bad ids itself; after it, the
+  # compiled step meets them.
+  model.fit(private.poisson_dataset(ids, labels, epochs=1).take(1), verbose=0)
+  ids[:50] = VOCAB + 7
+  before = model.get_layer("ids").embeddings.numpy()
+  with pytest.raises(ValueError, match=r"outside the vocabulary .*layer\(s\) ids \(\d+ ids\)"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=1).take(2), verbose=0)
+  after = model.get_layer("ids").embeddings.numpy()
+  assert np.isfinite(after).all() and np.array_equal(after[-1], before[-1])
+
+
+def test_adagrad_under_xla_is_refused_naming_what_compiles():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  model.compile(optimizer=keras.optimizers.legacy.Adagrad(0.1),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  with pytest.raises(ValueError, match="no XLA kernel.*use SGD or Adam"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=1), verbose=0)
+  assert private.accountant.steps == 0
