@@ -47,6 +47,8 @@ def add_parser(commands) -> None:
   parser.add_argument("--sigma2", type=float, default=1.414,
                       help="also the noise multiplier of the DP-SGD trainers")
   parser.add_argument("--tau", type=float, default=5.0)
+  parser.add_argument("--xla", action="store_true",
+                      help="compile the train step with XLA (model.compile(jit_compile=True))")
   parser.add_argument("--timeout", type=float, default=1800, help="seconds per trainer and size")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
@@ -70,12 +72,13 @@ def run(args) -> int:
   for vocabulary in vocabularies:
     for trainer in trainers:
       settings = {**{k: getattr(args, k) for k in ("optimizer", "dim", "batch_size", "steps",
-                                                    "clip", "sigma1", "sigma2", "tau")},
+                                                    "clip", "sigma1", "sigma2", "tau", "xla")},
                   "trainer": trainer, "vocab": vocabulary}
       results.append(_in_subprocess(settings, args.timeout))
       if not args.json:
         _print_row(results[-1])
-  report = {"benchmark": "step_time", "optimizer": args.optimizer, "dim": args.dim,
+  report = {"benchmark": "step_time", "xla": args.xla, "optimizer": args.optimizer,
+            "dim": args.dim,
             "batch_size": args.batch_size, "steps": args.steps, "results": results}
   if args.json:
     print(json.dumps(report))
@@ -131,7 +134,7 @@ def measure(settings: dict) -> dict:
       seconds.append(elapsed)
       nonzero.append(rows if rows is not None else
                      (vocabulary if private != "none" else len(np.unique(ids[step]))))
-  return {"trainer": settings["trainer"], "vocab": vocabulary,
+  return {"trainer": settings["trainer"], "vocab": vocabulary, "xla": settings.get("xla", False),
           "seconds_per_step": statistics.median(seconds),
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "nonzero_rows_per_step": statistics.mean(nonzero)}
@@ -162,7 +165,7 @@ def _build(settings: dict, tf):
     model.compile(optimizer=optimizer, loss=loss)
     return model, "dense"
   model = keras.Model(ids, logit)
-  model.compile(optimizer=optimizer, loss=loss)
+  model.compile(optimizer=optimizer, loss=loss, jit_compile=settings.get("xla", False))
   if trainer == "nonprivate":
     return model, "none"
   config = (DPConfig("dpsgd", l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"])
