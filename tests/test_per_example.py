@@ -16,6 +16,7 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
+from sparse_dp.mechanisms.padding import ordinary_slices
 from sparse_dp.training import dense_layers
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.step import StepNoise, private_gradients
@@ -43,7 +44,7 @@ def clipped_sum(model, data, noise=NO_NOISE, debug_metrics=False):
         leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
         debug_metrics=debug_metrics))
   gradients, _, stats = _STEPS[key](data)
-  return {ref: tf.convert_to_tensor(g).numpy() * noise.expected_batch_size
+  return {ref: tf.convert_to_tensor(ordinary_slices(g)).numpy() * noise.expected_batch_size
           for ref, g in gradients.items()}, stats
 
 

@@ -66,6 +66,17 @@ def safe_rows(rows: tf.Tensor) -> tf.Tensor:
   return tf.where(is_valid(rows), rows, tf.zeros_like(rows))
 
 
+def ordinary_slices(update):
+  """A table update on a padded row list as ordinary ``tf.IndexedSlices``; others as they are.
+
+  The padding (index ``PAD``, zero values) becomes zero slices at row 0: every
+  index is then in the table, and the dense value is the same.
+  """
+  if not isinstance(update, tf.IndexedSlices):
+    return update
+  return tf.IndexedSlices(update.values, safe_rows(update.indices), update.dense_shape)
+
+
 def mask_rows(values: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
   """``values [n, ...]`` with the rows where ``keep [n]`` is false set to zero."""
   keep = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([values.shape.rank - 1], tf.int32)],

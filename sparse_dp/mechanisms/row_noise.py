@@ -46,11 +46,12 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
 
   Returns:
     ``tf.IndexedSlices`` with one slice per entry of ``selected_rows``, in its
-    order; the padding becomes zero slices at row 0 (harmless in any sum).
+    order; the padding keeps its ``PAD`` index and has zero values (an embedding
+    backend maps it to a row the update leaves alone).
   """
   kept = sum_on_rows(clipped_sum, selected_rows)
   selected = padding.is_valid(selected_rows)
   noise = padding.mask_rows(standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev,
                             selected)
-  return tf.IndexedSlices(kept + noise, padding.safe_rows(tf.cast(selected_rows, tf.int64)),
+  return tf.IndexedSlices(kept + noise, tf.cast(selected_rows, tf.int64),
                           clipped_sum.dense_shape)

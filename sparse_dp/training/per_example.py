@@ -201,11 +201,17 @@ def _over_examples(fn, data, signature):
   if composite:
     return tf.map_fn(on_one, present, fn_output_signature=signature)
   # tf.vectorized_map cannot run on an empty batch, which a Poisson batch may
-  # be: it runs on the batch and one zero example, whose results are cut off.
-  # (No branch on the batch size, whose outputs XLA could not give a shape.)
-  with_spare = [tf.concat([p, tf.zeros(tf.concat([[1], tf.shape(p)[1:]], 0), p.dtype)], 0)
-                for p in present]
+  # be: it runs on the batch and one spare example (a copy of the first, zeros
+  # in an empty batch, so it looks up only ids the batch has), whose results
+  # are cut off. (No branch on the batch size: XLA could not shape its outputs.)
+  with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present]
   return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
+
+
+def _first_or_zeros(batch: tf.Tensor) -> tf.Tensor:
+  """``batch[:1]``, or one example of zeros when the batch is empty: shape ``[1, ...]``."""
+  zeros = tf.zeros(tf.concat([[1], tf.shape(batch)[1:]], 0), batch.dtype)
+  return tf.concat([batch[:1], zeros], 0)[:1]
 
 
 def _vectorized(fn, elements):

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import gather_rows
+from sparse_dp.mechanisms.padding import ordinary_slices
 
 BACKEND_NAMES = ("auto", "tpu", "cpu")
 
@@ -88,6 +89,9 @@ class CpuBackend(EmbeddingBackend):
     raise AssertionError("CpuBackend applies tables with the dense weights")
 
   def apply_gradients(self, optimizer, trainable_variables, gradients):
+    # A table update's padding (index PAD, zero values) goes to row 0: Keras sums repeated
+    # indices, and a zero sum leaves a row as it is (sparse_dp.optimizers).
+    gradients = {ref: ordinary_slices(g) for ref, g in gradients.items()}
     gradients = shards.split_by_shard(gradients)  # tables sharded across parameter servers
     optimizer.apply_gradients([(gradients[v.ref()], v) for v in trainable_variables
                                if v.ref() in gradients])

@@ -57,6 +57,7 @@ from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
+from sparse_dp.mechanisms.padding import is_valid, safe_rows
 from sparse_dp.optimizers import LazyAdam
 
 _API = tf.tpu.experimental.embedding
@@ -67,23 +68,25 @@ def update_feature(update, vocabulary_size: int, bound: int):
   """``(ids [bound], activation gradients [bound, d])`` whose scatter-add is ``update``.
 
   ``update`` is the step's gradient of one table: an ``IndexedSlices`` on its
-  selected (distinct) rows, or a dense ``[V, d]`` tensor (DP-SGD: every row).
-  The padding is the dummy row ``vocabulary_size`` with zero gradients.
+  selected rows (a padded row list: distinct rows, then ``PAD`` with zero
+  values), or a dense ``[V, d]`` tensor (DP-SGD: every row). The padding is the
+  dummy row ``vocabulary_size`` with zero gradients.
   """
   if isinstance(update, tf.IndexedSlices):
-    rows, values = tf.cast(update.indices, tf.int32), tf.convert_to_tensor(update.values)
+    selected = is_valid(update.indices)
+    rows = tf.cast(tf.where(selected, update.indices, vocabulary_size), tf.int32)
+    values = tf.convert_to_tensor(update.values)
+    count = tf.math.count_nonzero(selected, dtype=tf.int32)
   else:
     rows, values = tf.range(vocabulary_size), tf.convert_to_tensor(update)
-  count = tf.size(rows)
+    count = tf.size(rows)
   fits = tf.debugging.assert_less_equal(count, bound, message=(
       f"sparse-dp: this step selected more rows than the TPU update feature's static bound "
       f"{bound} (a bound a correct run exceeds with probability <= 1e-9 per step); rerun "
       "with a larger bound or the CPU backend"))
-  with tf.control_dependencies([fits]):
-    padding = bound - count
-  ids = tf.concat([rows, tf.fill([padding], vocabulary_size)], 0)
-  gradients = tf.concat([values, tf.zeros(tf.stack([padding, tf.shape(values)[1]]),
-                                          values.dtype)], 0)
+  with tf.control_dependencies([fits]):  # the rows come first: the cut keeps them all
+    ids = tf.concat([rows, tf.fill([bound], vocabulary_size)], 0)[:bound]
+  gradients = tf.concat([values, tf.zeros([bound, values.shape[1]], values.dtype)], 0)[:bound]
   return ids, gradients
 
 
@@ -214,7 +217,8 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     """
     if update is None:
       return tf.no_op()
-    rows = (tf.cast(update.indices, tf.int32) if isinstance(update, tf.IndexedSlices)
+    # The padding copies row 0, unchanged or not, from the engine: a consistent copy.
+    rows = (tf.cast(safe_rows(update.indices), tf.int32) if isinstance(update, tf.IndexedSlices)
             else tf.range(layer.vocabulary_size))
     values = tf.gather(self.engine.slots(layer.name)["parameters"], rows)
     return layer.embeddings.scatter_update(tf.IndexedSlices(values, rows))
