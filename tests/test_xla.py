@@ -8,8 +8,10 @@ import tensorflow as tf
 import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
+from sparse_dp.mechanisms import row_selection
 from sparse_dp.optimizers import LazyAdam
-from sparse_dp.training import BudgetExhaustedError
+from sparse_dp.training import BudgetExhaustedError, padded_batches
+from sparse_dp.training.sampling import PoissonSample, batch_capacity
 
 NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
 CONFIGS = {
@@ -21,20 +23,17 @@ CONFIGS = {
 }
 
 
-def trained(algorithm, jit_compile, optimizer=None):
-  """Trained weights and logs after 4 Poisson batches.
-
-  Each batch size is compiled anew (the batches are not padded to a fixed
-  capacity yet), so few steps keep the test short.
-  """
+def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size=None):
+  """Trained weights and logs after 4 Poisson batches (padded by default under XLA)."""
   ids, labels = synthetic_data()
   model = functional_model(seed=3)
   model.compile(optimizer=optimizer or keras.optimizers.legacy.SGD(0.5),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
-  private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
-      num_examples=N, batch_size=256)
-  history = model.fit(private.poisson_dataset(ids, labels, epochs=1).take(4), verbose=0)
+  config = sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=microbatch_size,
+                              **CONFIGS[algorithm])
+  private = sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
+  dataset = private.poisson_dataset(ids, labels, epochs=1, padded=padded)
+  history = model.fit(dataset.take(4), verbose=0)
   return [w.numpy() for w in model.trainable_weights], history.history, private
 
 
@@ -51,6 +50,49 @@ def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
   if algorithm != "none":
     assert private.accountant.steps == 4 and private.epsilon() > 0
     assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+
+
+@pytest.mark.parametrize("algorithm,microbatch_size", [
+    ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None), ("adafest", 96)])
+def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microbatch_size):
+  # Graph mode, same seed: the padding rows (copies of example 0) weigh nothing
+  # in the clipping, the contribution map, the noise, or the logged loss.
+  plain, plain_logs, _ = trained(algorithm, False, microbatch_size=microbatch_size)
+  padded, logs, _ = trained(algorithm, False, padded=True, microbatch_size=microbatch_size)
+  for a, b in zip(plain, padded):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  for name in plain_logs:
+    np.testing.assert_allclose(logs[name], plain_logs[name], rtol=1e-5)
+
+
+def test_padded_poisson_batches_have_one_static_shape_and_mask_the_sampled_examples():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  dataset = private.poisson_dataset(ids, labels)  # padded: the model is compiled with XLA
+  capacity = batch_capacity(N, 256 / N)
+  spec = dataset.element_spec
+  assert spec[padded_batches.IN_BATCH].shape == [capacity]
+  assert [part.shape for part in spec[padded_batches.EXAMPLES]] == [[capacity], [capacity]]
+  plain = private.poisson_dataset(ids, labels, padded=False)
+  assert plain.element_spec[0].shape.as_list() == [None]
+  sizes = [int(np.sum(batch[padded_batches.IN_BATCH])) for batch in dataset.take(20)]
+  assert 200 < np.mean(sizes) < 312 and len(set(sizes)) > 5 and max(sizes) < capacity
+  model.fit(dataset.take(3), verbose=0)
+  assert model.train_function.experimental_get_tracing_count() == 1
+
+
+def test_a_poisson_batch_past_the_padded_capacity_is_refused_not_cut():
+  ids, labels = synthetic_data()
+  sample = PoissonSample((ids, labels), 0.5, capacity=1000)  # about 2,048 sampled
+  with pytest.raises(tf.errors.InvalidArgumentError, match="larger than the padded batch capacity"):
+    sample(tf.constant([1, 2], tf.int64))
+
+
+def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  with pytest.warns(UserWarning, match="compiles the DP step again for each new batch size"):
+    model.fit(private.poisson_dataset(ids, labels, padded=False).take(1), verbose=0)
 
 
 def compiled_private(budget=None):
@@ -109,3 +151,19 @@ def test_adagrad_under_xla_is_refused_naming_what_compiles():
   with pytest.raises(ValueError, match="no XLA kernel.*use SGD or Adam"):
     model.fit(private.poisson_dataset(ids, labels, epochs=1), verbose=0)
   assert private.accountant.steps == 0
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
+  # No room at all: every step's false positives overflow (really: probability 1e-18).
+  monkeypatch.setattr(row_selection, "false_positive_capacity", lambda *args, **kwargs: 0)
+  ids, labels = synthetic_data()
+  model = functional_model(seed=3)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", noise_seed=1,
+                                                             **CONFIGS["adafest"]),
+                                   num_examples=N, batch_size=256)
+  with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                     match="false positives overflowed the room"):
+    model.fit(private.poisson_dataset(ids, labels).take(2), verbose=0)

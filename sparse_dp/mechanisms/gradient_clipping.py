@@ -44,9 +44,12 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
   ``output_gradients[i]`` is ``dL/dz`` for the lookup of ``row[i]`` by
   ``example[i]`` (already scaled by the combiner, e.g. ``1/n`` for a mean).
   An id repeated within an example contributes the sum of its lookups.
+  Lookups whose row is ``PAD`` (a padding example's) are padding: their
+  gradients are dropped, whatever they hold.
   """
-  example, row, index = distinct_pairs(tf.cast(example, tf.int64),
-                                       tf.cast(row, tf.int64), batch_size)
+  row = tf.cast(row, tf.int64)
+  output_gradients = padding.mask_rows(output_gradients, padding.is_valid(row))
+  example, row, index = distinct_pairs(tf.cast(example, tf.int64), row, batch_size)
   values = tf.math.unsorted_segment_sum(output_gradients, index, tf.size(row))
   return RowGradients(example, row, values)
 

@@ -44,8 +44,8 @@ MAX_POSITIONS = 2 ** 31
 # Positions are float64 sums of gaps, exact integers below 2^53.
 _MAX_LENGTH = 2 ** 53
 # Probability that one table's false positives in one step exceed the room
-# made for them (false_positive_capacity): flagged as RowSelection.over_capacity
-# (not yet refused by the step nor added to delta; issue 21).
+# made for them (false_positive_capacity): flagged as RowSelection.over_capacity,
+# which the DP step refuses (sparse_dp.training.step, host_guards under XLA).
 FALSE_POSITIVE_OVERFLOW = 1e-18
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from sparse_dp import mechanisms
 
+from sparse_dp.training import padded_batches
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import add_penalty_gradients
 from sparse_dp.training.host_guards import budget_message, largest_batch, too_large_message
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
   from sparse_dp.training.engine import PrivateTraining
 
 
-def _batch_size(data) -> tf.Tensor:
-  """Examples in the whole (global) batch ``data``."""
+def _batch_size(data, in_batch) -> tf.Tensor:
+  """Examples in the whole (global) batch ``data`` (the sampled ones, if padded)."""
   first = tf.nest.flatten(data)[0]
-  if isinstance(first, tf.RaggedTensor):
+  if in_batch is not None:
+    size = tf.math.count_nonzero(in_batch, dtype=tf.int64)
+  elif isinstance(first, tf.RaggedTensor):
     size = first.nrows(out_type=tf.int64)
   elif isinstance(first, tf.SparseTensor):
     size = first.dense_shape[0]
@@ -69,12 +72,13 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
 
   def train_step(self, data, scheduled_step=None):
     """One DP step; ``scheduled_step``: see :func:`scheduled_step_seed`."""
+    data, in_batch = padded_batches.split(data)
     within_budget = tf.debugging.Assert(
         tf.logical_or(training.step_limit < 0, state.steps_taken < training.step_limit),
         [budget_message(training)])
     poisson = (tf.convert_to_tensor(training.poisson_input) if scheduled_step is None
                else tf.constant(True))
-    size = _batch_size(data)
+    size = _batch_size(data, in_batch)
     plausible = tf.debugging.Assert(tf.logical_or(poisson, size <= largest), [too_large, size])
     with tf.control_dependencies([within_budget, plausible]):
       if scheduled_step is None:
@@ -83,15 +87,21 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
       else:
         step_seed = scheduled_step_seed(training.seed, scheduled_step)
 
-    def update_metrics(y, y_pred):
-      self.compiled_loss(y, y_pred, regularization_losses=self.losses)
-      self.compiled_metrics.update_state(y, y_pred)
+    def update_metrics(y, y_pred, in_batch_weights):
+      # A padded batch: the metrics weigh each sampled example 1 and the padding 0;
+      # Keras's loss divides by all rows, so its weights are scaled to make each
+      # step's loss the mean over the sampled examples.
+      loss_weights = (None if in_batch_weights is None else in_batch_weights
+                      * tf.cast(tf.size(in_batch_weights), tf.float32)
+                      / tf.maximum(tf.reduce_sum(in_batch_weights), 1.0))
+      self.compiled_loss(y, y_pred, loss_weights, regularization_losses=self.losses)
+      self.compiled_metrics.update_state(y, y_pred, in_batch_weights)
 
     with training.embedding_backend.training_step():
       gradients, losses, stats = private_gradients(
           leaves, per_example_loss_fn(self), data, noise, step_seed, config.microbatch_size,
           on_outputs=update_metrics if config.debug_metrics else None,
-          debug_metrics=config.debug_metrics)
+          debug_metrics=config.debug_metrics, in_batch=in_batch)
     gradients = add_penalty_gradients(penalty, gradients)
     with dp_step_update():  # the one update a private model's optimizer applies
       fingerprint = training.fingerprint
@@ -108,7 +118,9 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
     if not config.debug_metrics:
       return stats
     logs = {m.name: m.result() for m in self.metrics}
-    logs.setdefault("loss", tf.reduce_mean(losses))
+    examples = (tf.size(losses) if in_batch is None
+                else tf.math.count_nonzero(in_batch, dtype=tf.int32))
+    logs.setdefault("loss", tf.reduce_sum(losses) / tf.cast(tf.maximum(examples, 1), losses.dtype))
     return {**logs, **stats}
 
   return train_step

@@ -26,8 +26,9 @@ from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import penalty_of
-from sparse_dp.training.sampling import (derives_from, largest_plausible_batch, poisson_batches,
-                                         transformations_from)
+from sparse_dp.training.sampling import (batch_capacity, derives_from, examples_in_batch,
+                                        largest_plausible_batch, poisson_batches,
+                                        transformations_from)
 from sparse_dp.training.state import DPState, Run, attach
 from sparse_dp.training.step import StepNoise
 from sparse_dp.training.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
@@ -208,7 +209,8 @@ class PrivateTraining:
         poisson_sampling=self.poisson_sampling,
         debug_metrics=any(run.debug_metrics for run in self.state.runs))
 
-  def poisson_dataset(self, x, y=None, sample_weight=None, epochs: float = 1.0) -> tf.data.Dataset:
+  def poisson_dataset(self, x, y=None, sample_weight=None, epochs: float = 1.0,
+                      padded: Optional[bool] = None) -> tf.data.Dataset:
     """Poisson-sampled batches of in-memory ``(x, y, sample_weight)`` for ``epochs``.
 
     Any nest of arrays, pandas columns, ragged or sparse tensors holding all
@@ -228,9 +230,16 @@ class PrivateTraining:
     data = tuple(t for t in (x, y, sample_weight) if t is not None)
     stream = (int(self.state.datasets_made.assign_add(1).numpy()) if self.is_private
               else next(self._streams))
+    if padded is None:
+      padded = self.is_private and bool(getattr(self.model, "_jit_compile", False))
+    if padded and not self.is_private:
+      raise ValueError("poisson_dataset(padded=True): algorithm 'none' trains with Keras's own "
+                       "train_step, which has no example mask; pass padded=False")
     dataset = poisson_batches(data if len(data) > 1 else data[0], self.sampling_rate,
                               steps_for_epochs(epochs, self.sampling_rate), self.seed, stream,
-                              num_examples=self.num_examples)
+                              num_examples=self.num_examples,
+                              capacity=(batch_capacity(self.num_examples, self.sampling_rate)
+                                        if padded else None))
     self._poisson_datasets = [ref for ref in self._poisson_datasets if ref() is not None]
     self._poisson_datasets.append(weakref.ref(dataset))
     return dataset
@@ -286,7 +295,8 @@ class PrivateTraining:
     """The separability probe on ``batch``, once per run (see :mod:`.validation`)."""
     if not self._separable:
       self._separable = validation.check_separable(self.model, self.leaves,
-                                                   per_example_loss_fn(self.model), batch)
+                                                   per_example_loss_fn(self.model),
+                                                   examples_in_batch(batch))
     return self._separable
 
   def sync_with_state(self) -> None:

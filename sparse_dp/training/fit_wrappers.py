@@ -25,7 +25,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import host_guards, update_guard
+from sparse_dp.training import host_guards, padded_batches, update_guard
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.sampling import head
 
@@ -145,6 +145,8 @@ def _private_fit(training: PrivateTraining):
       _refuse_uncompilable_optimizer(self.optimizer)
       if not poisson:
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)
+      else:
+        _warn_if_unpadded(x)
       call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
                                      + list(call.arguments.get("callbacks") or []))
     training.feeding_poisson = poisson
@@ -209,6 +211,16 @@ def _host_checked(training: PrivateTraining, x, arguments: dict):
         "Feed private.poisson_dataset(...), a tf.data.Dataset, or arrays with batch_size")
   host_guards.refuse_batch_size(training, arguments.get("batch_size") or 32)
   return x
+
+
+def _warn_if_unpadded(dataset: tf.data.Dataset) -> None:
+  """Says that XLA compiles the step once per batch size of an unpadded Poisson dataset."""
+  if not padded_batches.is_padded(dataset.element_spec):
+    warnings.warn(
+        "sparse-dp: this model is compiled with jit_compile=True and fed Poisson batches "
+        "of varying sizes, so XLA compiles the DP step again for each new batch size. Make "
+        "the dataset after compile, or pass poisson_dataset(..., padded=True): every batch "
+        "then has one size, with an example mask", stacklevel=3)
 
 
 def _warn_if_transformed(transformations: Optional[list[str]]) -> None:

@@ -12,6 +12,9 @@ outside the compiled program, before each step of a compiled model:
   so their examples' gradients are zeroed (the update does not depend on
   them), and logs their count per table, which the same callback refuses
   (and takes out of the logs: it is only ever 0 in a run that goes on);
+* a table's false positives past their room (probability ``<= 1e-18`` per
+  table and step): the compiled step logs the count of such tables, which the
+  same callback refuses after that step (graph mode refuses before the update);
 * the batch size of an input that is not this run's Poisson batches, on the
   host: a ``tf.data`` input gets a size check in its pipeline (which is never
   compiled), arrays are checked by their ``batch_size``, and
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.training import padded_batches
 from sparse_dp.training.callbacks import BudgetExhaustedError
 from sparse_dp.training.sampling import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
 
@@ -34,6 +38,9 @@ if TYPE_CHECKING:
 
 # Log key prefix of a compiled step's count of ids outside a table's vocabulary.
 IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
+# Log key of a compiled step's count of tables whose false positives overflowed
+# their room (mechanisms.row_selection.false_positive_capacity).
+OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
 
 
 def budget_message(training: PrivateTraining) -> str:
@@ -75,10 +82,25 @@ class HostGuards(keras.callbacks.Callback):
     refuse_past_budget(self.training)
 
   def on_train_batch_end(self, batch, logs=None):
-    _refuse_ids_outside(logs)
+    refuse_compiled_step_flags(logs)
 
   def on_epoch_end(self, epoch, logs=None):
-    _refuse_ids_outside(logs)
+    refuse_compiled_step_flags(logs)
+
+
+def refuse_compiled_step_flags(logs) -> None:
+  """Raises on what a compiled step flagged in ``logs``; removes the flags from ``logs``."""
+  _refuse_over_capacity(logs.pop(OVER_CAPACITY, 0) if logs else 0)
+  _refuse_ids_outside(logs)
+
+
+def _refuse_over_capacity(tables: float) -> None:
+  if tables:
+    raise ValueError(
+        f"sparse-dp: in {int(tables)} table(s) this step's false positives overflowed the "
+        "room made for them (an event of probability <= 1e-18 per table and step, "
+        "mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); training stops rather than go on "
+        "from a selection that is not the accounted mechanism's")
 
 
 def _refuse_ids_outside(logs) -> None:
@@ -104,8 +126,10 @@ def checked_batches(training: PrivateTraining, dataset: tf.data.Dataset) -> tf.d
   largest, message = largest_batch(training), too_large_message(training)
 
   def check(*batch):
-    first = tf.nest.flatten(batch, expand_composites=False)[0]
-    size = (first.nrows() if isinstance(first, tf.RaggedTensor) else
+    examples, in_batch = padded_batches.split(batch[0] if len(batch) == 1 else batch)
+    first = tf.nest.flatten(examples, expand_composites=False)[0]
+    size = (tf.math.count_nonzero(in_batch) if in_batch is not None else
+            first.nrows() if isinstance(first, tf.RaggedTensor) else
             first.dense_shape[0] if isinstance(first, tf.SparseTensor) else tf.shape(first)[0])
     with tf.control_dependencies([tf.debugging.assert_less_equal(
         tf.cast(size, tf.int64), tf.constant(largest, tf.int64), message=message)]):

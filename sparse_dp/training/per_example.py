@@ -43,7 +43,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.recording import recording
-from sparse_dp.mechanisms import per_example_row_gradients
+from sparse_dp.mechanisms import padding, per_example_row_gradients
 
 from sparse_dp.training import dense_layers
 from sparse_dp.training.state_writes import forward_without_state_writes
@@ -64,13 +64,16 @@ class PerExampleGradients(NamedTuple):
     return tf.shape(self.losses, out_type=tf.int64)[0]
 
 
-def per_example_gradients(leaves: list, losses_of: LossesOf, data) -> PerExampleGradients:
+def per_example_gradients(leaves: list, losses_of: LossesOf, data,
+                          in_batch=None) -> PerExampleGradients:
   """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.
 
   ``losses_of(batch)`` runs the model forward on a batch and returns its
   per-example losses; it is only ever called on a batch of one example.
   Tables and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not
-  use get no rows (``[B, 0, k]`` inputs).
+  use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
+  mask, :mod:`sparse_dp.training.padded_batches`): the rows where it is false
+  get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
   """
   tables, dense = _split(leaves)
 
@@ -98,14 +101,20 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data) -> PerExample
   by_table = {}
   for table, (ids, grads) in zip(tables, rows):
     example, ids, grads = _flat(ids, grads, table.output_dim)
+    ids = _without_padding(example, ids, in_batch)
     by_table[table] = per_example_row_gradients(example, ids, grads, batch_size)
-  by_dense = {layer: (_dense(inputs, layer.kernel.shape[0]), _dense(grads, layer.units))
-              for layer, (inputs, grads) in zip(dense, dense_parts)}
-  return PerExampleGradients(loss, by_table, by_dense, dict(zip(tables, outside)))
+  by_dense = {layer: tuple(_masked(_dense(t, width), in_batch)
+                           for t, width in zip(parts, (layer.kernel.shape[0], layer.units)))
+              for layer, parts in zip(dense, dense_parts)}
+  return PerExampleGradients(_masked(loss, in_batch), by_table, by_dense,
+                             {t: _masked(o, in_batch) for t, o in zip(tables, outside)})
 
 
-def per_example_rows(leaves: list, losses_of: LossesOf, data) -> dict:
-  """``(example, row)`` of every lookup each example makes, by table: a forward pass only."""
+def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> dict:
+  """``(example, row)`` of every lookup each example makes, by table: a forward pass only.
+
+  Rows of a padded batch where ``in_batch`` is false look up nothing (row ``PAD``).
+  """
   tables, _ = _split(leaves)
 
   def one_example(example) -> list:
@@ -119,8 +128,20 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data) -> dict:
   pairs = {}
   for table, ids in zip(tables, found):
     example, ids, _ = _flat(ids, None, table.output_dim)
-    pairs[table] = (example, ids)
+    pairs[table] = (example, _without_padding(example, ids, in_batch))
   return pairs
+
+
+def _without_padding(example: tf.Tensor, ids: tf.Tensor, in_batch) -> tf.Tensor:
+  """``ids`` with the lookups of the padding rows (``in_batch`` false) made ``PAD``."""
+  if in_batch is None:
+    return ids
+  return tf.where(tf.gather(in_batch, example), ids, padding.PAD)
+
+
+def _masked(values: tf.Tensor, in_batch) -> tf.Tensor:
+  """``values [B, ...]`` with the padding rows (``in_batch`` false) set to zero."""
+  return values if in_batch is None else padding.mask_rows(values, in_batch)
 
 
 def _split(leaves: list) -> tuple[list, list]:

@@ -18,7 +18,9 @@ user's strategy scope; its secrecy comes from ``seed``, which it is folded with.
 ``data`` is any nest (tuples, dicts) of arrays, tensors, ``tf.RaggedTensor``
 and ``tf.SparseTensor`` sharing their first dimension; pandas columns are
 taken as their NumPy values. With ``q = 1`` every batch is the whole data; a
-batch may be empty, and then has every component with 0 rows.
+batch may be empty, and then has every component with 0 rows. With a
+``capacity`` every batch has that many rows and an example mask
+(:mod:`sparse_dp.training.padded_batches`), for steps compiled with XLA.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp.mechanisms import bernoulli_positions
+from sparse_dp.training import padded_batches
 
 _SAMPLE_SALT = 0x5DEECE66D
 
 
 def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
-                    stream: int = 0, num_examples: Optional[int] = None) -> tf.data.Dataset:
+                    stream: int = 0, num_examples: Optional[int] = None,
+                    capacity: Optional[int] = None) -> tf.data.Dataset:
   """``steps`` Poisson-sampled batches of ``data`` per pass, fresh on every pass.
 
   ``seed`` (secret) and ``stream`` (distinct for every dataset made from one
@@ -44,7 +48,8 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
   ``num_examples``: the ``N`` the accounting was declared for
   (``make_private``'s): ``q`` and the default ``delta = 1 / N`` hold only for a
   sample of exactly ``N`` examples, so ``data`` with another number of rows is
-  refused.
+  refused. ``capacity``: pad every batch to that many rows, with its example
+  mask (:class:`PoissonSample`).
   """
   if not 0 < sampling_rate <= 1:
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
@@ -61,7 +66,7 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
         f"{num_examples:,} examples")
   base = tf.random.experimental.stateless_fold_in(
       tf.constant([seed, _SAMPLE_SALT], tf.int64), stream)
-  sample = PoissonSample(data, sampling_rate)
+  sample = PoissonSample(data, sampling_rate, capacity)
 
   def batch(pass_seed, step):
     return sample(tf.random.experimental.stateless_fold_in(pass_seed, step))
@@ -75,20 +80,58 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
 
 
 class PoissonSample:
-  """One Poisson batch of in-memory ``data``: each row independently with probability ``q``."""
+  """One Poisson batch of in-memory ``data``: each row independently with probability ``q``.
 
-  def __init__(self, data, sampling_rate: float):
+  With a ``capacity``, the batch is padded to ``capacity`` rows with copies of
+  the first example and comes with its mask (:func:`padded_batches.padded`);
+  a sample larger than ``capacity`` is refused (an ``InvalidArgumentError``
+  from the input pipeline, which is never compiled), not cut.
+  """
+
+  def __init__(self, data, sampling_rate: float, capacity: Optional[int] = None):
     self.data = tf.nest.map_structure(_as_tensor, data)
     self.rows = num_rows(self.data)
     self.sampling_rate = sampling_rate
+    self.capacity = capacity
     self._sparse_rows = tf.nest.map_structure(_sparse_row_index, self.data)
 
   def __call__(self, seed):
     """The batch keyed by ``seed`` (a stateless seed, shape ``[2]``)."""
     positions = (tf.range(self.rows, dtype=tf.int64) if self.sampling_rate == 1
                  else bernoulli_positions(self.rows, self.sampling_rate, seed))
+    if self.capacity is None:
+      return self._gather(positions)
+    size = tf.size(positions, out_type=tf.int64)
+    fits = tf.debugging.assert_less_equal(
+        size, tf.constant(self.capacity, tf.int64), message=(
+            f"sparse-dp: this Poisson batch is larger than the padded batch capacity "
+            f"{self.capacity:,} (an event of probability <= {CAPACITY_OVERFLOW:g} per step); "
+            "it is refused rather than cut. Re-run with another noise_seed"))
+    with tf.control_dependencies([fits]):
+      filler = tf.zeros([self.capacity], tf.int64)  # the first example, masked out
+      positions = tf.ensure_shape(tf.concat([positions, filler], 0)[:self.capacity],
+                                  [self.capacity])
+    in_batch = tf.range(self.capacity, dtype=tf.int64) < size
+    return padded_batches.padded(self._gather(positions), in_batch)
+
+  def _gather(self, positions):
     return tf.nest.map_structure(lambda t, rows: _gather_rows(t, rows, positions),
                                  self.data, self._sparse_rows)
+
+
+def gather_examples(data, positions: tf.Tensor):
+  """The examples at ``positions`` of a nest of dense, ragged or (row-ordered) sparse tensors."""
+  data = tf.nest.map_structure(_as_tensor, data)
+  return tf.nest.map_structure(
+      lambda t: _gather_rows(t, _sparse_row_index(t), positions), data)
+
+
+def examples_in_batch(data):
+  """The sampled examples of a padded batch (host side: a dynamic size); others as they are."""
+  batch, in_batch = padded_batches.split(data)
+  if in_batch is None:
+    return data
+  return gather_examples(batch, tf.where(in_batch)[:, 0])
 
 
 def num_rows(data) -> int:
@@ -188,6 +231,8 @@ def _path_from(dataset, sources) -> Optional[list[str]]:
 
 # Probability that a Poisson sample exceeds :func:`largest_plausible_batch`.
 BATCH_SIZE_FALSE_ALARM = 1e-9
+# Probability that a Poisson batch exceeds batch_capacity (and is refused).
+CAPACITY_OVERFLOW = 1e-18
 
 
 def largest_plausible_batch(num_examples: int, sampling_rate: float,
@@ -208,6 +253,15 @@ def largest_plausible_batch(num_examples: int, sampling_rate: float,
   a = math.log(1 / false_alarm)
   deviation = a / 3 + math.sqrt(a * a / 9 + 2 * a * variance)
   return min(int(num_examples), math.floor(mean + deviation))
+
+
+def batch_capacity(num_examples: int, sampling_rate: float) -> int:
+  """Rows of a padded batch: exceeded by a Poisson batch with probability ``<= 1e-18``.
+
+  :func:`largest_plausible_batch` at ``alpha = CAPACITY_OVERFLOW``: at
+  ``q N = 1,024`` it is 1,329 (30% padding); at ``q N = 20``, 76.
+  """
+  return largest_plausible_batch(num_examples, sampling_rate, CAPACITY_OVERFLOW)
 
 
 def head(data, rows: int):

@@ -41,7 +41,7 @@ from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms.scans import compiling_with_xla
 from sparse_dp.training import dense_layers
-from sparse_dp.training.host_guards import IDS_OUTSIDE
+from sparse_dp.training.host_guards import IDS_OUTSIDE, OVER_CAPACITY
 from sparse_dp.training.per_example import (LossesOf, PerExampleGradients, per_example_gradients,
                                             per_example_rows)
 
@@ -74,7 +74,7 @@ class _ClippedSums:
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
                       seed: tf.Tensor, microbatch_size: Optional[int] = None,
                       on_outputs: Optional[Callable] = None, *,
-                      debug_metrics: bool = False):
+                      debug_metrics: bool = False, in_batch: Optional[tf.Tensor] = None):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
 
   ``losses_of(batch)`` runs the model forward on a batch and returns its
@@ -82,9 +82,11 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   gradients come from :func:`~sparse_dp.training.per_example.per_example_gradients`,
   which calls ``losses_of`` on each example alone, so each example's clipped
   gradient depends on that example only, whatever the model does.
-  ``on_outputs(labels, predictions)`` (Keras metric updates, with
+  ``on_outputs(labels, predictions, weights)`` (Keras metric updates, with
   ``debug_metrics`` only) is called once with a plain forward pass of the
-  whole batch. Returns ``(gradients by variable ref, per-example losses,
+  whole batch. ``in_batch``: the example mask of a padded batch
+  (:mod:`sparse_dp.training.padded_batches`); its padding rows weigh nothing
+  anywhere. Returns ``(gradients by variable ref, per-example losses,
   statistics)``.
 
   The statistics are DP by default (see :func:`_add_noise`); with
@@ -93,27 +95,48 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   tables = [l for l in leaves if isinstance(l, Embedding)]
   selection_seed, noise_seed = mechanisms.split(seed, 2)
   if microbatch_size is None:
-    recorded = per_example_gradients(leaves, losses_of, data)
+    recorded = per_example_gradients(leaves, losses_of, data, in_batch)
     pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
     selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
                   if noise.sparse and tables else {})
     sums, losses = _clipped_sums(leaves, recorded, selections, noise), recorded.losses
   else:
-    chunks = _Chunks(data, microbatch_size)
+    chunks = _Chunks(data, microbatch_size, in_batch)
     selections = {}
     if noise.sparse and tables:
-      pairs = per_example_rows(leaves, losses_of, data)
+      pairs = per_example_rows(leaves, losses_of, data, in_batch)
       selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
     sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise)
   if on_outputs is not None:
     _, labels, predictions = losses_of(data)
     if labels is not None:
-      on_outputs(labels, predictions)
-  gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
-  if microbatch_size is None and compiling_with_xla():  # for the host's refusal (host_guards)
-    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(tf.reduce_sum(count), tf.float32)
-                  for layer, count in recorded.ids_outside.items()})
+      on_outputs(labels, predictions, None if in_batch is None else tf.cast(in_batch, tf.float32))
+  with tf.control_dependencies(_refuse_over_capacity(selections)):
+    gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
+  if compiling_with_xla():  # for the host's refusals (host_guards)
+    if selections:
+      stats[OVER_CAPACITY] = tf.add_n([tf.cast(s.over_capacity, tf.float32)
+                                       for s in selections.values()])
+    if microbatch_size is None:
+      stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(tf.reduce_sum(count), tf.float32)
+                    for layer, count in recorded.ids_outside.items()})
   return gradients, losses, stats
+
+
+def _refuse_over_capacity(selections: dict) -> list:
+  """Asserts that no table's false positives overflowed their room (before the noise).
+
+  The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
+  table and step; the selection past it would not be the accounted mechanism's.
+  XLA compiles the assert away: a compiled step logs the overflow instead
+  (:data:`~sparse_dp.training.host_guards.OVER_CAPACITY`) for the host to refuse.
+  """
+  if not selections:
+    return []
+  over = [s.over_capacity for s in selections.values()]
+  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.stack(over))), [
+      "sparse-dp: a table's false positives overflowed the room made for them (probability "
+      "<= 1e-18 per table and step); the step is refused"])]
 
 
 def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
@@ -200,12 +223,12 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
 
 
 class _Chunks:
-  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors."""
+  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors, with their masks."""
 
-  def __init__(self, data, size: int):
+  def __init__(self, data, size: int, in_batch: Optional[tf.Tensor] = None):
     if not isinstance(size, int) or size < 1:
       raise ValueError(f"microbatch_size must be an integer >= 1, got {size!r}")
-    self.data, self.size = data, size
+    self.data, self.size, self.in_batch = data, size, in_batch
     first = tf.nest.flatten(data, expand_composites=False)[0]
     self.batch_size = tf.cast(first.nrows() if isinstance(first, tf.RaggedTensor)
                               else tf.shape(first)[0], tf.int64)
@@ -215,9 +238,11 @@ class _Chunks:
     return tf.cast(index, tf.int64) * self.size
 
   def __getitem__(self, index):
+    """Micro-batch ``index`` and its example mask (``None`` for an unpadded batch)."""
     start = self.start(index)
     end = tf.minimum(start + self.size, self.batch_size)
-    return tf.nest.map_structure(lambda t: t[start:end], self.data)
+    chunk = tf.nest.map_structure(lambda t: t[start:end], self.data)
+    return chunk, None if self.in_batch is None else self.in_batch[start:end]
 
 
 def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise):
@@ -227,7 +252,7 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, no
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
   def body(index, dense, table_parts, losses, non_finite):
-    recorded = per_example_gradients(leaves, losses_of, chunks[index])
+    recorded = per_example_gradients(leaves, losses_of, *chunks[index])
     sums = _clipped_sums(leaves, recorded, selections, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
     table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
