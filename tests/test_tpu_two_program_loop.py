@@ -76,3 +76,23 @@ def test_tpu_embedding_on_a_tpu_strategy_points_to_the_loop(monkeypatch):
   monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
   with pytest.raises(NotImplementedError, match="sparse_dp.training.tpu_loop.TPUTrainer"):
     embedding_backends.resolve_backend_name("tpu", tf.distribute.get_strategy())
+
+
+def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
+  ids, labels = synthetic_data()
+  runs = []
+  for jit_compile in (False, True):
+    model, private = _private()
+    trainer = TPUTrainer(private, jit_compile=jit_compile)
+    history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.1, padded=True))
+    runs.append(([w.numpy() for w in model.trainable_weights], history))
+  (graph, graph_history), (compiled, history) = runs
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  assert len(history) == len(graph_history) >= 3
+  assert [h["nonzero_rows"] for h in history] == [h["nonzero_rows"] for h in graph_history]
+  assert not any(key.startswith("sparse_dp_") for h in history for key in h)
+  # Padded batches have one shape: more steps trace (and compile) program A no more.
+  traced = trainer._program_a.experimental_get_tracing_count()
+  trainer.fit(trainer.private.poisson_dataset(ids, labels, epochs=0.1, padded=True), steps=2)
+  assert trainer.jit_compile and trainer._program_a.experimental_get_tracing_count() == traced

@@ -43,9 +43,9 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
-from sparse_dp.training import fit_wrappers
+from sparse_dp.training import fit_wrappers, host_guards, padded_batches
 from sparse_dp.training.engine import PrivateTraining, _update_bounds
-from sparse_dp.training.sampling import largest_plausible_batch
+from sparse_dp.training.sampling import batch_capacity
 
 InputIds = Callable[[object], dict]  # x -> {embedding layer name: its ids in the batch}
 
@@ -59,10 +59,19 @@ class TPUTrainer:
   API object; default the real ``TPUEmbedding`` on a ``TPUStrategy``, else
   :class:`TPUEmbeddingAPIDouble`. The accountant is the private model's:
   ``private.epsilon()`` counts every step this loop takes.
+
+  ``jit_compile`` (default: on a ``TPUStrategy``, or when the model is
+  compiled with ``jit_compile=True``): programs A and B are compiled with XLA,
+  as a TPU compiles every program; then the step's guards run on the host
+  (:mod:`~sparse_dp.training.host_guards`): the budget before each step, the
+  size of a non-Poisson batch in its pipeline, ids outside a vocabulary and a
+  false-positive overflow after it. Feed ``private.poisson_dataset(...,
+  padded=True)`` so that XLA compiles program A once.
   """
 
   def __init__(self, private: PrivateTraining, input_ids: Optional[InputIds] = None,
-               api_factory: Optional[Callable] = None, sum_inside_sqrt: bool = False):
+               api_factory: Optional[Callable] = None, sum_inside_sqrt: bool = False,
+               jit_compile: Optional[bool] = None):
     if not private.is_private:
       raise ValueError("TPUTrainer trains DP steps; algorithm 'none' trains with model.fit")
     if private.config.microbatch_size is not None:
@@ -82,8 +91,9 @@ class TPUTrainer:
     if api_factory is None:
       api_factory = (None if embedding_backends.on_tpu(self.strategy)
                      else TPUEmbeddingAPIDouble)
-    batch = private.max_batch_size or largest_plausible_batch(private.num_examples,
-                                                              private.sampling_rate)
+    # Room for a padded batch (batch_capacity), which bounds an unpadded one too.
+    batch = private.max_batch_size or batch_capacity(private.num_examples,
+                                                     private.sampling_rate)
     with self.strategy.scope():
       self.backend = TwoProgramBackend(
           tables, model.optimizer,
@@ -94,17 +104,23 @@ class TPUTrainer:
     private.track_weights()  # its tables are the engine's now
     self.backend.attach()
     self.engine = self.backend.engine
+    if jit_compile is None:
+      jit_compile = (embedding_backends.on_tpu(self.strategy)
+                     or bool(getattr(model, "_jit_compile", False)))
+    self.jit_compile = jit_compile
     self._enqueue = tf.function(self._host_enqueue)
-    self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)))
+    self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
+                                  jit_compile=jit_compile)
     self._program_b = tf.function(
-        lambda gradients: self.strategy.run(self.backend.training_update, (gradients,)))
+        lambda gradients: self.strategy.run(self.backend.training_update, (gradients,)),
+        jit_compile=jit_compile)
 
   def _host_enqueue(self, features: dict, training: bool) -> None:
     with tf.device("/cpu:0"):  # the API enqueues host tensors outside strategy.run
       self.engine.enqueue_round({n: tf.identity(ids) for n, ids in features.items()}, training)
 
   def _dp_step(self, data):
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    x = _features(data)
     with self.backend.inference_round(self.input_ids(x)):
       stats = self.model.train_step(data)
     features, gradients = self.backend.pending
@@ -126,6 +142,8 @@ class TPUTrainer:
       fit_wrappers._warn_if_transformed(private.transformations_to(dataset))
     if not private.separability_checked:
       fit_wrappers._probe(private, dataset, {})
+    if self.jit_compile and not poisson:
+      dataset = host_guards.checked_batches(private, dataset)
     limit = int(private.step_limit.numpy())
     private.feeding_poisson = poisson
     private.poisson_input.assign(poisson)
@@ -134,17 +152,25 @@ class TPUTrainer:
       for data in self.strategy.experimental_distribute_dataset(dataset):
         if len(history) == steps or 0 <= limit <= int(private.steps_taken.numpy()):
           break
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        self._enqueue(self.input_ids(x), False)
+        self._enqueue(self.input_ids(_features(data)), False)
         features, gradients, stats = self._program_a(data)
         self._enqueue(features, True)
         self._program_b(gradients)
-        history.append({name: float(value) for name, value in stats.items()})
+        stats = {name: float(value) for name, value in stats.items()}
+        host_guards.refuse_compiled_step_flags(stats)
+        history.append(stats)
     finally:
       private.feeding_poisson = False
       private.poisson_input.assign(False)
       self.backend.sync_tables()
     return history
+
+
+def _features(data):
+  """The features ``x`` of a batch (a padded batch's, padding rows included)."""
+  examples, _ = padded_batches.split(data)
+  x, _, _ = keras.utils.unpack_x_y_sample_weight(examples)
+  return x
 
 
 def _ids_per_example(layer) -> int:

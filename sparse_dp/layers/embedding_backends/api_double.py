@@ -30,12 +30,18 @@ engine's update rules). Modelled:
   takes the innermost traced function for the TPU program (which on a TPU is
   the ``strategy.run`` body inside it); eager calls are each their own.
 
-The queue and the state between calls are TensorFlow state (a ``FIFOQueue`` of
-rounds, variables for the dequeued training round), as the engine's are device
-state: a round enqueued by one ``tf.function`` (the host program) is dequeued
-by another (a TPU program), and a traced function repeats its calls each time
-it runs. Call-order errors are ``RuntimeError`` eagerly and fail the function
+The queue and the state between calls are TensorFlow variables (a ring of
+``_CAPACITY`` rounds with counters of rounds enqueued and dequeued, and the
+dequeued training round's ids), as the engine's are device state: a round
+enqueued by one ``tf.function`` (the host program) is dequeued by another (a
+TPU program), a traced function repeats its calls each time it runs, and a
+program compiled with XLA (``tf.function(jit_compile=True)``, as a TPU compiles
+every program) reads and writes them as a TPU program does the engine's.
+Call-order errors are ``RuntimeError`` eagerly and fail the function
 (``InvalidArgumentError``) when traced; ``calls`` is logged when each call runs.
+Inside a program XLA compiles, the call-order asserts and the log are
+compiled away (XLA has no ``Assert`` and no Python callback), as a TPU has
+neither; the call order of the same programs is checked without XLA.
 
 Not modelled: sparse and ragged inputs, weights, several replicas or cores per
 replica, pipelining, and the checks that need a TPU replicate context (inputs
@@ -51,18 +57,22 @@ import tensorflow as tf
 from tensorflow.python.util import nest  # the real API's nest (flatten_with_joined_string_paths)
 
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
+from sparse_dp.mechanisms.scans import compiling_with_xla
 
 _DEADLOCK = "on a TPU the engine would wait forever (deadlock)"
 _CAPACITY = 8  # rounds the double's queue holds; the engine's is a few (pipelining)
 
 
 def _require(condition, message: str) -> list:
-  """``RuntimeError(message)`` now if eager and ``condition`` fails; else an assertion op."""
+  """``RuntimeError(message)`` now if eager and ``condition`` fails; else an assertion op.
+
+  None inside a program XLA compiles (which would compile it to nothing).
+  """
   if tf.executing_eagerly():
     if not bool(condition):
       raise RuntimeError(message)
     return []
-  return [tf.debugging.Assert(condition, [message])]
+  return [] if compiling_with_xla() else [tf.debugging.Assert(condition, [message])]
 
 
 class TPUEmbeddingAPIDouble:
@@ -77,7 +87,8 @@ class TPUEmbeddingAPIDouble:
     self._storage = EngineDouble(feature_config, optimizer)
     self._output_shapes = [f.output_shape for f in tf.nest.flatten(feature_config)]
     self._built = False
-    self._rounds = None  # FIFOQueue of enqueued rounds (training, ids...), made by build
+    self._ring = None  # variables: the last _CAPACITY rounds enqueued (training, ids...)
+    self._enqueued = self._dequeued = None  # variables: rounds enqueued, dequeued so far
     self._awaiting_gradients = None  # variable: a training round was dequeued, no gradients yet
     self._dequeued_ids = []  # variables: the last dequeued round's ids, per feature
     self._programs = weakref.WeakKeyDictionary()  # traced function -> calls made in it
@@ -102,9 +113,11 @@ class TPUEmbeddingAPIDouble:
                          "fully defined. Please specify the fully defined shape in either "
                          "FeatureConfig or for the build method.")
     self._storage.build()
-    self._rounds = tf.queue.FIFOQueue(
-        _CAPACITY, [tf.bool] + [tf.int32] * len(self._output_shapes),
-        [tf.TensorShape([])] + [tf.TensorShape(shape) for shape in self._output_shapes])
+    self._ring = ([tf.Variable(tf.zeros([_CAPACITY], tf.bool), trainable=False)]
+                  + [tf.Variable(tf.zeros([_CAPACITY] + list(shape), tf.int32), trainable=False)
+                     for shape in self._output_shapes])
+    self._enqueued = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="enqueued")
+    self._dequeued = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="dequeued")
     self._awaiting_gradients = tf.Variable(False, trainable=False, name="awaiting_gradients")
     self._dequeued_ids = [tf.Variable(tf.zeros(shape, tf.int32), trainable=False)
                           for shape in self._output_shapes]
@@ -126,9 +139,12 @@ class TPUEmbeddingAPIDouble:
     self._check_output_shapes(shapes)
     ids = [tf.reshape(tf.cast(t, tf.int32), shape)
            for t, shape in zip(tf.nest.flatten(features), self._output_shapes)]
-    with tf.control_dependencies(_require(self._rounds.size() < _CAPACITY,
+    with tf.control_dependencies(_require(self._queued() < _CAPACITY,
                                           f"more than {_CAPACITY} rounds enqueued")):
-      self._rounds.enqueue([tf.constant(bool(training))] + ids)
+      slot = [[self._enqueued % _CAPACITY]]
+      for held, value in zip(self._ring, [tf.constant(bool(training))] + ids):
+        held.scatter_nd_update(slot, value[None])
+      self._enqueued.assign_add(1)
     self._log("enqueue", tf.constant(bool(training)))
 
   def dequeue(self, name=None):
@@ -140,10 +156,12 @@ class TPUEmbeddingAPIDouble:
     checks = _require(tf.logical_not(self._awaiting_gradients),
                       f"dequeue before apply_gradients of the training round dequeued last: "
                       f"{_DEADLOCK}")
-    checks += _require(self._rounds.size() > 0,
+    checks += _require(self._queued() > 0,
                        f"dequeue with no enqueued round: {_DEADLOCK}")
     with tf.control_dependencies(checks):
-      training, *flat_ids = self._rounds.dequeue()
+      slot = self._dequeued % _CAPACITY
+      training, *flat_ids = [tf.gather(held, slot) for held in self._ring]
+      self._dequeued.assign_add(1)
     names = self._paths()  # a flat dict's keys, in nest's (sorted) order
     rows = self._storage.lookup(dict(zip(names, flat_ids)))
     activations = [tf.reshape(rows[n], list(shape) + [self._dim(n)])
@@ -183,13 +201,19 @@ class TPUEmbeddingAPIDouble:
     self._awaiting_gradients.assign(False)
     self._log("apply_gradients")
 
+  def _queued(self) -> tf.Tensor:
+    return self._enqueued - self._dequeued
+
   def _log(self, call: str, training=None) -> None:
-    """Appends the call to ``calls`` when it runs (in a traced function, each time)."""
+    """Appends the call to ``calls`` when it runs (in a traced function, each time).
+
+    Not in a program XLA compiles, which cannot call back into Python.
+    """
     def append(*flag):
       self.calls.append((call,) + tuple(bool(f.numpy()) for f in flag))
     if tf.executing_eagerly():
       append(*([] if training is None else [training]))
-    else:
+    elif not compiling_with_xla():
       tf.py_function(append, [] if training is None else [training], [])
 
   def _paths(self) -> list:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from sparse_dp.mechanisms import padding
+
 _API = tf.tpu.experimental.embedding
 
 
@@ -87,9 +89,10 @@ class EngineDouble(_API.TPUEmbeddingForServing):
       names = [n for n, f in self._feature_config.items() if f.table is table]
       ids = tf.concat([tf.reshape(tf.cast(features[n], tf.int32), [-1]) for n in names], 0)
       grads = tf.concat([tf.reshape(gradients[n], [-1, table.dim]) for n in names], 0)
-      rows, index = tf.unique(ids)
-      summed = tf.math.unsorted_segment_sum(grads, index, tf.size(rows))
-      updates.append(_apply_rule(table.optimizer, self.slots(table.name), rows, summed))
+      # A unique of static shape (XLA compiles it): distinct ids, then padding.
+      unique = padding.padded_unique(tf.cast(ids, tf.int64))
+      summed = tf.math.unsorted_segment_sum(grads, unique.slot, tf.size(ids))
+      updates.append(_apply_rule(table.optimizer, self.slots(table.name), unique.values, summed))
     return tf.group(updates)
 
 
@@ -116,7 +119,13 @@ def _learning_rate(optimizer) -> tf.Tensor:
 
 
 def _apply_rule(optimizer, variables: dict, rows: tf.Tensor, g: tf.Tensor) -> tf.Operation:
-  """The engine optimizer's update of ``rows`` given their accumulated gradients ``g``."""
+  """The engine optimizer's update of ``rows`` given their accumulated gradients ``g``.
+
+  ``rows`` is a padded row list (distinct rows, then ``PAD``): each variable
+  gets ``new - old`` added on the distinct rows and nothing on the padding.
+  """
+  valid = padding.is_valid(rows)
+  rows = padding.safe_rows(rows)
   lr = _learning_rate(optimizer)
   table = variables["parameters"]
   w = tf.gather(table, rows)
@@ -124,16 +133,23 @@ def _apply_rule(optimizer, variables: dict, rows: tf.Tensor, g: tf.Tensor) -> tf
   if isinstance(optimizer, _API.SGD):
     step = lr * g
   elif isinstance(optimizer, _API.Adagrad):
-    accumulator = tf.gather(variables["accumulators"], rows) + tf.square(g)
+    old = tf.gather(variables["accumulators"], rows)
+    accumulator = old + tf.square(g)
     step = lr * g * tf.math.rsqrt(accumulator)
-    writes.append(variables["accumulators"].scatter_update(tf.IndexedSlices(accumulator, rows)))
+    writes.append(_add(variables["accumulators"], rows, valid, accumulator - old))
   else:
     b1, b2, eps = optimizer.beta_1, optimizer.beta_2, optimizer.epsilon
-    m = b1 * tf.gather(variables["momenta"], rows) + (1 - b1) * g
-    v = b2 * tf.gather(variables["velocities"], rows) + (1 - b2) * tf.square(g)
+    m_old, v_old = tf.gather(variables["momenta"], rows), tf.gather(variables["velocities"], rows)
+    m = b1 * m_old + (1 - b1) * g
+    v = b2 * v_old + (1 - b2) * tf.square(g)
     step = lr * m * (tf.math.rsqrt(v + eps * eps) if optimizer.sum_inside_sqrt
                      else 1.0 / (tf.sqrt(v) + eps))
-    writes += [variables["momenta"].scatter_update(tf.IndexedSlices(m, rows)),
-               variables["velocities"].scatter_update(tf.IndexedSlices(v, rows))]
-  writes.append(table.scatter_update(tf.IndexedSlices(w - step, rows)))
+    writes += [_add(variables["momenta"], rows, valid, m - m_old),
+               _add(variables["velocities"], rows, valid, v - v_old)]
+  writes.append(_add(table, rows, valid, -step))
   return tf.group(writes)
+
+
+def _add(variable: tf.Variable, rows: tf.Tensor, valid: tf.Tensor, change: tf.Tensor):
+  """``variable[rows] += change`` on the valid (distinct) rows; the padding adds zero."""
+  return variable.scatter_add(tf.IndexedSlices(padding.mask_rows(change, valid), rows))
