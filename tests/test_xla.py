@@ -1,6 +1,11 @@
 """The DP step compiles with XLA (``jit_compile=True``, as every TPU program is) and
 takes the step graph mode takes for the same noise seed."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -167,3 +172,16 @@ def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
   with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
                      match="false positives overflowed the room"):
     model.fit(private.poisson_dataset(ids, labels).take(2), verbose=0)
+
+
+def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
+  # A compile-time constant that depends on the batch's values (as an assert's data
+  # inside the per-example vectorized_map once did) would compile every step anew.
+  here = pathlib.Path(__file__).parent
+  env = {**os.environ, "TF_CPP_VMODULE": "device_compiler=1", "TF_CPP_MIN_LOG_LEVEL": "0",
+         "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+  done = subprocess.run([sys.executable, str(here / "xla_compilations.py"), "6"], env=env,
+                        capture_output=True, text=True, timeout=900, check=True)
+  assert "steps 6" in done.stdout
+  compilations = done.stderr.count("Compilation of XLA executable")
+  assert 1 <= compilations <= 2, done.stderr[-3000:]

@@ -143,10 +143,11 @@ class Embedding(keras.layers.Layer):
 
   def call(self, ids):
     example, flat_ids, batch_size = self._flatten(ids)
-    flat_ids = self._checked(flat_ids)
     outside = None
-    if compiling_with_xla():  # the check above is compiled away: see _outside_as_nan
-      flat_ids, outside = self._outside_as_nan(flat_ids)
+    if compiling_with_xla():  # XLA would compile the check away: see _outside_as_nan
+      flat_ids, outside = self._outside_as_nan(tf.cast(flat_ids, tf.int64))
+    else:
+      flat_ids = self._checked(flat_ids)
     vectors = (gather_rows(self.embeddings, flat_ids) if self.embedding_backend is None
                else self.embedding_backend.lookup(self, flat_ids))
     if outside is not None:
@@ -197,7 +198,9 @@ class Embedding(keras.layers.Layer):
     """Under XLA, ids outside the vocabulary read row 0 as NaN (and are returned marked).
 
     XLA drops the assert of :meth:`_checked` and clamps an out-of-range
-    gather to the last row: a wrong id would silently train another row. Here
+    gather to the last row: a wrong id would silently train another row
+    (and inside the DP step's ``tf.vectorized_map`` that assert's data made
+    XLA compile the step again for every new batch). Here
     its vectors are NaN, so the DP step zeroes that example's gradient (the
     update does not depend on it) and reports the count, which ``fit``
     refuses on the host (:mod:`sparse_dp.training.host_guards`).
