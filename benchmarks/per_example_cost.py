@@ -228,28 +228,34 @@ def measure_pctr(settings: dict) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   model, config, iterator = pctr_training(settings["algorithm"],
-                                          settings["warmup_steps"] + settings["steps"])
+                                          settings["warmup_steps"] + settings["steps"],
+                                          jit_compile=settings.get("xla", False))
   train = model.make_train_function()
-  seconds = []
+  seconds, first_step = [], None
   for step in range(settings["warmup_steps"] + settings["steps"]):
     start = time.perf_counter()
     logs = {k: np.asarray(v) for k, v in train(iterator).items()}
+    if step == 0:
+      first_step = time.perf_counter() - start  # tracing and compiling included
     if step >= settings["warmup_steps"]:
       seconds.append(time.perf_counter() - start)
-  return {"algorithm": settings["algorithm"], "seconds_per_step": statistics.median(seconds),
+  return {"algorithm": settings["algorithm"], "xla": settings.get("xla", False),
+          "first_step_seconds": first_step, "seconds_per_step": statistics.median(seconds),
           "step_seconds": seconds, "logs": sorted(logs), "config": {
               k: getattr(config, k) for k in ("algorithm", "noise_multiplier", "sigma1",
                                                "sigma2", "threshold", "threshold_sigmas")}}
 
 
-def pctr_training(algorithm: str, batches: int):
+def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
   """``(model, DPConfig, iterator)``: the pCTR job's model made private, and its batches.
 
   The model, optimizer and ``DPConfig`` of ``sparse-dp train`` with its defaults
   (``models/fitting.py``), made private with ``sparse_dp.make_private``; the
   iterator repeats ``batches`` batches of random Zipf ids and log-normal integer
   features, whose first dimension is unknown to the traced step, as the job's
-  Poisson batches.
+  Poisson batches. ``jit_compile``: the step compiled with XLA and, for a DP
+  algorithm, fed each batch padded to its capacity with its example mask, as the
+  job's ``poisson_dataset`` pads it (``sparse-dp train --jit-compile``).
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -270,7 +276,7 @@ def pctr_training(algorithm: str, batches: int):
   model = pctr.build_pctr_model(sizes, pctr.HIDDEN_UNITS,
                                 embedding_dims=[pctr.embedding_dim(v) for v in sizes])
   model.compile(optimizer=keras.optimizers.Adam(job.learning_rate),
-                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
   config = fitting._dp_config(Algorithm.parse(algorithm), job,  # pylint: disable=protected-access
                               num_examples, batch)
   sparse_dp.make_private(model, config, num_examples=num_examples, batch_size=batch,
@@ -281,8 +287,15 @@ def pctr_training(algorithm: str, batches: int):
   integers = np.log1p(rng.lognormal(1.0, 1.5, (examples, NUM_INTEGER))).astype("float32")
   labels = rng.integers(0, 2, (examples, 1)).astype("float32")
   dataset = tf.data.Dataset.from_tensor_slices(
-      ({"integers": integers, "categorical": ids}, labels)).batch(batch).repeat()
-  return model, config, iter(dataset)
+      ({"integers": integers, "categorical": ids}, labels)).batch(batch)
+  if jit_compile and algorithm != "none":
+    from sparse_dp.bench.step_time import pad_rows  # pylint: disable=import-outside-toplevel
+    from sparse_dp.training import padded_batches  # pylint: disable=import-outside-toplevel
+    from sparse_dp.training.sampling import batch_capacity  # pylint: disable=import-outside-toplevel
+    capacity = batch_capacity(num_examples, batch / num_examples)
+    dataset = dataset.map(lambda x, y: padded_batches.padded(
+        pad_rows((x, y), capacity - batch, tf), tf.range(capacity) < batch))
+  return model, config, iter(dataset.repeat())
 
 
 if __name__ == "__main__":

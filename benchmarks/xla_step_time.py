@@ -1,29 +1,55 @@
 """Seconds per DP step with and without XLA (issue 21, item 4), ratios taken in one run.
 
-Runs ``sparse-dp bench step`` (the Table-4 model: one table of dim 64, batch
-1,024, Zipf ids, SGD) for each trainer and vocabulary twice, graph mode and
-``jit_compile=True``, alternating, each in its own subprocess, ``--repeats``
-times; writes every timing and the median XLA / graph ratio per setting.
-The batches have one fixed size, so XLA compiles once (Poisson batches of
-varying size would compile once per size until batches are padded to a
-capacity).
+Two settings, each timed in graph mode and with ``jit_compile=True``, in turn,
+each run in its own subprocess, ``--repeats`` times:
+
+* ``table4``: ``sparse-dp bench step`` (the Table-4 model: one table of dim 64,
+  batch 1,024, Zipf ids, SGD) for each trainer and vocabulary;
+* ``pctr``: the pCTR job's model, optimizer and ``DPConfig`` (``sparse-dp train``'s
+  defaults: 26 tables, 4 x 598 ReLU units, batch 2,048, Adam), timed by
+  ``benchmarks/per_example_cost.py``'s worker, for each of ``--pctr-algorithms``.
+
+Graph mode gets batches of the expected size; under XLA a DP step gets each
+batch padded to its capacity with its example mask, as ``poisson_dataset``
+pads it for a compiled model (1,329 rows for 1,024 of 1e9; 2,472 for 2,048 of 360,000), so the
+ratio is the one a user sees. Writes every timing and the median XLA / graph
+ratio per setting (each repeat's pair taken together).
 
     python benchmarks/xla_step_time.py --out benchmarks/results/xla_step_time.json
 """
 
 import argparse
 import json
+import os
+import pathlib
 import statistics
 import subprocess
 import sys
 import time
+
+_REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
 
 def step_times(vocab: str, trainers: str, steps: int, xla: bool) -> list:
   command = [sys.executable, "-m", "sparse_dp", "bench", "step", "--vocab", vocab,
              "--trainers", trainers, "--steps", str(steps), "--json"] + (["--xla"] if xla else [])
   done = subprocess.run(command, capture_output=True, text=True, check=True)
-  return json.loads(done.stdout.strip().splitlines()[-1])["results"]
+  return [{**result, "setting": "table4"}
+          for result in json.loads(done.stdout.strip().splitlines()[-1])["results"]]
+
+
+def pctr_step_time(algorithm: str, steps: int, xla: bool) -> dict:
+  """Seconds per step of the pCTR job's model, by ``per_example_cost.py``'s worker."""
+  settings = {"algorithm": algorithm, "steps": steps, "warmup_steps": 2, "xla": xla}
+  worker = [sys.executable, str(_REPOSITORY / "benchmarks" / "per_example_cost.py"),
+            "--worker", "pctr", json.dumps(settings)]
+  env = {**os.environ, "PYTHONPATH": str(_REPOSITORY), "TF_ENABLE_ONEDNN_OPTS": "0",
+         "TF_CPP_MIN_LOG_LEVEL": "2"}
+  done = subprocess.run(worker, capture_output=True, text=True, check=True, env=env)
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  return {"setting": "pctr", "trainer": algorithm, "vocab": "pctr", "xla": xla,
+          "first_step_seconds": result["first_step_seconds"],
+          "seconds_per_step": result["seconds_per_step"], "step_seconds": result["step_seconds"]}
 
 
 def main() -> int:
@@ -31,13 +57,19 @@ def main() -> int:
   parser.add_argument("--vocab", default="100000,1000000,10000000")
   parser.add_argument("--trainers", default="nonprivate,dpsgd,adafest")
   parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--pctr-algorithms", default="none,dpsgd,adafest",
+                      help="comma-separated; empty: no pCTR timing")
+  parser.add_argument("--pctr-steps", type=int, default=5)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
   started, runs = time.time(), []
   for repeat in range(args.repeats):
     for xla in (False, True):
-      for result in step_times(args.vocab, args.trainers, args.steps, xla):
+      results = step_times(args.vocab, args.trainers, args.steps, xla) if args.vocab else []
+      results += [pctr_step_time(algorithm, args.pctr_steps, xla)
+                  for algorithm in args.pctr_algorithms.split(",") if algorithm]
+      for result in results:
         runs.append({**result, "repeat": repeat})
         print(json.dumps(runs[-1]), flush=True)
   ratios = {}
@@ -50,6 +82,8 @@ def main() -> int:
     if paired:
       ratios[f"{key[0]}@{key[1]}"] = statistics.median(x / g for x, g in paired)
   report = {"benchmark": "xla_step_time", "steps": args.steps, "repeats": args.repeats,
+            "pctr_steps": args.pctr_steps, "load_average": os.getloadavg(),
+            "machine": f"{os.cpu_count()} cores",
             "wall_seconds": round(time.time() - started), "xla_over_graph": ratios, "runs": runs}
   with open(args.out, "w") as out:
     json.dump(report, out, indent=1)

@@ -96,7 +96,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     if initial_weights is not None:
       initial_weights(model)
     model.compile(optimizer=keras.optimizers.Adam(settings.learning_rate),
-                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  jit_compile=settings.jit_compile)
     # A run that paid for its preselection charges it under its own name.
     charged_as = kind if settings.selection_epsilon > 0 else trained_as
     config = _dp_config(charged_as, settings, num_examples, batch_size)

@@ -32,6 +32,7 @@ class FitSettings:
   noise_seed: Optional[int] = None
   embedding: str = "auto"  # auto, tpu or cpu: sparse_dp.layers.embedding_backends
   strategy: str = "default"  # sparse_dp.distribute.local_cluster.STRATEGIES
+  jit_compile: bool = False  # model.compile(jit_compile=True): the step compiled by XLA
   # Epsilon that earlier runs on the warm-started weights spent: their records
   # (``dp_record``) compose with this run's, so the run's budget includes them.
   earlier_epsilon: float = 0.0
@@ -78,6 +79,9 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                       help="tf.distribute strategy: multi-worker and ps join the cluster "
                            "TF_CONFIG names; ps without TF_CONFIG starts 2 parameter servers "
                            "and 2 workers on localhost (README 'Training past one machine')")
+  parser.add_argument("--jit-compile", action="store_true",
+                      help="compile the train step with XLA, as on a TPU (model.compile("
+                           "jit_compile=True)); the Poisson batches are padded to one size")
 
 
 def fit_settings(args: argparse.Namespace, epsilon: float,
@@ -92,7 +96,8 @@ def fit_settings(args: argparse.Namespace, epsilon: float,
       l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
       sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
       hidden_units=hidden, seed=args.seed, noise_seed=args.noise_seed, embedding=args.embedding,
-      strategy=getattr(args, "strategy", "default"))
+      strategy=getattr(args, "strategy", "default"),
+      jit_compile=getattr(args, "jit_compile", False))
 
 
 def layer_widths(text: str, flag: str) -> tuple[int, ...]:
