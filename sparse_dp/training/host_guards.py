@@ -94,13 +94,16 @@ def refuse_compiled_step_flags(logs) -> None:
   _refuse_ids_outside(logs)
 
 
+# Why a step whose false positives overflowed their room is refused (graph mode and XLA).
+OVER_CAPACITY_MESSAGE = (
+    "sparse-dp: a table's false positives overflowed the room made for them (an event of "
+    "probability <= 1e-18 per table and step, mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); "
+    "training stops rather than go on from a selection that is not the accounted mechanism's")
+
+
 def _refuse_over_capacity(tables: float) -> None:
   if tables:
-    raise ValueError(
-        f"sparse-dp: in {int(tables)} table(s) this step's false positives overflowed the "
-        "room made for them (an event of probability <= 1e-18 per table and step, "
-        "mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); training stops rather than go on "
-        "from a selection that is not the accounted mechanism's")
+    raise ValueError(f"{OVER_CAPACITY_MESSAGE} ({int(tables)} table(s) this step)")
 
 
 def _refuse_ids_outside(logs) -> None:

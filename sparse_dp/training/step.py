@@ -41,7 +41,7 @@ from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms.scans import compiling_with_xla
 from sparse_dp.training import dense_layers
-from sparse_dp.training.host_guards import IDS_OUTSIDE, OVER_CAPACITY
+from sparse_dp.training.host_guards import IDS_OUTSIDE, OVER_CAPACITY, OVER_CAPACITY_MESSAGE
 from sparse_dp.training.per_example import (LossesOf, PerExampleGradients, per_example_gradients,
                                             per_example_rows)
 
@@ -134,9 +134,8 @@ def _refuse_over_capacity(selections: dict) -> list:
   if not selections:
     return []
   over = [s.over_capacity for s in selections.values()]
-  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.stack(over))), [
-      "sparse-dp: a table's false positives overflowed the room made for them (probability "
-      "<= 1e-18 per table and step); the step is refused"])]
+  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.stack(over))),
+                              [OVER_CAPACITY_MESSAGE])]
 
 
 def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
@@ -223,7 +222,7 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
 
 
 class _Chunks:
-  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors, with their masks."""
+  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors, and their masks."""
 
   def __init__(self, data, size: int, in_batch: Optional[tf.Tensor] = None):
     if not isinstance(size, int) or size < 1:
