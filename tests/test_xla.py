@@ -16,7 +16,7 @@ from sparse_dp import keras
 from sparse_dp.mechanisms import row_selection
 from sparse_dp.optimizers import LazyAdam
 from sparse_dp.training import BudgetExhaustedError, padded_batches
-from sparse_dp.training.sampling import PoissonSample, batch_capacity
+from sparse_dp.training.sampling import PoissonSample, batch_capacity, largest_plausible_batch
 
 NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
 CONFIGS = {
@@ -185,3 +185,14 @@ def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
   assert "steps 6" in done.stdout
   compilations = done.stderr.count("Compilation of XLA executable")
   assert 1 <= compilations <= 2, done.stderr[-3000:]
+
+
+def test_a_padded_batch_behind_a_map_is_checked_by_its_sampled_examples():
+  # Not Poisson any more (a map), so its size is checked on the host: by the mask's
+  # count, not by the capacity, which exceeds the largest plausible batch.
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  assert batch_capacity(N, 256 / N) > largest_plausible_batch(N, 256 / N)
+  with pytest.warns(UserWarning, match="through map"):
+    model.fit(private.poisson_dataset(ids, labels).map(lambda batch: batch).take(2), verbose=0)
+  assert private.accountant.steps == 2 and not private.poisson_sampling
