@@ -7,14 +7,18 @@ optimizers sparse-dp uses on CPU. The extra feature of
 of the right standard deviation on exactly the selected rows.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from scipy import stats
+from tensorflow.python.tpu import tpu_embedding_v2  # the API's sharded variable creator
 
 from conftest import ALPHA
 from sparse_dp import keras, mechanisms
-from sparse_dp.layers.embedding_backends import EngineDouble
+from sparse_dp.layers import Embedding
+from sparse_dp.layers.embedding_backends import EngineDouble, TPUEmbeddingBackend
 from sparse_dp.layers.embedding_backends.tpu import update_feature
 from sparse_dp.optimizers import LazyAdam
 
@@ -165,3 +169,31 @@ def test_a_selection_beyond_the_static_bound_fails_the_step():
   update = tf.IndexedSlices(tf.ones([5, D]), tf.range(5, dtype=tf.int64), [10, D])
   with pytest.raises(tf.errors.InvalidArgumentError, match="static bound 4"):
     update_feature(update, 10, 4)
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3, 5, V + 3])
+def test_the_engine_tables_initial_rows_shard_over_hosts_as_the_api_creates_them(hosts):
+  """On a slice of several hosts the API's own sharded variable creator (the one
+  ``TPUEmbedding`` uses under a ``TPUStrategy``) asks the initializer for each
+  host's rows; the shards together are the layer's rows and the zero dummy row
+  (``V + 3`` hosts: some get no row and are skipped by the API)."""
+  layer = Embedding(V, D, name="ids")
+  layer(tf.constant([0]))
+  backend = TPUEmbeddingBackend([layer], keras.optimizers.legacy.SGD(0.1), {layer: 3})
+  initializer = backend.feature_config["ids"].table.initializer
+  shape = (V + 1, D)
+  with tf.variable_creator_scope(
+      tpu_embedding_v2.make_sharded_variable_creator(["/cpu:0"] * hosts)):
+    table = tf.Variable(initial_value=functools.partial(initializer, shape, dtype=tf.float32),
+                        shape=shape, dtype=tf.float32, name="ids")
+  assert len(table.variables) == min(hosts, V + 1)
+  np.testing.assert_array_equal(np.concatenate([v.numpy() for v in table.variables]),
+                                np.concatenate([layer.embeddings.numpy(), np.zeros([1, D])]))
+
+
+def test_an_engine_table_of_another_shape_is_refused_naming_the_layer():
+  layer = Embedding(V, D, name="ids")
+  layer(tf.constant([0]))
+  backend = TPUEmbeddingBackend([layer], keras.optimizers.legacy.SGD(0.1), {layer: 3})
+  with pytest.raises(ValueError, match=r"engine table of ids has 13 x 4 rows.*asked for \(12, 4\)"):
+    backend.feature_config["ids"].table.initializer((V, D))

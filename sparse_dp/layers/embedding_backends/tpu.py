@@ -248,9 +248,26 @@ class TPUEmbeddingBackend(EmbeddingBackend):
 
 
 def _initial_rows(layer) -> Callable:
-  """The engine table's initial value: the layer's current rows and a zero dummy row."""
-  def initializer(shape, dtype=tf.float32):
-    del shape
-    return tf.concat([tf.cast(layer.embeddings, dtype), tf.zeros([1, layer.output_dim], dtype)],
-                     0)
+  """The engine table's initial value: the layer's current rows and a zero dummy row.
+
+  Sharding-aware: on a slice of several hosts the API's sharded variable
+  creator (``make_sharded_variable_creator``) makes one variable per host and
+  calls the initializer with that shard's ``shard_info`` (its shape and its
+  first row's offset); each shard then gets rows ``[offset, offset + rows)`` of
+  the ``V + 1``-row table, and only those are read from the layer.
+  """
+  rows, width = layer.vocabulary_size + 1, layer.output_dim
+
+  def initializer(shape, dtype=tf.float32, shard_info=None):
+    start, count = (0, rows) if shard_info is None else (shard_info.offset[0],
+                                                          shard_info.shape[0])
+    asked = tuple(shape) if shard_info is None else tuple(shard_info.shape)
+    if asked[1:] != (width,) or count != asked[0] or not 0 <= start <= start + count <= rows:
+      raise ValueError(f"the engine table of {layer.name} has {rows} x {width} rows (its "
+                       f"{layer.vocabulary_size} and a dummy row); asked for {asked} at row "
+                       f"{start}")
+    stop = min(start + count, layer.vocabulary_size)
+    values = tf.cast(layer.embeddings[start:stop], dtype)
+    dummy = tf.zeros([start + count - max(stop, start), width], dtype)  # the dummy row, if here
+    return tf.concat([values, dummy], 0)
   return initializer
