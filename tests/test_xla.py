@@ -53,8 +53,15 @@ def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
   for a, b in zip(graph, compiled):
     np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
   if algorithm != "none":
+    # epsilon() also checks the weight fingerprint that the compiled step kept current
     assert private.accountant.steps == 4 and private.epsilon() > 0
     assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+  if algorithm == "adafest":  # its table is fingerprinted: a move outside the step is seen
+    table = private.model.get_layer("ids").embeddings
+    table.scatter_add(tf.IndexedSlices(tf.random.stateless_normal([1, table.shape[1]], [1, 2]),
+                                       [5]))
+    with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
+      private.epsilon()
 
 
 @pytest.mark.parametrize("algorithm,microbatch_size", [

@@ -105,7 +105,8 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
     gradients = add_penalty_gradients(penalty, gradients)
     with dp_step_update():  # the one update a private model's optimizer applies
       fingerprint = training.fingerprint
-      read = fingerprint.before_update(gradients) if fingerprint is not None else []
+      read, gradients = (fingerprint.before_update(gradients) if fingerprint is not None
+                         else ([], gradients))
       training.embedding_backend.apply_gradients(self.optimizer, self.trainable_variables,
                                                  gradients)
       if fingerprint is not None:  # s(w) follows the update (weight_fingerprint)

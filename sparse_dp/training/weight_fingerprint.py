@@ -9,7 +9,11 @@ The fingerprint detects such moves from the weights themselves:
 ``r_v(i, j) = +-1`` from an integer hash of (variable, row, column). The DP
 step keeps ``s`` current at the cost of its update: it reads the rows it
 updates before and after (a table's selected rows; a dense weight whole) and
-adds ``sum r (w_after - w_before)``. Querying the epsilon recomputes ``s`` from
+adds ``sum r (w_after - w_before)``. Under XLA the update's values are made to
+depend on the sums read before it (``+ 0 * sum``), so that XLA runs that read
+before the update's in-place scatter; without that ordering it copies the whole
+table each step to keep the value the read sees (measured: 24 ms per step for a
+1e6 x 64 table, against 0.5 ms). Querying the epsilon recomputes ``s`` from
 the weights (``O(parameters)``, once per query) and compares: a move outside
 the DP step changes ``s`` by ``sum r dw``, which is zero only for moves
 orthogonal to the signs, a measure-zero event for a real optimizer step. The
@@ -31,6 +35,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp.mechanisms.padding import is_valid, mask_rows, padded_unique, safe_rows
+from sparse_dp.mechanisms.scans import compiling_with_xla
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
 _ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525
@@ -97,20 +102,29 @@ class Fingerprint:
     now, magnitude = self.compute()
     return abs(now - float(self.value.numpy())) > RELATIVE_TOLERANCE * (magnitude + 1.0)
 
-  def before_update(self, gradients: dict) -> list:
-    """The rows the update is about to change, read now: ``[(index, rows, values, sparse)]``."""
-    read = []
+  def before_update(self, gradients: dict) -> tuple[list, dict]:
+    """Reads the rows the update is about to change; returns ``(read, gradients)``.
+
+    ``read`` holds ``(index, rows, sum r w_before, sparse)`` per variable the
+    update changes; ``gradients`` are the ones to apply: the same values, under
+    XLA made to depend on the sums read (see the module docstring).
+    """
+    read, ordered = [], dict(gradients)
     for index, variable in enumerate(self.variables):
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
       if isinstance(gradient, tf.IndexedSlices):  # a table's selected rows (padded list)
         rows = padded_unique(tf.cast(gradient.indices, tf.int64)).values
-        read.append((index, rows, _rows_of(variable, rows), True))
+        before = _partial(index, rows, _rows_of(variable, rows))
       else:
         values = _as_rows(tf.identity(variable))
-        read.append((index, tf.range(tf.shape(values, out_type=tf.int64)[0]), values, False))
-    return read
+        rows = tf.range(tf.shape(values, out_type=tf.int64)[0])
+        before = _partial(index, rows, values)
+      read.append((index, rows, before, isinstance(gradient, tf.IndexedSlices)))
+      if compiling_with_xla():
+        ordered[variable.ref()] = _after(gradient, before)
+    return read, ordered
 
   def after_update(self, read: list) -> tf.Operation:
     """Adds ``sum r (w_after - w_before)`` of the rows read by :meth:`before_update`."""
@@ -120,5 +134,18 @@ class Fingerprint:
     for index, rows, before, sparse in read:
       variable = self.variables[index]
       after = _rows_of(variable, rows) if sparse else _as_rows(tf.identity(variable))
-      delta.append(_partial(index, rows, after) - _partial(index, rows, before))
+      delta.append(_partial(index, rows, after) - before)
     return self.value.assign_add(tf.add_n(delta))
+
+
+def _after(gradient, read_sum: tf.Tensor):
+  """``gradient`` plus an exact zero computed from ``read_sum`` (a data dependence).
+
+  XLA does not fold ``x * 0`` for floats (``inf * 0`` is NaN), so the update
+  cannot start before the read; a non-finite sum counts as 0.
+  """
+  finite = tf.where(tf.math.is_finite(read_sum), read_sum, tf.zeros_like(read_sum))
+  if isinstance(gradient, tf.IndexedSlices):
+    zero = tf.cast(finite * 0.0, gradient.values.dtype)
+    return tf.IndexedSlices(gradient.values + zero, gradient.indices, gradient.dense_shape)
+  return gradient + tf.cast(finite * 0.0, gradient.dtype)
