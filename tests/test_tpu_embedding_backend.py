@@ -101,8 +101,9 @@ def test_checkpoints_restore_across_backends(tmp_path):
                                 tf.gather(backend.table_rows(layer), ids))
   np.testing.assert_array_equal(serving._variables["ids"]["momenta"].numpy(),  # pylint: disable=protected-access
                                 backend.engine.slots("ids")["momenta"].numpy()[:VOCAB])
-  # The Keras model (its tables kept equal to the engine's) restores on the CPU backend,
-  # and a CPU-trained checkpoint starts the TPU backend's engine.
+  # The Keras model (its tables kept equal to the engine's) restores on the CPU backend;
+  # its checkpoint restarts the TPU backend's engine with the trained tables and the
+  # engine's own Adam moments (saved with the model's DP state).
   tpu.save_weights(str(tmp_path / "w"))
   model = functional_model(optimizer=LazyAdam(0.01))  # the optimizer make_private made
   model.load_weights(str(tmp_path / "w"))
@@ -110,6 +111,10 @@ def test_checkpoints_restore_across_backends(tmp_path):
                                  num_examples=N, batch_size=128, embedding="tpu")
   np.testing.assert_array_equal(again.embedding_backend.table_rows(model.get_layer("ids")),
                                 backend.table_rows(layer))
+  trained = backend.engine.slots("ids")
+  assert np.any(trained["momenta"].numpy() != 0)
+  for slot, restored in again.embedding_backend.engine.slots("ids").items():
+    np.testing.assert_array_equal(restored, trained[slot], err_msg=slot)
 
 
 def test_refusals_name_the_input_and_the_fix():

@@ -30,7 +30,8 @@ def _private(embedding="cpu", **config):
                                        num_examples=N, batch_size=128, embedding=embedding)
 
 
-def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_the_caveat():
+def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_the_caveat(
+    tmp_path):
   ids, labels = synthetic_data()
   fixed = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
   looped, private = _private()
@@ -44,6 +45,13 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   np.testing.assert_array_equal(trainer.backend.table_rows(layer), layer.embeddings)
   assert trainer.engine.api.calls == STEP * 3 and len(history) == 3
   assert trainer.backend.name == "tpu-api-double"
+  # The model's checkpoint holds the engine's tables and optimizer slots.
+  looped.save_weights(str(tmp_path / "w"))
+  saved = tf.train.load_checkpoint(str(tmp_path / "w"))
+  for slot, variable in trainer.engine.slots("ids").items():
+    key = "dp_state/embedding_engine/ids" + ("" if slot == "parameters" else f".S{slot}")
+    np.testing.assert_array_equal(saved.get_tensor(key + "/.ATTRIBUTES/VARIABLE_VALUE"),
+                                  variable.numpy(), err_msg=slot)
   # Not the package's Poisson sample: counted as such, the epsilon printed with the caveat.
   assert private.accountant.steps == 3 and not private.poisson_sampling
   assert NOT_POISSON in private.epsilon_text(private.epsilon())

@@ -166,6 +166,16 @@ class PrivateTraining:
       low, high = (middle, high) if self.epsilon(middle) <= self.epsilon_budget else (low, middle)
     return low
 
+  def use_embedding_backend(self, backend: embedding_backends.EmbeddingBackend) -> None:
+    """Routes the tables through ``backend``; its engine's tables and optimizer slots
+    (``backend.checkpointable``) are saved and restored with the model's DP state
+    (``dp_state/embedding_engine``), so a resumed run keeps the engine's Adam moments."""
+    self.embedding_backend = backend
+    backend.attach()
+    if backend.checkpointable is not None:
+      self.state.embedding_engine = backend.checkpointable
+    self.track_weights()  # the engine's tables are left out of the fingerprint
+
   def track_weights(self) -> None:
     """(Re)starts the fingerprint of the weights the DP step updates through Keras.
 
@@ -425,10 +435,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
   if backend_name == "tpu":
     tables = [l for l in leaves if isinstance(l, Embedding)]
-    training.embedding_backend = embedding_backends.TPUEmbeddingBackend(
-        tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size))
-    training.embedding_backend.attach()
-  training.track_weights()
+    training.use_embedding_backend(embedding_backends.TPUEmbeddingBackend(
+        tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size)))
+  else:
+    training.track_weights()
   fit_wrappers.install(training)
   model.train_function = None
   return training

@@ -100,9 +100,7 @@ class TPUTrainer:
           _update_bounds(tables, private.step_noise, private.num_examples, private.batch_size),
           {layer: batch * _ids_per_example(layer) for layer in tables}, api_factory,
           sum_inside_sqrt)
-    private.embedding_backend = self.backend
-    private.track_weights()  # its tables are the engine's now
-    self.backend.attach()
+    private.use_embedding_backend(self.backend)
     self.engine = self.backend.engine
     if jit_compile is None:
       jit_compile = (embedding_backends.on_tpu(self.strategy)

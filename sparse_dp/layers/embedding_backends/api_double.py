@@ -99,6 +99,11 @@ class TPUEmbeddingAPIDouble:
     return {table.name: self._storage.slots(table.name)
             for table in self._storage._table_config}  # pylint: disable=protected-access
 
+  @property
+  def checkpointable(self) -> EngineDouble:
+    """The tables and slots, saved under the keys the API object saves them under."""
+    return self._storage
+
   def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
     if self._built:
       return

@@ -40,6 +40,13 @@ class EmbeddingBackend(abc.ABC):
     self.tables = list(tables)
     self._by_variable = {layer.embeddings.ref(): layer for layer in self.tables}
 
+  @property
+  def checkpointable(self):
+    """The object that holds the tables' training state outside Keras (an
+    engine's tables and optimizer slots), saved with the model's DP state;
+    ``None`` where the Keras variables and optimizer hold it all."""
+    return None
+
   def attach(self) -> None:
     """Routes the tables' lookups through this backend."""
     for layer in self.tables:

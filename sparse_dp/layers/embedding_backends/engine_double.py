@@ -56,6 +56,11 @@ class EngineDouble(_API.TPUEmbeddingForServing):
     for table in self._table_config:
       _check_modelled(table.optimizer)
 
+  @property
+  def checkpointable(self) -> "EngineDouble":
+    """What a checkpoint saves of the engine: its tables and slots, as the API's keys."""
+    return self
+
   def slots(self, table_name: str) -> dict:
     """``{"parameters": table, slot name: slot}`` of one table."""
     self._maybe_build()

@@ -115,6 +115,11 @@ class LiveEngine:
     """Builds the API object with every feature's static per-replica shape ``[bound]``."""
     self.api.build({name: tf.TensorShape([bound]) for name, bound in self.input_bounds.items()})
 
+  @property
+  def checkpointable(self):
+    """The API object (a checkpoint save retrieves its tables and slots from the TPU)."""
+    return getattr(self.api, "checkpointable", self.api)
+
   def slots(self, table_name: str) -> dict:
     """``{"parameters": table, slot: variable}`` as the API object holds them on the host.
 

@@ -175,6 +175,11 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     finally:
       self._in_step = False
 
+  @property
+  def checkpointable(self):
+    """The engine's tables and slots (on a TPU, a save retrieves them first)."""
+    return self.engine.checkpointable
+
   def lookup(self, layer, flat_ids):
     """The layer's ``embeddings``, which every step keeps equal to the engine's rows ``[0, V)``.
 
