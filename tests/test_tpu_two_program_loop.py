@@ -1,7 +1,7 @@
 """The two-program TPU embedding loop (:class:`TPUTrainer`), run through the API double.
 
-Off TPU the API object is :class:`TPUEmbeddingAPIDouble`, whose queue and
-round state are TensorFlow state, so the host enqueues and programs A and B
+Off TPU the API object is :class:`TPUEmbeddingAPIDouble` (``api_factory``),
+whose queue and round state are TensorFlow state, so the host enqueues and programs A and B
 run as separate ``tf.function``s as on a TPU, and the double fails a program
 holding a second dequeue or ``apply_gradients``. DP-AdaFEST steps through the
 loop give the CPU backend's tables through ``fit`` on the same batches within
@@ -16,7 +16,8 @@ import sparse_dp
 from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
-from sparse_dp.layers import embedding_backends
+from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
+from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
 from sparse_dp.training.tpu_loop import TPUTrainer
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
@@ -34,7 +35,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   ids, labels = synthetic_data()
   fixed = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
   looped, private = _private()
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(fixed)
   reference, _ = _private()
   reference.fit(fixed, verbose=0)
@@ -47,7 +48,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   # Not the package's Poisson sample: counted as such, the epsilon printed with the caveat.
   assert private.accountant.steps == 3 and not private.poisson_sampling
   assert NOT_POISSON in private.epsilon_text(private.epsilon())
-  with pytest.raises(RuntimeError, match="runs DP steps only in .*TPUTrainer"):
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
     looped.fit(fixed, verbose=0)
 
 
@@ -56,7 +57,7 @@ def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
   ids, labels = synthetic_data()
   _, private = _private()
   private.step_limit.assign(2)
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.2))  # 6 batches
   assert len(history) == 2 and private.accountant.steps == 2 and private.poisson_sampling
   epsilon = private.epsilon()
@@ -66,16 +67,31 @@ def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
 
 def test_a_program_with_a_second_dequeue_is_refused():
   _, private = _private()
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   second = tf.function(lambda: [trainer.engine.dequeue_round({}) for _ in range(2)])
   with pytest.raises(RuntimeError, match="should be unique within a function"):
     second()
 
 
-def test_tpu_embedding_on_a_tpu_strategy_points_to_the_loop(monkeypatch):
-  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
-  with pytest.raises(NotImplementedError, match="sparse_dp.training.tpu_loop.TPUTrainer"):
-    embedding_backends.resolve_backend_name("tpu", tf.distribute.get_strategy())
+def test_the_real_engine_is_refused_off_tpu_naming_the_alternatives():
+  _, private = _private()
+  with pytest.raises(ValueError, match="no TPU strategy: use 'cpu' .or 'engine-double'"):
+    TPUTrainer(private)  # the real TPUEmbedding: a TPU with the V1 engine only
+
+
+def test_auto_on_v1_hardware_keeps_the_tables_in_the_engine_and_refuses_fit(monkeypatch):
+  """The V1 hardware is a double of ``tpu_hardware_feature.embedding_feature`` (no TPU here)."""
+  ids, labels = synthetic_data()
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
+  model, private = _private("auto")
+  assert private.embedding_choice.name == "tpu"
+  batches = private.poisson_dataset(ids, labels, epochs=0.1)
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.fit(batches, verbose=0)
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.train_on_batch(ids[:128], labels[:128])
+  history = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble).fit(batches, steps=2)
+  assert len(history) == 2 == private.accountant.steps
 
 
 def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
@@ -83,7 +99,7 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   runs = []
   for jit_compile in (False, True):
     model, private = _private()
-    trainer = TPUTrainer(private, jit_compile=jit_compile)
+    trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble, jit_compile=jit_compile)
     history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.1, padded=True))
     runs.append(([w.numpy() for w in model.trainable_weights], history))
   (graph, graph_history), (compiled, history) = runs
