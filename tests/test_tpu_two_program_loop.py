@@ -18,6 +18,7 @@ from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
 from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
+from sparse_dp.models.pctr import build_pctr_model, table_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
@@ -112,3 +113,21 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   traced = trainer._program_a.experimental_get_tracing_count()
   trainer.fit(trainer.private.poisson_dataset(ids, labels, epochs=0.1, padded=True), steps=2)
   assert trainer.jit_compile and trainer._program_a.experimental_get_tracing_count() == traced
+
+
+def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
+  """``--strategy tpu`` on V1 hardware trains the pCTR job by this loop, each table's ids
+  being a column of one model input (``pctr.table_ids``; a layer looking up ids the host
+  did not enqueue for it fails the step)."""
+  rng = np.random.default_rng(0)
+  x = {"integers": rng.random((128, 13)).astype("float32"),
+       "categorical": rng.integers(0, 50, (128, 2)) + [0, 50]}  # no id in both columns
+  batches = tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 2, 128).astype("float32")))
+  model = build_pctr_model([100, 100], hidden_units=(4,))
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST),
+                                   num_examples=N, batch_size=64, embedding="cpu")
+  trainer = TPUTrainer(private, input_ids=table_ids, api_factory=TPUEmbeddingAPIDouble)
+  history = trainer.fit(batches.batch(64))
+  assert len(history) == 2 and all(h["nonzero_rows"] > 0 for h in history)
