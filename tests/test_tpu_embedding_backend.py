@@ -153,7 +153,7 @@ def test_train_cli_gives_the_same_metrics_with_cpu_and_auto(tmp_path, capsys):
   assert same(metrics["cpu"]) == same(metrics["auto"]) and metrics["cpu"]["steps"] > 0
 
 
-def _tpu_strategy_double(feature: str, replicas: int = 8):
+def _tpu_strategy_double(feature: str, replicas: int):
   """A ``TPUStrategy``'s one attribute the dispatch reads (no TPU here): its
   ``extended.tpu_hardware_feature``, TF's own ``HardwareFeature`` of the proto a TPU reports."""
   proto = topology_pb2.TPUHardwareFeature(
@@ -163,13 +163,15 @@ def _tpu_strategy_double(feature: str, replicas: int = 8):
   return types.SimpleNamespace(extended=extended, num_replicas_in_sync=replicas)
 
 
-@pytest.mark.parametrize("feature, auto, refusal", [
-    ("V1", "tpu", None),
-    ("V2", "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is not "
-                  r"built: use 'cpu' \(ordinary TPU variables\)"),
-    ("UNSUPPORTED", "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
-def test_the_backend_follows_the_tpus_embedding_hardware(feature, auto, refusal):
-  strategy = _tpu_strategy_double(feature)
+@pytest.mark.parametrize("feature, replicas, auto, refusal", [
+    ("V1", 1, "tpu", None),
+    ("V1", 8, "cpu", r"V1 embedding engine, on 8 cores, and TPUTrainer runs one replica per "
+                     r"program \(a one-core TPUStrategy.*\): use 'cpu'"),
+    ("V2", 8, "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is "
+                     r"not built: use 'cpu' \(ordinary TPU variables\)"),
+    ("UNSUPPORTED", 8, "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
+def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto, refusal):
+  strategy = _tpu_strategy_double(feature, replicas)
   choice = embedding_backends.choose_backend("auto", strategy)
   assert choice.name == auto
   assert choice.describe("auto").startswith(f"embedding auto -> {auto}: ")

@@ -9,7 +9,8 @@ reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
 * ``V1`` (v2, v3, v4): the embedding engine of
   ``tf.tpu.experimental.embedding.TPUEmbedding``, which takes one lookup round
   per TPU program; the tables train in it through the two-program loop
-  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``);
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on a
+  one-core strategy (the loop runs one replica; on more cores ``auto`` takes ``cpu``);
 * ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), for which no
   backend is built: ``tpu`` is refused and ``auto`` takes ``cpu``;
 * ``UNSUPPORTED`` (v5e): no engine (TFRS's ``TPUEmbeddingV0`` there keeps the
@@ -82,29 +83,31 @@ def embedding_feature(strategy: tf.distribute.Strategy) -> Optional[EmbeddingFea
 def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
   """The backend of ``--embedding requested`` under ``strategy``; refuses one it cannot run.
 
-  ``tpu`` needs the V1 engine; off TPU the refusal names ``engine-double``
-  (tests) and ``cpu``, on other TPUs ``cpu`` (ordinary TPU variables).
+  ``tpu`` needs the V1 engine and one replica; off TPU the refusal names
+  ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU variables).
   ``engine-double`` runs off TPU only, on one replica.
   """
   if requested not in BACKEND_NAMES:
     raise ValueError(f"embedding backend must be one of {', '.join(BACKEND_NAMES)}, "
                      f"got {requested!r}")
-  feature = embedding_feature(strategy)
+  feature, replicas = embedding_feature(strategy), strategy.num_replicas_in_sync
   if requested == "cpu":
     return BackendChoice("cpu", "requested")
   if requested == "engine-double":
     if feature is not None:
       raise ValueError("embedding 'engine-double' runs the TPU embedding engine's update in "
                        "pure TensorFlow off TPU, for tests; on a TPU use 'tpu' or 'cpu'")
-    if strategy.num_replicas_in_sync > 1:
+    if replicas > 1:
       raise ValueError("embedding 'engine-double' runs on one device; this strategy has "
-                       f"{strategy.num_replicas_in_sync} replicas: use 'cpu'")
+                       f"{replicas} replicas: use 'cpu'")
     return BackendChoice("engine-double", "requested (the TPU engine's update in pure "
                                           "TensorFlow, for tests)")
-  if feature == EmbeddingFeature.V1:
+  if feature == EmbeddingFeature.V1 and replicas == 1:
     return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
                                 "trained by sparse_dp.training.tpu_loop.TPUTrainer")
-  reason = _NO_ENGINE[feature]
+  reason = (f"TPU with the V1 embedding engine, on {replicas} cores, and TPUTrainer runs one "
+            "replica per program (a one-core TPUStrategy: README, 'TPU embedding')"
+            if feature == EmbeddingFeature.V1 else _NO_ENGINE[feature])
   if requested == "auto":
     return BackendChoice("cpu", reason + ("" if feature is None else
                                           ": ordinary TPU variables, the step compiled by XLA"))
