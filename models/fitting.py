@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -31,12 +32,14 @@ from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_
 from sparse_dp.distribute import ParameterServerTraining
 from sparse_dp.distribute.local_cluster import strategy_named
 from sparse_dp.distribute.parameter_servers import is_parameter_server
+from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr_data import StreamedExamples
-from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim
+from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
 from sparse_dp.sampling.batches import SampledBatches
+from sparse_dp.training.tpu_loop import TPUTrainer
 from sparse_dp.training.sampling import head
 
 
@@ -88,16 +91,17 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     raise ValueError("--strategy ps trains a DP model on in-memory examples (--reader memory) "
                      "with ParameterServerTraining; use another --strategy for --reader "
                      "tfdata/batches or --algorithm none")
-  strategy = strategy_named(settings.strategy)
+  strategy = strategy_named(settings.strategy, settings.tpu)
   on_ps = is_parameter_server(strategy)
   with strategy.scope():
     model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
                              embedding_dims=[embedding_dim(v) for v in vocabulary_sizes])
     if initial_weights is not None:
       initial_weights(model)
+    # A TPU compiles every program with XLA: the step's guards then run on the host.
     model.compile(optimizer=keras.optimizers.Adam(settings.learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True),
-                  jit_compile=settings.jit_compile)
+                  jit_compile=settings.jit_compile or embedding_backends.on_tpu(strategy))
     # A run that paid for its preselection charges it under its own name.
     charged_as = kind if settings.selection_epsilon > 0 else trained_as
     config = _dp_config(charged_as, settings, num_examples, batch_size)
@@ -105,6 +109,11 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
         model, config, num_examples=num_examples, batch_size=batch_size, epochs=settings.epochs,
         embedding=settings.embedding,
         max_batch_size=train.manifest.max_batch_size if sampled else None)
+  if settings.embedding == "auto":
+    print(f"sparse-dp: {private.embedding_choice.describe('auto')}", file=sys.stderr, flush=True)
+  if private.embedding_choice.name == "tpu" and observers:
+    raise ValueError("the audit's per-step observers are Keras callbacks, and tables in the "
+                     "TPU embedding engine train in TPUTrainer's loop: use --embedding cpu")
   callbacks = ([private.callback()] if private.is_private else []) + list(observers)
   start = time.perf_counter()
   if sampled:
@@ -113,7 +122,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     private.check_separable(head(held_out, min(64, len(y_eval))))
     batches = private.presampled_dataset(train.dataset(steps), num_examples,
                                          batch_size / num_examples, train.manifest.max_batch_size)
-    history = model.fit(batches.prefetch(2), callbacks=callbacks, verbose=verbose).history
+    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
   elif streamed:
     steps = (steps_for_epochs(settings.epochs, batch_size / num_examples) if private.is_private
              else max(1, round(settings.epochs)) * -(-num_examples // batch_size))
@@ -124,8 +133,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     if preselection is not None:
       batches = batches.map(lambda x, y: ({**x, "categorical": preselection.apply(
           x["categorical"])}, y))
-    batches = batches.prefetch(2)
-    history = model.fit(batches, callbacks=callbacks, verbose=verbose).history
+    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
   elif private.is_private:
     x_train, y_train = train
     if preselection is not None:
@@ -134,8 +142,9 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       logs = ParameterServerTraining(private, x_train, y_train).fit(epochs=settings.epochs)
       history = {name: [value] for name, value in logs.items() if name != "keys"}
     else:
-      history = model.fit(private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
-                          callbacks=callbacks, verbose=verbose).history
+      history = _fit_batches(private,
+                             private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
+                             callbacks, verbose)
   else:
     epochs = max(1, round(settings.epochs))
     history = model.fit(*train, batch_size=batch_size, epochs=epochs, callbacks=callbacks,
@@ -169,6 +178,26 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "poisson_sampling": report.poisson_sampling if report else None,
   }
   return FitResult(metrics, history, model)
+
+
+def check_hardware(settings: FitSettings) -> None:
+  """Refuses, before any data is read, a ``--strategy tpu`` without a TPU and an
+  ``--embedding`` the hardware cannot run (the strategies built once per process)."""
+  if settings.strategy in ("default", "tpu"):
+    embedding_backends.choose_backend(settings.embedding,
+                                      strategy_named(settings.strategy, settings.tpu))
+
+
+def _fit_batches(private, batches: tf.data.Dataset, callbacks: list, verbose: int) -> dict:
+  """Trains on ``batches``; returns the history by statistic.
+
+  Keras ``fit``, or, for tables in the V1 TPU embedding engine
+  (``--embedding tpu``), :class:`TPUTrainer`'s loop of two TPU programs per step.
+  """
+  if private.embedding_choice.name != "tpu":
+    return private.model.fit(batches, callbacks=callbacks, verbose=verbose).history
+  steps = TPUTrainer(private, input_ids=table_ids).fit(batches)
+  return {name: [step[name] for step in steps] for name in (steps[0] if steps else {})}
 
 
 # On preselected tables, DP-FEST is DP-SGD and DP-AdaFEST+ is DP-AdaFEST (App. B).

@@ -30,8 +30,9 @@ class FitSettings:
   hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
   seed: int = 0
   noise_seed: Optional[int] = None
-  embedding: str = "auto"  # auto, tpu or cpu: sparse_dp.layers.embedding_backends
+  embedding: str = "auto"  # sparse_dp.layers.embedding_backends.BACKEND_NAMES
   strategy: str = "default"  # sparse_dp.distribute.local_cluster.STRATEGIES
+  tpu: str = "local"  # the TPU of --strategy tpu (TPUClusterResolver)
   jit_compile: bool = False  # model.compile(jit_compile=True): the step compiled by XLA
   # Epsilon that earlier runs on the warm-started weights spent: their records
   # (``dp_record``) compose with this run's, so the run's budget includes them.
@@ -69,16 +70,23 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                       help="fix the DP noise for a reproducible experiment (never for a "
                            "release: the noise is only as secret as this number); "
                            "default: a secret seed from the OS")
-  parser.add_argument("--embedding", choices=["auto", "tpu", "cpu"], default="auto",
-                      help="where the tables live: cpu (Keras variables, CPU/GPU/TPU), tpu "
-                           "(the TPU embedding API's update; off TPU its engine double), auto "
-                           "(cpu: Keras fit cannot run the live TPU engine's two rounds per "
-                           "step, README 'TPU embedding'); the metrics name the one used")
-  parser.add_argument("--strategy", choices=["default", "mirrored", "multi-worker", "ps"],
+  parser.add_argument("--embedding", choices=["auto", "tpu", "cpu", "engine-double"],
+                      default="auto",
+                      help="where the tables live: tpu (the V1 TPU embedding engine, v2-v4, "
+                           "with --strategy tpu), cpu (Keras variables: CPU, GPU or ordinary "
+                           "TPU variables), auto (tpu where the hardware has the V1 engine, "
+                           "else cpu; says which and why on stderr), engine-double (testing: "
+                           "the engine's update in pure TensorFlow off TPU); README 'TPU "
+                           "embedding'. The metrics name the one used")
+  parser.add_argument("--strategy", choices=["default", "mirrored", "multi-worker", "ps", "tpu"],
                       default="default",
                       help="tf.distribute strategy: multi-worker and ps join the cluster "
                            "TF_CONFIG names; ps without TF_CONFIG starts 2 parameter servers "
-                           "and 2 workers on localhost (README 'Training past one machine')")
+                           "and 2 workers on localhost (README 'Training past one machine'); "
+                           "tpu: TPUStrategy on --tpu")
+  parser.add_argument("--tpu", default="local",
+                      help="--strategy tpu: the TPU, 'local' (this TPU VM's, default), a TPU "
+                           "name or a grpc:// address")
   parser.add_argument("--jit-compile", action="store_true",
                       help="compile the train step with XLA, as on a TPU (model.compile("
                            "jit_compile=True)); the Poisson batches are padded to one size")
@@ -96,7 +104,7 @@ def fit_settings(args: argparse.Namespace, epsilon: float,
       l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
       sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
       hidden_units=hidden, seed=args.seed, noise_seed=args.noise_seed, embedding=args.embedding,
-      strategy=getattr(args, "strategy", "default"),
+      strategy=getattr(args, "strategy", "default"), tpu=getattr(args, "tpu", "local"),
       jit_compile=getattr(args, "jit_compile", False))
 
 

@@ -57,3 +57,13 @@ def build_pctr_model(vocabulary_sizes: Sequence[int],
     hidden = keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")(hidden)
   logit = keras.layers.Dense(1, name="logit")(hidden)
   return keras.Model({"integers": integers, "categorical": categorical}, logit, name="pctr")
+
+
+def table_ids(x: dict) -> dict:
+  """Each table's ids in a batch's features ``x``, by layer name (``TPUTrainer``'s ``input_ids``).
+
+  For a model without ``hashed_rows``, whose table ``i`` looks up column ``i``
+  of ``categorical``.
+  """
+  categorical = x["categorical"]
+  return {f"embedding_{i}": categorical[:, i] for i in range(categorical.shape[1])}

@@ -116,7 +116,9 @@ def stream(args: argparse.Namespace) -> dict:
     raise ValueError("--examples-per-day must be >= 10 and --eval-examples-per-day >= 1")
   if args.epsilon_per_period is not None and not args.epsilon_per_period > 0:
     raise ValueError(f"--epsilon-per-period must be > 0, got {args.epsilon_per_period}")
-  job_flags.fit_settings(args, epsilon=1.0)  # checks the training flags before any spend
+  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
+  # The training flags, and the hardware they need, are checked before any spend.
+  fitting.check_hardware(job_flags.fit_settings(args, epsilon=1.0))
   delta_total = args.delta if args.delta is not None else 1.0 / (
       len(train_days) * args.examples_per_day)
   check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)

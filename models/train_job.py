@@ -123,6 +123,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
 
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
+  fitting.check_hardware(settings)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   recorded = None  # the training examples, when held in memory (--reader pandas)

@@ -1,25 +1,36 @@
 """DP-AdaFEST and DP-SGD through the TPU embedding API's terms equal the CPU backend.
 
 The same model, data and seeds train with ``embedding="cpu"`` (Keras variables,
-sparse optimizers) and ``embedding="tpu"`` (the engine double: inference
+sparse optimizers) and ``embedding="engine-double"`` (the engine double: inference
 lookups, the update fed back through the extra feature). Tolerances: SGD
 bit-equal up to ``1e-6``; Adagrad ``1e-5`` (Keras's epsilon 1e-7 in the root);
 Adam ``2e-5`` (same rule, other float order). Every step changes exactly the
 selected rows of the engine (as many as the step's ``nonzero_rows``) and their
 slots, never the dummy row.
+
+``--embedding`` follows the TPU's embedding hardware (tested through a double
+of ``strategy.extended.tpu_hardware_feature``, TF's ``HardwareFeature`` of each
+``EmbeddingFeature``, and on real CPU strategies); the CLI refuses the engine
+and ``--strategy tpu`` off TPU before it reads any data.
 """
 
 import json
+import os
+import subprocess
+import sys
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf.tpu import topology_pb2
 
 import sparse_dp
 from conftest import one_stack
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.cli import main
+from sparse_dp.layers import embedding_backends
 from sparse_dp.optimizers import LazyAdam
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0)
@@ -52,7 +63,7 @@ def _train(embedding, optimizer, algorithm="adafest", steps=6):
   noise = ADAFEST if algorithm == "adafest" else dict(noise_multiplier=0.8)
   private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=4, **noise),
                                    num_examples=N, batch_size=128, embedding=embedding)
-  callbacks = [_EngineRows(private.embedding_backend)] if embedding == "tpu" else []
+  callbacks = [_EngineRows(private.embedding_backend)] if embedding == "engine-double" else []
   model.fit(private.poisson_dataset(ids, labels).take(steps), verbose=0, callbacks=callbacks)
   return model, private, callbacks
 
@@ -61,7 +72,7 @@ def _train(embedding, optimizer, algorithm="adafest", steps=6):
 def test_adafest_steps_give_the_cpu_backends_tables(name):
   optimizer, tolerance = OPTIMIZERS[name]
   cpu, _, _ = _train("cpu", optimizer)
-  tpu, private, (rows,) = _train("tpu", optimizer)
+  tpu, private, (rows,) = _train("engine-double", optimizer)
   assert private.embedding_backend.name == "tpu-engine-double"
   for a, b in zip(cpu.trainable_weights, tpu.trainable_weights):
     np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
@@ -81,14 +92,14 @@ def test_adafest_steps_give_the_cpu_backends_tables(name):
 
 def test_dpsgd_dense_noise_goes_through_every_row():
   cpu, _, _ = _train("cpu", OPTIMIZERS["sgd"][0], "dpsgd", steps=3)
-  tpu, private, (rows,) = _train("tpu", OPTIMIZERS["sgd"][0], "dpsgd", steps=3)
+  tpu, private, (rows,) = _train("engine-double", OPTIMIZERS["sgd"][0], "dpsgd", steps=3)
   for a, b in zip(cpu.trainable_weights, tpu.trainable_weights):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   assert all(len(c) == VOCAB for c in rows.changed)
 
 
 def test_checkpoints_restore_across_backends(tmp_path):
-  tpu, private, _ = _train("tpu", OPTIMIZERS["adam"][0], steps=3)
+  tpu, private, _ = _train("engine-double", OPTIMIZERS["adam"][0], steps=3)
   backend, layer = private.embedding_backend, tpu.get_layer("ids")
   # TPU-trained tables and slots, served on CPU through TPUEmbeddingForServing.
   path = tf.train.Checkpoint(embedding=backend.export_for_serving()).write(str(tmp_path / "e"))
@@ -108,7 +119,7 @@ def test_checkpoints_restore_across_backends(tmp_path):
   model = functional_model(optimizer=LazyAdam(0.01))  # the optimizer make_private made
   model.load_weights(str(tmp_path / "w"))
   again = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", noise_seed=5, **ADAFEST),
-                                 num_examples=N, batch_size=128, embedding="tpu")
+                                 num_examples=N, batch_size=128, embedding="engine-double")
   np.testing.assert_array_equal(again.embedding_backend.table_rows(model.get_layer("ids")),
                                 backend.table_rows(layer))
   trained = backend.engine.slots("ids")
@@ -121,14 +132,14 @@ def test_refusals_name_the_input_and_the_fix():
   model = functional_model()
   with pytest.raises(ValueError, match="algorithm 'none' trains as plain Keras"):
     sparse_dp.make_private(model, sparse_dp.DPConfig("none"), num_examples=N, batch_size=128,
-                           embedding="tpu")
-  with pytest.raises(ValueError, match="one of auto, tpu, cpu, got 'gpu'"):
+                           embedding="engine-double")
+  with pytest.raises(ValueError, match="one of auto, tpu, cpu, engine-double, got 'gpu'"):
     sparse_dp.make_private(model, sparse_dp.DPConfig("none"), num_examples=N, batch_size=128,
                            embedding="gpu")
   model = functional_model(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
   with pytest.raises(ValueError, match="no engine optimizer for SGD"):
     sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST), num_examples=N,
-                           batch_size=128, embedding="tpu")
+                           batch_size=128, embedding="engine-double")
 
 
 @one_stack("tf2.21")
@@ -138,7 +149,77 @@ def test_train_cli_gives_the_same_metrics_with_cpu_and_auto(tmp_path, capsys):
     assert main(["train", "--embedding", embedding, "--max-examples", "200", "--batch-size",
                  "64", "--hidden-units", "4", "--noise-seed", "3", "--out",
                  str(tmp_path / embedding), "--json"]) == 0
-    metrics[embedding] = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    metrics[embedding] = json.loads(printed.out)
+    said = "sparse-dp: embedding auto -> cpu: no TPU strategy" in printed.err.splitlines()
+    assert said == (embedding == "auto")
   assert metrics["auto"]["embedding"] == "cpu" == metrics["cpu"]["embedding"]
   same = lambda m: {k: v for k, v in m.items() if k != "examples_per_second"}
   assert same(metrics["cpu"]) == same(metrics["auto"]) and metrics["cpu"]["steps"] > 0
+
+
+def _tpu_strategy_double(feature: str, replicas: int):
+  """A ``TPUStrategy``'s one attribute the dispatch reads (no TPU here): its
+  ``extended.tpu_hardware_feature``, TF's own ``HardwareFeature`` of the proto a TPU reports."""
+  proto = topology_pb2.TPUHardwareFeature(
+      embedding_feature=getattr(topology_pb2.TPUHardwareFeature.EmbeddingFeature, feature))
+  extended = types.SimpleNamespace(
+      tpu_hardware_feature=tf.tpu.experimental.HardwareFeature(proto))
+  return types.SimpleNamespace(extended=extended, num_replicas_in_sync=replicas)
+
+
+@pytest.mark.parametrize("feature, replicas, auto, refusal", [
+    ("V1", 1, "tpu", None),
+    ("V1", 8, "cpu", r"V1 embedding engine, on 8 cores, and TPUTrainer runs one replica per "
+                     r"program \(a one-core TPUStrategy.*\): use 'cpu'"),
+    ("V2", 8, "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is "
+                     r"not built: use 'cpu' \(ordinary TPU variables\)"),
+    ("UNSUPPORTED", 8, "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
+def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto, refusal):
+  strategy = _tpu_strategy_double(feature, replicas)
+  choice = embedding_backends.choose_backend("auto", strategy)
+  assert choice.name == auto
+  assert choice.describe("auto").startswith(f"embedding auto -> {auto}: ")
+  if refusal is None:
+    assert embedding_backends.choose_backend("tpu", strategy).name == "tpu"
+  else:
+    with pytest.raises(ValueError, match=refusal):
+      embedding_backends.choose_backend("tpu", strategy)
+  assert embedding_backends.choose_backend("cpu", strategy).name == "cpu"
+  with pytest.raises(ValueError, match="'engine-double' runs .* off TPU, for tests"):
+    embedding_backends.choose_backend("engine-double", strategy)
+
+
+@pytest.mark.parametrize("strategy", [tf.distribute.get_strategy, tf.distribute.MirroredStrategy])
+def test_off_tpu_auto_is_cpu_and_the_engine_is_refused_naming_the_double(strategy):
+  strategy = strategy()
+  assert embedding_backends.choose_backend("auto", strategy).describe("auto") == (
+      "embedding auto -> cpu: no TPU strategy")
+  with pytest.raises(ValueError, match="no TPU strategy: use 'cpu' .or 'engine-double' to "
+                                       "test the engine's update off TPU"):
+    embedding_backends.choose_backend("tpu", strategy)
+  assert embedding_backends.choose_backend("engine-double", strategy).name == "engine-double"
+
+
+def test_train_cli_refuses_the_engine_off_tpu_before_reading_data(tmp_path, capsys):
+  out = tmp_path / "out"
+  assert main(["train", "--embedding", "tpu", "--out", str(out)]) == 2
+  error = capsys.readouterr().err
+  assert "no TPU strategy: use 'cpu' (or 'engine-double'" in error and not out.exists()
+
+
+def test_strategy_tpu_off_tpu_fails_in_one_line_before_training(tmp_path):
+  """``sparse-dp train`` and ``stream --strategy tpu`` on this machine, which has no TPU."""
+  script = ("import sys; from sparse_dp.cli import main\n"
+            f"codes = [main(['train', '--strategy', 'tpu', '--out', {str(tmp_path / 'out')!r}]),\n"
+            f"         main(['stream', '--strategy', 'tpu', '--state', {str(tmp_path / 's')!r}])]\n"
+            "print(codes)")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.stdout.strip() == "[2, 2]", done.stderr
+  errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+  assert [line.split(":")[0] for line in errors] == ["sparse-dp train", "sparse-dp stream"]
+  for line in errors:
+    assert "--strategy tpu: no TPU found (--tpu 'local': TPUs not found in the cluster); " in line
+    assert "or train with --strategy default (CPU or GPU)" in line
+  assert not (tmp_path / "out").exists() and not (tmp_path / "s").exists()

@@ -152,7 +152,7 @@ def _train(embedding, optimizer, live=False, eager=False, steps=3):
   model = functional_model(optimizer=optimizer())
   private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", noise_seed=4, **ADAFEST),
                                    num_examples=N, batch_size=128, embedding=embedding)
-  if live:  # the backend of make_private(embedding="tpu"), on the live adapter
+  if live:  # the backend of make_private(embedding="engine-double"), on the live adapter
     layer, bounds = model.get_layer("ids"), private.embedding_backend.update_bounds
     inputs = {"ids": largest_plausible_batch(N, 128 / N), "ids/dp_update": bounds[layer]}
     private.embedding_backend = TPUEmbeddingBackend(
@@ -167,8 +167,8 @@ def _train(embedding, optimizer, live=False, eager=False, steps=3):
 def test_adafest_steps_through_the_live_adapter_give_both_backends_tables():
   """Lazy Adam: the optimizer a stray row in a training round would move (decayed moments)."""
   optimizer = lambda: keras.optimizers.Adam(0.01)
-  live, backend = _train("tpu", optimizer, live=True, eager=True)
-  double, _ = _train("tpu", optimizer)
+  live, backend = _train("engine-double", optimizer, live=True, eager=True)
+  double, _ = _train("engine-double", optimizer)
   cpu, _ = _train("cpu", optimizer)
   assert backend.name == "tpu-api-double"
   for a, b, c in zip(live.trainable_weights, double.trainable_weights, cpu.trainable_weights):

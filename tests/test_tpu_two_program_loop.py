@@ -1,7 +1,7 @@
 """The two-program TPU embedding loop (:class:`TPUTrainer`), run through the API double.
 
-Off TPU the API object is :class:`TPUEmbeddingAPIDouble`, whose queue and
-round state are TensorFlow state, so the host enqueues and programs A and B
+Off TPU the API object is :class:`TPUEmbeddingAPIDouble` (``api_factory``),
+whose queue and round state are TensorFlow state, so the host enqueues and programs A and B
 run as separate ``tf.function``s as on a TPU, and the double fails a program
 holding a second dequeue or ``apply_gradients``. DP-AdaFEST steps through the
 loop give the CPU backend's tables through ``fit`` on the same batches within
@@ -16,7 +16,9 @@ import sparse_dp
 from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
-from sparse_dp.layers import embedding_backends
+from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
+from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
+from sparse_dp.models.pctr import build_pctr_model, table_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
@@ -35,7 +37,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   ids, labels = synthetic_data()
   fixed = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
   looped, private = _private()
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(fixed)
   reference, _ = _private()
   reference.fit(fixed, verbose=0)
@@ -55,7 +57,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   # Not the package's Poisson sample: counted as such, the epsilon printed with the caveat.
   assert private.accountant.steps == 3 and not private.poisson_sampling
   assert NOT_POISSON in private.epsilon_text(private.epsilon())
-  with pytest.raises(RuntimeError, match="runs DP steps only in .*TPUTrainer"):
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
     looped.fit(fixed, verbose=0)
 
 
@@ -64,7 +66,7 @@ def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
   ids, labels = synthetic_data()
   _, private = _private()
   private.step_limit.assign(2)
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.2))  # 6 batches
   assert len(history) == 2 and private.accountant.steps == 2 and private.poisson_sampling
   epsilon = private.epsilon()
@@ -74,16 +76,31 @@ def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
 
 def test_a_program_with_a_second_dequeue_is_refused():
   _, private = _private()
-  trainer = TPUTrainer(private)
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   second = tf.function(lambda: [trainer.engine.dequeue_round({}) for _ in range(2)])
   with pytest.raises(RuntimeError, match="should be unique within a function"):
     second()
 
 
-def test_tpu_embedding_on_a_tpu_strategy_points_to_the_loop(monkeypatch):
-  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
-  with pytest.raises(NotImplementedError, match="sparse_dp.training.tpu_loop.TPUTrainer"):
-    embedding_backends.resolve_backend_name("tpu", tf.distribute.get_strategy())
+def test_the_real_engine_is_refused_off_tpu_naming_the_alternatives():
+  _, private = _private()
+  with pytest.raises(ValueError, match="no TPU strategy: use 'cpu' .or 'engine-double'"):
+    TPUTrainer(private)  # the real TPUEmbedding: a TPU with the V1 engine only
+
+
+def test_auto_on_v1_hardware_keeps_the_tables_in_the_engine_and_refuses_fit(monkeypatch):
+  """The V1 hardware is a double of ``tpu_hardware_feature.embedding_feature`` (no TPU here)."""
+  ids, labels = synthetic_data()
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
+  model, private = _private("auto")
+  assert private.embedding_choice.name == "tpu"
+  batches = private.poisson_dataset(ids, labels, epochs=0.1)
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.fit(batches, verbose=0)
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.train_on_batch(ids[:128], labels[:128])
+  history = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble).fit(batches, steps=2)
+  assert len(history) == 2 == private.accountant.steps
 
 
 def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
@@ -91,7 +108,7 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   runs = []
   for jit_compile in (False, True):
     model, private = _private()
-    trainer = TPUTrainer(private, jit_compile=jit_compile)
+    trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble, jit_compile=jit_compile)
     history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.1, padded=True))
     runs.append(([w.numpy() for w in model.trainable_weights], history))
   (graph, graph_history), (compiled, history) = runs
@@ -104,3 +121,21 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   traced = trainer._program_a.experimental_get_tracing_count()
   trainer.fit(trainer.private.poisson_dataset(ids, labels, epochs=0.1, padded=True), steps=2)
   assert trainer.jit_compile and trainer._program_a.experimental_get_tracing_count() == traced
+
+
+def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
+  """``--strategy tpu`` on V1 hardware trains the pCTR job by this loop, each table's ids
+  being a column of one model input (``pctr.table_ids``; a layer looking up ids the host
+  did not enqueue for it fails the step)."""
+  rng = np.random.default_rng(0)
+  x = {"integers": rng.random((128, 13)).astype("float32"),
+       "categorical": rng.integers(0, 50, (128, 2)) + [0, 50]}  # no id in both columns
+  batches = tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 2, 128).astype("float32")))
+  model = build_pctr_model([100, 100], hidden_units=(4,))
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST),
+                                   num_examples=N, batch_size=64, embedding="cpu")
+  trainer = TPUTrainer(private, input_ids=table_ids, api_factory=TPUEmbeddingAPIDouble)
+  history = trainer.fit(batches.batch(64))
+  assert len(history) == 2 and all(h["nonzero_rows"] > 0 for h in history)

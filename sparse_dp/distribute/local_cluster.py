@@ -2,11 +2,13 @@
 
 Every task is a ``tf.distribute.Server`` on a free localhost port; this
 process is the coordinator. A real cluster is described by ``TF_CONFIG`` on
-every task instead (README, "Training past one machine").
+every task instead (README, "Training past one machine"). Also the strategy
+of each ``--strategy`` (:func:`strategy_named`), a TPU's included.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -67,17 +69,39 @@ def parameter_server_strategy(table_shards: int = 2, min_shard_bytes: int = 1 <<
                                                             variable_partitioner=partitioner)
 
 
-STRATEGIES = ("default", "mirrored", "multi-worker", "ps")
+@functools.lru_cache(maxsize=None)
+def tpu_strategy(tpu: str = "local") -> tf.distribute.TPUStrategy:
+  """A ``TPUStrategy`` over the cores of TPU ``tpu``; refuses in one line when none is found.
+
+  ``tpu``: ``"local"`` (this TPU VM's TPU), a TPU name or a ``grpc://``
+  address (``TPUClusterResolver``). The TPU system is initialised once per
+  process: the strategy is kept for every later call.
+  """
+  try:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+    if tpu != "local":
+      tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+  except (ValueError, RuntimeError, OSError, tf.errors.OpError) as error:
+    found = (str(error).strip() or type(error).__name__).splitlines()[0].split(". ")[0]
+    raise ValueError(f"--strategy tpu: no TPU found (--tpu {tpu!r}: {found}); run on a TPU VM "
+                     "(--tpu local) or name a TPU with --tpu NAME, or train with --strategy "
+                     "default (CPU or GPU)") from error
+  return tf.distribute.TPUStrategy(resolver)
 
 
-def strategy_named(name: str) -> tf.distribute.Strategy:
+STRATEGIES = ("default", "mirrored", "multi-worker", "ps", "tpu")
+
+
+def strategy_named(name: str, tpu: str = "local") -> tf.distribute.Strategy:
   """The ``--strategy`` of ``sparse-dp train``.
 
   ``default``: this process's devices as TensorFlow places ops; ``mirrored``:
   ``MirroredStrategy`` over this machine's devices; ``multi-worker``:
   ``MultiWorkerMirroredStrategy`` on the workers ``TF_CONFIG`` names (one
   worker, this process, without it); ``ps``: :func:`parameter_server_strategy`
-  (on ``TF_CONFIG``'s cluster, else a localhost one of 2 PS and 2 workers).
+  (on ``TF_CONFIG``'s cluster, else a localhost one of 2 PS and 2 workers);
+  ``tpu``: :func:`tpu_strategy` of ``--tpu``.
   """
   if name == "default":
     return tf.distribute.get_strategy()
@@ -87,4 +111,6 @@ def strategy_named(name: str) -> tf.distribute.Strategy:
     return tf.distribute.MultiWorkerMirroredStrategy()
   if name == "ps":
     return parameter_server_strategy()
+  if name == "tpu":
+    return tpu_strategy(tpu)
   raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {name!r}")

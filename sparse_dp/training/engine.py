@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import secrets
 import types
@@ -33,6 +34,8 @@ from sparse_dp.training.state import DPState, Run, attach
 from sparse_dp.training.step import StepNoise
 from sparse_dp.training.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
 
+_LOG = logging.getLogger(__name__)
+
 
 class PrivateTraining:
   """The DP state of one model: its noise, its accountant, its sampler.
@@ -60,6 +63,9 @@ class PrivateTraining:
     self.leaves = leaves
     # Where the tables live and how the step's update reaches them (make_private sets it).
     self.embedding_backend: embedding_backends.EmbeddingBackend = embedding_backends.CpuBackend([])
+    # The backend --embedding resolved to, and why (make_private sets it); "tpu": the
+    # tables train in the V1 engine through TPUTrainer, and fit is refused.
+    self.embedding_choice = embedding_backends.BackendChoice("cpu", "requested")
     self.step_noise: Optional[StepNoise] = None  # the DP step's noise (make_private sets it)
     # The noise and the sample must be unpredictable: without a seed from the
     # user, one from the OS's cryptographic source. Never saved in the state.
@@ -367,11 +373,15 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   top-k preselection (DP-FEST, DP-AdaFEST+) is charged once. Any other run
   charges its ``selection_epsilon`` as a new selection.
 
-  ``embedding`` (``"auto"``, ``"tpu"``, ``"cpu"``) picks where the tables live
-  (:mod:`sparse_dp.layers.embedding_backends`; ``training.embedding_backend.name``
-  says which): ``tpu`` routes the DP step's lookups and update through the TPU
-  embedding API's terms (off TPU, its engine double); the DP semantics are the
-  same on both.
+  ``embedding`` (``"auto"``, ``"tpu"``, ``"cpu"``, ``"engine-double"``) picks
+  where the tables live by the strategy's hardware
+  (:func:`sparse_dp.layers.embedding_backends.choose_backend`;
+  ``training.embedding_choice`` says which and why, ``auto``'s is logged):
+  ``tpu`` is the V1 TPU embedding engine, trained by
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (``fit`` is refused);
+  ``cpu`` is the Keras variables; ``engine-double`` (off TPU, for tests)
+  routes the DP step's update through the engine's pure-TF double. The DP
+  semantics are the same on all.
 
   ``max_batch_size``: the batches are truncated Poisson samples of at most
   that many examples (``sparse-dp sample --max-batch-size``), accounted as
@@ -396,14 +406,22 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   if not 0 < batch_size <= num_examples:
     raise ValueError(f"batch_size must be in (0, num_examples={num_examples}], got {batch_size}")
   algorithm = config.kind
-  backend_name = embedding_backends.resolve_backend_name(embedding, model.distribute_strategy)
+  choice = embedding_backends.choose_backend(embedding, model.distribute_strategy)
   if not algorithm.is_private:
-    if backend_name == "tpu":
-      raise ValueError("embedding 'tpu' routes the DP step's update through the TPU embedding "
-                       "API; algorithm 'none' trains as plain Keras: use embedding 'cpu'")
+    if embedding not in ("auto", "cpu"):
+      raise ValueError(f"embedding {embedding!r} routes the DP step's update through the TPU "
+                       "embedding engine; algorithm 'none' trains as plain Keras: use "
+                       "embedding 'cpu'")
     if resume_from is not None:
       raise ValueError("resume_from continues a DP budget; algorithm 'none' has none")
-    return PrivateTraining(model, config, num_examples, batch_size, spec=None)
+    if choice.name != "cpu":
+      choice = embedding_backends.BackendChoice("cpu", "algorithm 'none' trains as plain Keras")
+  if embedding == "auto":
+    _LOG.info("sparse-dp: %s", choice.describe(embedding))
+  if not algorithm.is_private:
+    training = PrivateTraining(model, config, num_examples, batch_size, spec=None)
+    training.embedding_choice = choice
+    return training
   _check_built(model)
   _check_train_step(model)
   statistics = {s.layer.name: s for s in private_statistics}
@@ -433,7 +451,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                              statistics_epsilon=sum(s.epsilon for s in statistics.values()))
   training.step_noise = noise
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
-  if backend_name == "tpu":
+  training.embedding_choice = choice
+  if choice.name == "engine-double":
     tables = [l for l in leaves if isinstance(l, Embedding)]
     training.use_embedding_backend(embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size)))

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
+from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training import host_guards, padded_batches, update_guard
 from sparse_dp.training.losses import per_example_loss_fn
@@ -131,6 +132,7 @@ def _private_fit(training: PrivateTraining):
 
   def private_fit(self, *args, **kwargs):
     parameter_servers.refuse_keras_fit(self)
+    _refuse_engine_tables(training)
     call = signature.bind(self, *args, **kwargs)
     _check_no_validation(call.arguments, training)
     x = call.arguments.get("x")
@@ -158,6 +160,12 @@ def _private_fit(training: PrivateTraining):
       training.poisson_input.assign(False)
 
   return private_fit
+
+
+def _refuse_engine_tables(training: PrivateTraining) -> None:
+  """Keras cannot train tables held by the V1 TPU embedding engine (``embedding='tpu'``)."""
+  if training.embedding_choice.name == "tpu":
+    raise RuntimeError(TRAINER_ONLY)
 
 
 def _check_no_validation(arguments: dict, training: PrivateTraining) -> None:
@@ -242,6 +250,7 @@ def _private_train_on_batch(training: PrivateTraining):
 
   def private_train_on_batch(self, x, y=None, sample_weight=None, *args, **kwargs):
     parameter_servers.refuse_keras_fit(self)
+    _refuse_engine_tables(training)
     if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
       host_guards.refuse_past_budget(training)
       host_guards.refuse_batch_size(training, _leading_size(x))

@@ -24,11 +24,13 @@ DP-SGD and DP-FEST alike) as:
    optimizer updates ``S_t`` (and ``V``, never read).
 
 Every DP quantity is the step's own (:mod:`sparse_dp.mechanisms`); the loop
-only moves ids and gradients. Off TPU the API object is
-:class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`
-and the programs are ``tf.function``s; on a ``TPUStrategy`` it is the real
-``TPUEmbedding`` and the same functions compile as TPU programs (never run on
-a TPU: README, "TPU embedding").
+only moves ids and gradients. The API object is the real ``TPUEmbedding``, on
+a TPU with the V1 engine only (v2, v3, v4:
+:func:`~sparse_dp.layers.embedding_backends.choose_backend` refuses other
+hardware, naming the ``cpu`` backend), where the functions compile as TPU
+programs (never run on a TPU: README, "TPU embedding"). Tests pass
+``api_factory=``:class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`,
+and the programs run off TPU as ``tf.function``s.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
-from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
 from sparse_dp.training import fit_wrappers, host_guards, padded_batches
 from sparse_dp.training.engine import PrivateTraining, _update_bounds
@@ -56,9 +57,11 @@ class TPUTrainer:
   ``input_ids(x)``: each table's ids in a batch's features ``x``, by layer
   name (default: for a functional model whose tables are each called once on
   a model input, that input). ``api_factory(feature_config, optimizer)``: the
-  API object; default the real ``TPUEmbedding`` on a ``TPUStrategy``, else
-  :class:`TPUEmbeddingAPIDouble`. The accountant is the private model's:
-  ``private.epsilon()`` counts every step this loop takes.
+  API object; default the real ``TPUEmbedding``, refused but on a TPU with the
+  V1 engine; tests pass
+  :class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`.
+  The accountant is the private model's: ``private.epsilon()`` counts every
+  step this loop takes.
 
   ``jit_compile`` (default: on a ``TPUStrategy``, or when the model is
   compiled with ``jit_compile=True``): programs A and B are compiled with XLA,
@@ -80,17 +83,16 @@ class TPUTrainer:
     model = private.model
     self.private, self.model = private, model
     self.strategy = model.distribute_strategy
+    if api_factory is None:  # the real engine: the hardware must have it
+      embedding_backends.choose_backend("tpu", self.strategy)
     if self.strategy.num_replicas_in_sync > 1:
       raise NotImplementedError(
           f"TPUTrainer runs one replica per program; this strategy has "
           f"{self.strategy.num_replicas_in_sync}: per-replica padded ids need a per-replica "
           "input pipeline, which is not built (use one TPU core, or model.fit with "
-          "--embedding auto)")
+          "embedding 'cpu')")
     tables = [l for l in private.leaves if isinstance(l, Embedding)]
     self.input_ids = input_ids or functional_input_ids(model, tables)
-    if api_factory is None:
-      api_factory = (None if embedding_backends.on_tpu(self.strategy)
-                     else TPUEmbeddingAPIDouble)
     # Room for a padded batch (batch_capacity), which bounds an unpadded one too.
     batch = private.max_batch_size or batch_capacity(private.num_examples,
                                                      private.sampling_rate)

@@ -27,13 +27,11 @@ from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.mechanisms.padding import ordinary_slices
 
-BACKEND_NAMES = ("auto", "tpu", "cpu")
-
 
 class EmbeddingBackend(abc.ABC):
   """Lookups and the DP update of a model's :class:`~sparse_dp.layers.Embedding` tables."""
 
-  #: What the reports print: ``"cpu"``, ``"tpu"`` or ``"tpu-engine-double"``.
+  #: What the reports print: ``"cpu"``, ``"tpu"``, ``"tpu-api-double"`` or ``"tpu-engine-double"``.
   name: str = ""
 
   def __init__(self, tables: list):

@@ -34,10 +34,10 @@ API's rules (each named by the function of ``tpu_embedding_v2.py`` that checks i
   activations bit for bit (``x + 0.0 = x``) and is recorded on the tape, so the
   step's ``dL/d(looked-up vectors)`` is taken as with the CPU backend.
 
-**Why ``fit`` on a ``TPUStrategy`` cannot use it** (so
-``resolve_backend_name`` refuses ``tpu`` there). Keras runs one DP step as one
-TPU program (``strategy.run(train_step)``), and the API allows neither round
-where that program needs it:
+**Why ``fit`` on a ``TPUStrategy`` cannot use it** (so a model made private
+with ``embedding='tpu'`` refuses ``fit``, naming ``TPUTrainer``). Keras runs
+one DP step as one TPU program (``strategy.run(train_step)``), and the API
+allows neither round where that program needs it:
 
 1. *one round per TPU program.* "There can be at most one
    RecvTPUEmbeddingActivations op in the TPU graph" (op doc,

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
 from sparse_dp.layers.embedding_backends.tpu import (UPDATE_SUFFIX, TPUEmbeddingBackend,
                                                      step_learning_rate)
@@ -87,9 +88,7 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     if not self._in_step:
       return super().lookup(layer, flat_ids)
     if self._round is None:
-      raise RuntimeError(
-          "the two-program TPU embedding backend runs DP steps only in "
-          "sparse_dp.training.tpu_loop.TPUTrainer (model.fit runs a step as one TPU program)")
+      raise RuntimeError(TRAINER_ONLY)
     enqueued, activations = self._round[layer.name]
     flat_ids = tf.cast(flat_ids, tf.int64)
     matches = tf.equal(flat_ids[:, None], enqueued[None, :])

@@ -1,0 +1,118 @@
+"""Which embedding backend a strategy's hardware runs: the dispatch of ``--embedding``.
+
+TPU generations differ in their embedding hardware, which a ``TPUStrategy``
+reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
+``tf.tpu.experimental.HardwareFeature.EmbeddingFeature``
+(``tensorflow/python/tpu/tpu_hardware_feature.py``, the same in TF 2.15 and
+2.21; an unknown value reads as ``UNSUPPORTED``):
+
+* ``V1`` (v2, v3, v4): the embedding engine of
+  ``tf.tpu.experimental.embedding.TPUEmbedding``, which takes one lookup round
+  per TPU program; the tables train in it through the two-program loop
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on a
+  one-core strategy (the loop runs one replica; on more cores ``auto`` takes ``cpu``);
+* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), for which no
+  backend is built: ``tpu`` is refused and ``auto`` takes ``cpu``;
+* ``UNSUPPORTED`` (v5e): no engine (TFRS's ``TPUEmbeddingV0`` there keeps the
+  tables as ordinary TPU variables): the ``cpu`` backend, whose DP step XLA
+  compiles.
+
+TFRS dispatches on the same attribute
+(``tensorflow_recommenders/layers/embedding/tpu_embedding_layer.py``,
+``_create_tpu_embedding_mid_level_api``). Off TPU (no ``tpu_hardware_feature``:
+only a ``TPUStrategy``'s extended has one) ``auto`` is ``cpu`` and
+``engine-double`` runs the engine's update in pure TensorFlow
+(:class:`~.engine_double.EngineDouble`), a testing mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
+
+#: ``--embedding``: the engine when the hardware has one (``auto``), the engine
+#: (``tpu``), Keras variables (``cpu``), the engine's pure-TF double (``engine-double``).
+BACKEND_NAMES = ("auto", "tpu", "cpu", "engine-double")
+
+#: The refusal of Keras ``fit`` (one TPU program per step, one embedding round per program:
+#: :mod:`.live_engine`) for tables in the engine.
+TRAINER_ONLY = ("the TPU embedding engine's tables (embedding 'tpu') run DP steps only in "
+                "sparse_dp.training.tpu_loop.TPUTrainer: model.fit runs a step as one TPU "
+                "program, which holds one embedding round; train with "
+                "TPUTrainer(private).fit(dataset), or make_private with embedding='cpu' for fit")
+
+_NO_ENGINE = {
+    None: "no TPU strategy",
+    EmbeddingFeature.UNSUPPORTED: "TPU without an embedding engine (v5e)",
+    EmbeddingFeature.V2: "TPU with the SparseCore (V2) engine (v5p, v6e), whose "
+                         "TPUEmbeddingV2 backend is not built",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendChoice:
+  """The backend ``--embedding`` resolved to, and why.
+
+  ``name``: ``"tpu"`` (the V1 engine, trained by ``TPUTrainer``), ``"cpu"`` or
+  ``"engine-double"``.
+  """
+
+  name: str
+  reason: str
+
+  def describe(self, requested: str) -> str:
+    """``"embedding auto -> cpu: no TPU strategy"``."""
+    return f"embedding {requested} -> {self.name}: {self.reason}"
+
+
+def on_tpu(strategy: tf.distribute.Strategy) -> bool:
+  """Whether ``strategy`` runs on TPU cores."""
+  return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+
+
+def embedding_feature(strategy: tf.distribute.Strategy) -> Optional[EmbeddingFeature]:
+  """The embedding hardware of ``strategy``'s TPU; ``None`` off TPU."""
+  hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
+  return None if hardware is None else hardware.embedding_feature
+
+
+def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
+  """The backend of ``--embedding requested`` under ``strategy``; refuses one it cannot run.
+
+  ``tpu`` needs the V1 engine and one replica; off TPU the refusal names
+  ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU variables).
+  ``engine-double`` runs off TPU only, on one replica.
+  """
+  if requested not in BACKEND_NAMES:
+    raise ValueError(f"embedding backend must be one of {', '.join(BACKEND_NAMES)}, "
+                     f"got {requested!r}")
+  feature, replicas = embedding_feature(strategy), strategy.num_replicas_in_sync
+  if requested == "cpu":
+    return BackendChoice("cpu", "requested")
+  if requested == "engine-double":
+    if feature is not None:
+      raise ValueError("embedding 'engine-double' runs the TPU embedding engine's update in "
+                       "pure TensorFlow off TPU, for tests; on a TPU use 'tpu' or 'cpu'")
+    if replicas > 1:
+      raise ValueError("embedding 'engine-double' runs on one device; this strategy has "
+                       f"{replicas} replicas: use 'cpu'")
+    return BackendChoice("engine-double", "requested (the TPU engine's update in pure "
+                                          "TensorFlow, for tests)")
+  if feature == EmbeddingFeature.V1 and replicas == 1:
+    return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
+                                "trained by sparse_dp.training.tpu_loop.TPUTrainer")
+  reason = (f"TPU with the V1 embedding engine, on {replicas} cores, and TPUTrainer runs one "
+            "replica per program (a one-core TPUStrategy: README, 'TPU embedding')"
+            if feature == EmbeddingFeature.V1 else _NO_ENGINE[feature])
+  if requested == "auto":
+    return BackendChoice("cpu", reason + ("" if feature is None else
+                                          ": ordinary TPU variables, the step compiled by XLA"))
+  alternative = ("'cpu' (or 'engine-double' to test the engine's update off TPU)"
+                 if feature is None else "'cpu' (ordinary TPU variables)")
+  raise ValueError(f"embedding 'tpu' (the TPU embedding engine, trained by TPUTrainer) runs "
+                   f"on TPUs with the V1 engine (v2, v3, v4, --strategy tpu); {reason}: use "
+                   f"{alternative}")
