@@ -13,6 +13,7 @@ import tensorflow as tf
 import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
+from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms import row_selection
 from sparse_dp.optimizers import LazyAdam
 from sparse_dp.training import BudgetExhaustedError, padded_batches
@@ -107,14 +108,25 @@ def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
     model.fit(private.poisson_dataset(ids, labels, padded=False).take(1), verbose=0)
 
 
-def compiled_private(budget=None):
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_compiled_micro_batches_take_the_graph_steps(algorithm):
+  # 96 does not divide the padded capacity: the last micro-batch is padded on.
+  graph, graph_logs, _ = trained(algorithm, False, microbatch_size=96)
+  compiled, logs, private = trained(algorithm, True, microbatch_size=96)
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  assert private.accountant.steps == 4 and private.epsilon() > 0
+  assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+
+
+def compiled_private(budget=None, microbatch_size=None):
   model = functional_model(seed=3)
   model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
   noise = dict(noise_multiplier=3.0, epsilon_budget=budget) if budget else CONFIGS["adafest"]
   algorithm = "dpsgd" if budget else "adafest"
-  return model, sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=1, **noise),
-                                       num_examples=N, batch_size=256)
+  config = sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=microbatch_size, **noise)
+  return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
 
 
 def test_a_compiled_step_past_the_budget_is_refused_on_the_host():
@@ -141,9 +153,10 @@ def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
   assert private.accountant.steps == 0
 
 
-def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them():
+@pytest.mark.parametrize("microbatch_size", [None, 100])
+def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(microbatch_size):
   ids, labels = synthetic_data()
-  model, private = compiled_private()
+  model, private = compiled_private(microbatch_size=microbatch_size)
   # The first fit's probe (not compiled) would refuse bad ids itself; after it, the
   # compiled step meets them.
   model.fit(private.poisson_dataset(ids, labels, epochs=1).take(1), verbose=0)
@@ -153,6 +166,36 @@ def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them():
     model.fit(private.poisson_dataset(ids, labels, epochs=1).take(2), verbose=0)
   after = model.get_layer("ids").embeddings.numpy()
   assert np.isfinite(after).all() and np.array_equal(after[-1], before[-1])
+
+
+class _History(keras.Model):
+  """Multi-valent (ragged) histories summed in one table."""
+
+  def __init__(self):
+    super().__init__()
+    self.table = Embedding(VOCAB, 4, combiner="sum")
+    self.logit = keras.layers.Dense(1)
+
+  def call(self, history):
+    return self.logit(self.table(history))
+
+
+def test_ragged_inputs_under_xla_are_refused_before_any_step_naming_the_fix():
+  histories = tf.ragged.constant([[1, 2], [3], [4, 5, 6]] * 100, tf.int64)
+  labels = tf.zeros([300, 1])
+  model = _History()
+  model(histories[:2])
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, **CONFIGS["adafest"]),
+      num_examples=300, batch_size=30)
+  refused = r"jit_compile=True is fed ragged or sparse inputs.*Compile without jit_compile"
+  with pytest.raises(ValueError, match=refused):
+    model.fit(private.poisson_dataset(histories, labels).take(1), verbose=0)
+  with pytest.raises(ValueError, match=refused):
+    model.train_on_batch(histories[:30], labels[:30])
+  assert private.accountant.steps == 0
 
 
 def test_adagrad_under_xla_is_refused_naming_what_compiles():

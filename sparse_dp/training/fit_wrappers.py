@@ -141,10 +141,13 @@ def _private_fit(training: PrivateTraining):
     poisson = training.feeds_poisson(x)
     if not poisson:
       _warn_if_transformed(training.transformations_to(x))
+    compiled = getattr(self, "_jit_compile", False)  # the step's asserts are compiled away
+    if compiled:
+      _refuse_uncompilable_optimizer(self.optimizer)
+      _refuse_uncompilable_inputs(x)
     if not training.separability_checked:
       call.arguments["x"] = _probe(training, x, call.arguments)
-    if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
-      _refuse_uncompilable_optimizer(self.optimizer)
+    if compiled:
       if not poisson:
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)
       else:
@@ -194,6 +197,20 @@ def _refuse_uncompilable_optimizer(optimizer) -> None:
         "sparse-dp: Adagrad's sparse update (ResourceSparseApplyAdagradV2) has no XLA kernel, "
         "so a model compiled with jit_compile=True cannot train with it; use SGD or Adam "
         "(sparse_dp.optimizers.LazyAdam), or compile without jit_compile")
+
+
+def _refuse_uncompilable_inputs(x) -> None:
+  """Ragged and sparse inputs: the per-example step maps over their rows
+  (``tf.map_fn``, ``RaggedTensorToVariant``), which XLA has no kernel for."""
+  spec = x.element_spec if isinstance(x, tf.data.Dataset) else x
+  kinds = (tf.RaggedTensor, tf.SparseTensor, tf.RaggedTensorSpec, tf.SparseTensorSpec)
+  if any(isinstance(part, kinds) for part in tf.nest.flatten(spec, expand_composites=False)):
+    raise ValueError(
+        "sparse-dp: a model compiled with jit_compile=True is fed ragged or sparse inputs; "
+        "the DP step computes each example alone by mapping over their rows, which XLA "
+        "cannot compile (no XLA kernel for RaggedTensorToVariant). Compile without "
+        "jit_compile (the graph-mode step takes ragged and sparse ids), or feed dense ids "
+        "of one fixed length per feature")
 
 
 def _leading_size(x) -> int:
@@ -252,6 +269,7 @@ def _private_train_on_batch(training: PrivateTraining):
     parameter_servers.refuse_keras_fit(self)
     _refuse_engine_tables(training)
     if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
+      _refuse_uncompilable_inputs(x)
       host_guards.refuse_past_budget(training)
       host_guards.refuse_batch_size(training, _leading_size(x))
     training.check_separable(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))

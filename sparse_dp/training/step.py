@@ -100,13 +100,15 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
                   if noise.sparse and tables else {})
     sums, losses = _clipped_sums(leaves, recorded, selections, noise), recorded.losses
+    ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
   else:
     chunks = _Chunks(data, microbatch_size, in_batch)
     selections = {}
     if noise.sparse and tables:
       pairs = per_example_rows(leaves, losses_of, data, in_batch)
       selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
-    sums, losses = _accumulated_clipped_sums(leaves, losses_of, chunks, selections, noise)
+    sums, losses, ids_outside = _accumulated_clipped_sums(leaves, losses_of, chunks, selections,
+                                                          noise)
   if on_outputs is not None:
     _, labels, predictions = losses_of(data)
     if labels is not None:
@@ -117,9 +119,8 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     if selections:
       stats[OVER_CAPACITY] = tf.add_n([tf.cast(s.over_capacity, tf.float32)
                                        for s in selections.values()])
-    if microbatch_size is None:
-      stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(tf.reduce_sum(count), tf.float32)
-                    for layer, count in recorded.ids_outside.items()})
+    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count, tf.float32)
+                  for layer, count in ids_outside.items()})
   return gradients, losses, stats
 
 
@@ -222,16 +223,38 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
 
 
 class _Chunks:
-  """Micro-batches ``[i M, (i + 1) M)`` of a batch of tensors or ragged tensors, and their masks."""
+  """Micro-batches ``[i m, (i + 1) m)`` of a batch of tensors or ragged tensors, and their masks.
+
+  Under XLA every shape must be static: the batch (a padded one, of static
+  size ``C``) is padded on to ``ceil(C / m) m`` rows with copies of its first
+  example outside ``in_batch`` (loss 0, no lookups, a zero gradient, as in
+  :mod:`~sparse_dp.training.padded_batches`), so that every micro-batch has
+  ``m`` rows and there are ``ceil(C / m)`` of them.
+  """
 
   def __init__(self, data, size: int, in_batch: Optional[tf.Tensor] = None):
     if not isinstance(size, int) or size < 1:
       raise ValueError(f"microbatch_size must be an integer >= 1, got {size!r}")
-    self.data, self.size, self.in_batch = data, size, in_batch
     first = tf.nest.flatten(data, expand_composites=False)[0]
     self.batch_size = tf.cast(first.nrows() if isinstance(first, tf.RaggedTensor)
                               else tf.shape(first)[0], tf.int64)
-    self.count = (self.batch_size + size - 1) // size
+    self.static = compiling_with_xla()
+    if self.static:
+      rows = None if isinstance(first, tf.RaggedTensor) else first.shape[0]
+      if rows is None:
+        raise ValueError(
+            "microbatch_size under XLA (jit_compile=True) needs batches of one static size: "
+            "feed private.poisson_dataset(..., padded=True) of dense tensors")
+      count = -(-rows // size)
+      extra = count * size - rows
+      in_batch = tf.ones([rows], tf.bool) if in_batch is None else in_batch
+      data = tf.nest.map_structure(
+          lambda t: tf.concat([t, tf.repeat(t[:1], extra, axis=0)], 0), data)
+      in_batch = tf.concat([in_batch, tf.zeros([extra], tf.bool)], 0)
+      self.count, self.rows = count, rows
+    else:
+      self.count = (self.batch_size + size - 1) // size
+    self.data, self.size, self.in_batch = data, size, in_batch
 
   def start(self, index):
     return tf.cast(index, tf.int64) * self.size
@@ -239,44 +262,57 @@ class _Chunks:
   def __getitem__(self, index):
     """Micro-batch ``index`` and its example mask (``None`` for an unpadded batch)."""
     start = self.start(index)
+    if self.static:  # m rows from a run-time start: a gather of static size
+      rows = start + tf.range(self.size, dtype=tf.int64)
+      return (tf.nest.map_structure(lambda t: tf.gather(t, rows), self.data),
+              tf.gather(self.in_batch, rows))
     end = tf.minimum(start + self.size, self.batch_size)
     chunk = tf.nest.map_structure(lambda t: t[start:end], self.data)
     return chunk, None if self.in_batch is None else self.in_batch[start:end]
 
+  def array(self, dtype, element_shape) -> tf.TensorArray:
+    """One entry per micro-batch: ``count`` fixed under XLA, growing in graph mode."""
+    if self.static:
+      return tf.TensorArray(dtype, size=self.count, element_shape=tf.TensorShape(element_shape))
+    return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False,
+                          element_shape=tf.TensorShape(element_shape))
+
 
 def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise):
-  """:func:`_clipped_sums` of every micro-batch, added up; and the per-example losses."""
+  """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; and the
+  ids outside each table's vocabulary (counted under XLA)."""
   tables = [l for l in leaves if isinstance(l, Embedding)]
   dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
-  def body(index, dense, table_parts, losses, non_finite):
+  def body(index, dense, table_parts, losses, non_finite, outside):
     recorded = per_example_gradients(leaves, losses_of, *chunks[index])
     sums = _clipped_sums(leaves, recorded, selections, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
     table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
                     values.write(index, sums.tables[layer].values))
                    for layer, (indices, values) in zip(tables, table_parts)]
+    outside = [total + tf.reduce_sum(recorded.ids_outside[layer])
+               if layer in recorded.ids_outside else total
+               for layer, total in zip(tables, outside)]
     return (index + 1, dense, table_parts, losses.write(index, recorded.losses),
-            non_finite + sums.non_finite)
+            non_finite + sums.non_finite, outside)
 
+  zero = tf.constant(0, tf.int64)
   start = (tf.constant(0), [tf.zeros(ref.deref().shape, ref.deref().dtype) for ref in dense_refs],
-           [(_array(tf.int64, [None]), _array(tf.float32, [None, layer.output_dim]))
+           [(chunks.array(tf.int64, [None]), chunks.array(tf.float32, [None, layer.output_dim]))
             for layer in tables],
-           _array(tf.float32, [None]), tf.constant(0, tf.int64))
-  _, dense, table_parts, losses, non_finite = tf.while_loop(
-      lambda index, *_: tf.cast(index, tf.int64) < chunks.count, body, start)
+           chunks.array(tf.float32, [None]), zero, [zero for _ in tables])
+  _, dense, table_parts, losses, non_finite, outside = tf.while_loop(
+      lambda index, *_: tf.cast(index, tf.int64) < tf.cast(chunks.count, tf.int64), body, start,
+      maximum_iterations=chunks.count if chunks.static else None)
   sums = _ClippedSums(
       {layer: tf.IndexedSlices(values.concat(), indices.concat(),
                                tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
        for layer, (indices, values) in zip(tables, table_parts)},
       dict(zip(dense_refs, dense)), non_finite)
-  return sums, losses.concat()
-
-
-def _array(dtype, element_shape) -> tf.TensorArray:
-  return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False,
-                        element_shape=tf.TensorShape(element_shape))
+  losses = losses.concat()
+  return sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside))
 
 
 def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed,
