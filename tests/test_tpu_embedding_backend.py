@@ -173,7 +173,8 @@ def _tpu_strategy_double(feature: str, replicas: int):
     ("V1", 8, "cpu", r"V1 embedding engine, on 8 cores, and TPUTrainer runs one replica per "
                      r"program \(a one-core TPUStrategy.*\): use 'cpu'"),
     ("V2", 8, "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is "
-                     r"not built: use 'cpu' \(ordinary TPU variables\)"),
+                     r"tested through a double only and not dispatched: use 'cpu' "
+                     r"\(ordinary TPU variables\)"),
     ("UNSUPPORTED", 8, "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
 def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto, refusal):
   strategy = _tpu_strategy_double(feature, replicas)
