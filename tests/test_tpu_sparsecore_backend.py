@@ -29,10 +29,11 @@ pytestmark = pytest.mark.skipif(not hasattr(API, "TPUEmbeddingV2"), reason=(
 D = 4
 
 
-def _private(optimizer, engine=True, jit_compile=False, **settings):
+def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", **settings):
   ids, labels = synthetic_data()
   model = functional_model(optimizer=optimizer())
-  private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", noise_seed=4, **ADAFEST),
+  noise = ADAFEST if algorithm == "adafest" else dict(noise_multiplier=0.8)
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=4, **noise),
                                    num_examples=N, batch_size=128, embedding="cpu")
   if engine:
     layer = model.get_layer("ids")
@@ -70,6 +71,19 @@ def test_one_compiled_step_holds_the_lookups_and_the_update():
   model.fit(data.take(2), verbose=0)
   for a, b in zip(cpu.trainable_weights, model.trainable_weights):
     np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+
+
+def test_dpsgd_dense_noise_goes_through_every_row():
+  """DP-SGD: the update feature carries all V rows (a lookup of V + 4 ids fits one SparseCore)."""
+  optimizer = OPTIMIZERS["sgd"][0]
+  cpu, _, data = _private(optimizer, engine=False, algorithm="dpsgd")
+  cpu.fit(data.take(2), verbose=0)
+  model, private, data = _private(optimizer, algorithm="dpsgd")
+  rows = _EngineRows(private.embedding_backend)
+  model.fit(data.take(2), verbose=0, callbacks=[rows])
+  for a, b in zip(cpu.trainable_weights, model.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert all(len(c) == VOCAB for c in rows.changed)
 
 
 def _table_features(sizes=None, optimizer=None):

@@ -11,7 +11,9 @@ whose update rules are the SparseCore kernels' for SGD, Adagrad and Adam
 per-row computation applied to the rows of the lookup's CSR; Adam's is
 ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
 ``w <- w - lr m / (sqrt(v + e1) + e2)`` with ``(e1, e2) = (eps^2, 0)`` under
-``use_sum_inside_sqrt``, else ``(0, eps)``, no bias correction). Modelled:
+``use_sum_inside_sqrt``, else ``(0, eps)``, no bias correction; lazy whatever
+``lazy_adam`` says, which ``apply_gradients`` does not pass: the double takes
+``lazy_adam=True``, the rule that runs). Modelled:
 
 * ``__init__``: weight decay refused (``NotImplementedError``, as ``__init__``);
   ``SparseCoreEmbeddingConfig()`` when none is given; ``max_ids_per_table`` and
