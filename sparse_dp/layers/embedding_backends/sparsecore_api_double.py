@@ -75,7 +75,6 @@ from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
 from sparse_dp.mechanisms import padding
 
 _API = tf.tpu.experimental.embedding
-DEFAULT_MAX_IDS_PER_TABLE = 256  # TPUEmbeddingV2.DEFAULT_MAX_(UNIQUE_)IDS_PER_TABLE
 
 
 def sample_count(feature) -> int:
@@ -105,7 +104,9 @@ class TPUEmbeddingV2APIDouble:
     tables = {id(f.table): f.table for _, f in self._flat_features}.values()
     for table in tables:
       table_optimizer = table.optimizer or optimizer
-      if table_optimizer is not None and table_optimizer.weight_decay_factor is not None:
+      if table_optimizer is not None and (
+          table_optimizer.weight_decay_factor is not None
+          or table_optimizer.multiply_weight_decay_factor_by_learning_rate is not None):
         raise NotImplementedError(
             "weight_decay_factor and multiply_weight_decay_factor_by_learning_rate are not "
             f"supported yet. But found in table {table.name} setting.")
@@ -118,10 +119,11 @@ class TPUEmbeddingV2APIDouble:
       if sample_count(feature) % per_chip:
         raise ValueError(f"TPUEmbeddingV2: feature {path} takes {sample_count(feature)} ids, "
                          f"not divisible by the number of sparsecores per chip {per_chip}")
+    real = _API.TPUEmbeddingV2
     self._max_ids = {t.name: (config.max_ids_per_table or {}).get(
-        t.name, DEFAULT_MAX_IDS_PER_TABLE) for t in tables}
+        t.name, real.DEFAULT_MAX_IDS_PER_TABLE) for t in tables}
     self._max_unique_ids = {t.name: (config.max_unique_ids_per_table or {}).get(
-        t.name, DEFAULT_MAX_IDS_PER_TABLE) for t in tables}
+        t.name, real.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE) for t in tables}
     self._storage = EngineDouble(feature_config, optimizer)
     self._built = False
 
