@@ -191,6 +191,15 @@ def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto
     embedding_backends.choose_backend("engine-double", strategy)
 
 
+def test_sparse_cores_per_chip_is_the_hardwares_else_tpu_embedding_v2s_default():
+  proto = topology_pb2.TPUHardwareFeature(num_embedding_devices_per_chip=2)
+  strategy = types.SimpleNamespace(extended=types.SimpleNamespace(
+      tpu_hardware_feature=tf.tpu.experimental.HardwareFeature(proto)))
+  assert embedding_backends.hardware.sparse_cores_per_chip(strategy) == 2
+  for unreported in (_tpu_strategy_double("V2", 1), tf.distribute.get_strategy()):
+    assert embedding_backends.hardware.sparse_cores_per_chip(unreported) == 4
+
+
 @pytest.mark.parametrize("strategy", [tf.distribute.get_strategy, tf.distribute.MirroredStrategy])
 def test_off_tpu_auto_is_cpu_and_the_engine_is_refused_naming_the_double(strategy):
   strategy = strategy()
