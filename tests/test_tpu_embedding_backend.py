@@ -173,7 +173,8 @@ def _tpu_strategy_double(feature: str, replicas: int):
     ("V1", 8, "cpu", r"V1 embedding engine, on 8 cores, and TPUTrainer runs one replica per "
                      r"program \(a one-core TPUStrategy.*\): use 'cpu'"),
     ("V2", 8, "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is "
-                     r"not built: use 'cpu' \(ordinary TPU variables\)"),
+                     r"tested through a double only and not dispatched: use 'cpu' "
+                     r"\(ordinary TPU variables\)"),
     ("UNSUPPORTED", 8, "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
 def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto, refusal):
   strategy = _tpu_strategy_double(feature, replicas)
@@ -188,6 +189,15 @@ def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto
   assert embedding_backends.choose_backend("cpu", strategy).name == "cpu"
   with pytest.raises(ValueError, match="'engine-double' runs .* off TPU, for tests"):
     embedding_backends.choose_backend("engine-double", strategy)
+
+
+def test_sparse_cores_per_chip_is_the_hardwares_else_tpu_embedding_v2s_default():
+  proto = topology_pb2.TPUHardwareFeature(num_embedding_devices_per_chip=2)
+  strategy = types.SimpleNamespace(extended=types.SimpleNamespace(
+      tpu_hardware_feature=tf.tpu.experimental.HardwareFeature(proto)))
+  assert embedding_backends.hardware.sparse_cores_per_chip(strategy) == 2
+  for unreported in (_tpu_strategy_double("V2", 1), tf.distribute.get_strategy()):
+    assert embedding_backends.hardware.sparse_cores_per_chip(unreported) == 4
 
 
 @pytest.mark.parametrize("strategy", [tf.distribute.get_strategy, tf.distribute.MirroredStrategy])

@@ -17,9 +17,10 @@ from sparse_dp.layers.embedding_backends.hardware import (BACKEND_NAMES, Backend
                                                           EmbeddingFeature, choose_backend,
                                                           embedding_feature, on_tpu)
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
+from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend
 from sparse_dp.layers.embedding_backends.tpu import TPUEmbeddingBackend
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
 
 __all__ = ["BACKEND_NAMES", "BackendChoice", "CpuBackend", "EmbeddingBackend",
-           "EmbeddingFeature", "EngineDouble", "LiveEngine", "TPUEmbeddingBackend",
-           "TwoProgramBackend", "choose_backend", "embedding_feature", "on_tpu"]
+           "EmbeddingFeature", "EngineDouble", "LiveEngine", "SparseCoreBackend",
+           "TPUEmbeddingBackend", "TwoProgramBackend", "choose_backend", "embedding_feature", "on_tpu"]

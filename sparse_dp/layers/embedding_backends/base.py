@@ -31,7 +31,8 @@ from sparse_dp.mechanisms.padding import ordinary_slices
 class EmbeddingBackend(abc.ABC):
   """Lookups and the DP update of a model's :class:`~sparse_dp.layers.Embedding` tables."""
 
-  #: What the reports print: ``"cpu"``, ``"tpu"``, ``"tpu-api-double"`` or ``"tpu-engine-double"``.
+  #: What the reports print: ``"cpu"``, ``"tpu"``, ``"tpu-api-double"``,
+  #: ``"tpu-sparsecore-api-double"`` or ``"tpu-engine-double"``.
   name: str = ""
 
   def __init__(self, tables: list):

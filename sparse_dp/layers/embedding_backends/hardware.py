@@ -11,8 +11,10 @@ reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
   per TPU program; the tables train in it through the two-program loop
   :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on a
   one-core strategy (the loop runs one replica; on more cores ``auto`` takes ``cpu``);
-* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), for which no
-  backend is built: ``tpu`` is refused and ``auto`` takes ``cpu``;
+* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), whose backend
+  :class:`~.sparsecore.SparseCoreBackend` is tested only through a double of the
+  API and not dispatched (the tables' initial values and host copies in the
+  SparseCore layout are not modelled): ``tpu`` is refused and ``auto`` takes ``cpu``;
 * ``UNSUPPORTED`` (v5e): no engine (TFRS's ``TPUEmbeddingV0`` there keeps the
   tables as ordinary TPU variables): the ``cpu`` backend, whose DP step XLA
   compiles.
@@ -49,7 +51,8 @@ _NO_ENGINE = {
     None: "no TPU strategy",
     EmbeddingFeature.UNSUPPORTED: "TPU without an embedding engine (v5e)",
     EmbeddingFeature.V2: "TPU with the SparseCore (V2) engine (v5p, v6e), whose "
-                         "TPUEmbeddingV2 backend is not built",
+                         "TPUEmbeddingV2 backend is tested through a double only and not "
+                         "dispatched",
 }
 
 
@@ -78,6 +81,16 @@ def embedding_feature(strategy: tf.distribute.Strategy) -> Optional[EmbeddingFea
   """The embedding hardware of ``strategy``'s TPU; ``None`` off TPU."""
   hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
   return None if hardware is None else hardware.embedding_feature
+
+
+def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
+  """SparseCores per TPU chip of ``strategy`` (``num_embedding_devices_per_chip``).
+
+  4 where the hardware reports none (or off TPU), the value
+  ``TPUEmbeddingV2.__init__`` assumes then.
+  """
+  hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
+  return getattr(hardware, "num_embedding_devices_per_chip", 0) or 4
 
 
 def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:

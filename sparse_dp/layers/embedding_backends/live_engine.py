@@ -69,10 +69,10 @@ those calls, one API call each; :class:`sparse_dp.training.tpu_loop.TPUTrainer`
 is that loop. None of this has run on a TPU: it is tested through
 :class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`.
 
-``TPUEmbeddingV2`` (SparseCore, TF 2.21 only, ``tpu_embedding_v3.py``) has no
+``TPUEmbeddingV2`` (SparseCore, TF 2.16+, ``tpu_embedding_v3.py``) has no
 training flag: ``apply_gradients(gradients, preserved_outputs)`` takes the
-``preserved_outputs`` of the same batch's ``embedding_lookup``; it is not
-adapted here.
+``preserved_outputs`` of the same batch's ``embedding_lookup``;
+:mod:`.sparsecore` adapts it on :class:`StaticFeatureEngine`.
 """
 
 from __future__ import annotations
@@ -84,36 +84,28 @@ import tensorflow as tf
 _API = tf.tpu.experimental.embedding
 
 
-class LiveEngine:
-  """Inference and training rounds of a mid-level ``TPUEmbedding`` object.
+class StaticFeatureEngine:
+  """An engine on a mid-level API object whose features each take a static number of ids.
 
   ``feature_config``: a flat ``{name: FeatureConfig}`` dict of univalent
   features; ``input_bounds[name]``: the static number of ids the feature takes
-  per round (per replica). ``api_factory(feature_config, optimizer)`` makes the
-  API object (default ``tf.tpu.experimental.embedding.TPUEmbedding``; create
-  the engine under the ``TPUStrategy``'s scope).
+  per round (per replica); ``api_factory(feature_config, optimizer)`` makes the
+  API object. A round gives every feature (the ones a call does not name as
+  the table's dummy row, its last row) padded to its bound; activations it
+  returns pass through ``+ anchor`` (the class docstring of :class:`LiveEngine`).
   """
 
   def __init__(self, feature_config: dict, optimizer, input_bounds: dict,
-               api_factory: Optional[Callable] = None):
+               api_factory: Callable):
     missing = sorted(set(feature_config) - set(input_bounds))
     if missing:
-      raise ValueError(f"LiveEngine: no static input bound for features {missing}; "
-                       "give input_bounds={feature: most ids per round}")
+      raise ValueError(f"{type(self).__name__}: no static input bound for features "
+                       f"{missing}; give input_bounds={{feature: most ids per round}}")
     self.feature_config = dict(feature_config)
     self.input_bounds = {name: int(input_bounds[name]) for name in feature_config}
-    self.api = (api_factory or _API.TPUEmbedding)(self.feature_config, optimizer)
+    self.api = api_factory(self.feature_config, optimizer)
     with tf.init_scope():
       self._anchor = tf.Variable(0.0, trainable=True, name="activation_anchor")
-
-  @property
-  def backend_name(self) -> str:
-    """``"tpu"`` on the real API object, ``"tpu-api-double"`` on its double."""
-    return "tpu" if isinstance(self.api, _API.TPUEmbedding) else "tpu-api-double"
-
-  def build(self) -> None:
-    """Builds the API object with every feature's static per-replica shape ``[bound]``."""
-    self.api.build({name: tf.TensorShape([bound]) for name, bound in self.input_bounds.items()})
 
   @property
   def checkpointable(self):
@@ -143,6 +135,40 @@ class LiveEngine:
       padded[name] = tf.ensure_shape(tf.concat([ids, padding], 0), [bound])
     return padded
 
+  def _padded_gradients(self, gradients: dict) -> dict:
+    """Every feature's activation gradients, padded with zeros to ``[bound, dim]``."""
+    padded = {}
+    for name, bound in self.input_bounds.items():
+      width = self.feature_config[name].table.dim
+      given = tf.reshape(gradients.get(name, tf.zeros([0, width])), [-1, width])
+      padding = tf.zeros(tf.stack([bound - tf.shape(given)[0], width]), given.dtype)
+      padded[name] = tf.ensure_shape(tf.concat([given, padding], 0), [bound, width])
+    return padded
+
+
+class LiveEngine(StaticFeatureEngine):
+  """Inference and training rounds of a mid-level ``TPUEmbedding`` object.
+
+  ``feature_config``, ``input_bounds``: as :class:`StaticFeatureEngine`.
+  ``api_factory(feature_config, optimizer)`` makes the API object (default
+  ``tf.tpu.experimental.embedding.TPUEmbedding``; create the engine under the
+  ``TPUStrategy``'s scope).
+  """
+
+  def __init__(self, feature_config: dict, optimizer, input_bounds: dict,
+               api_factory: Optional[Callable] = None):
+    super().__init__(feature_config, optimizer, input_bounds,
+                     api_factory or _API.TPUEmbedding)
+
+  @property
+  def backend_name(self) -> str:
+    """``"tpu"`` on the real API object, ``"tpu-api-double"`` on its double."""
+    return "tpu" if isinstance(self.api, _API.TPUEmbedding) else "tpu-api-double"
+
+  def build(self) -> None:
+    """Builds the API object with every feature's static per-replica shape ``[bound]``."""
+    self.api.build({name: tf.TensorShape([bound]) for name, bound in self.input_bounds.items()})
+
   def enqueue_round(self, features: dict, training: bool, device: Optional[str] = None):
     """``enqueue`` of ``features`` (the others as the dummy row), padded to the bounds."""
     self.api.enqueue(self._padded_ids(features), training=training, device=device)
@@ -154,13 +180,7 @@ class LiveEngine:
 
   def send_gradients(self, gradients: dict) -> None:
     """``apply_gradients``: each feature's gradients padded with zeros to ``[bound, dim]``."""
-    padded = {}
-    for name, bound in self.input_bounds.items():
-      width = self.feature_config[name].table.dim
-      given = tf.reshape(gradients.get(name, tf.zeros([0, width])), [-1, width])
-      padding = tf.zeros(tf.stack([bound - tf.shape(given)[0], width]), given.dtype)
-      padded[name] = tf.ensure_shape(tf.concat([given, padding], 0), [bound, width])
-    self.api.apply_gradients(padded)
+    self.api.apply_gradients(self._padded_gradients(gradients))
 
   def lookup(self, features: dict) -> dict:
     """An inference round: the rows of each named feature's ids (changes nothing)."""

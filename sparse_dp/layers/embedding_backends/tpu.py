@@ -57,7 +57,7 @@ from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
-from sparse_dp.mechanisms.padding import is_valid, safe_rows
+from sparse_dp.mechanisms.padding import is_valid
 from sparse_dp.optimizers import LazyAdam
 
 _API = tf.tpu.experimental.embedding
@@ -196,9 +196,11 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     return None
 
   def apply_table_updates(self, optimizer, updates):
-    applied = self.engine.apply_gradients(*self.training_round(updates))
+    features, gradients = self.training_round(updates)
+    applied = self.engine.apply_gradients(features, gradients)
     with tf.control_dependencies([applied]):
-      return [self._copy_rows(layer, updates.get(layer)) for layer in self.tables]
+      return [self._copy_rows(layer, features[layer.name + UPDATE_SUFFIX])
+              for layer in self.tables]
 
   def training_round(self, updates: dict) -> tuple:
     """``(ids, activation gradients)`` by feature of the round that applies ``updates``."""
@@ -214,19 +216,20 @@ class TPUEmbeddingBackend(EmbeddingBackend):
       gradients[layer.name] = tf.zeros([1, width])
     return features, gradients
 
-  def _copy_rows(self, layer, update) -> tf.Operation:
-    """The updated rows of the engine into ``layer.embeddings`` (saving, serving, predict).
+  def _copy_rows(self, layer, ids: tf.Tensor) -> tf.Operation:
+    """The engine's rows of the update feature's ``ids`` into ``layer.embeddings``.
 
-    On a TPU this is the engine's retrieval (a checkpoint save retrieves the
-    tables); here a scatter of the step's ``M`` rows (all ``V`` for DP-SGD).
+    Kept for saving, serving and predict, and read by the forward pass. On a
+    TPU a checkpoint save retrieves the tables; here a scatter of the step's
+    ``M`` rows (all ``V`` for DP-SGD).
     """
-    if update is None:
-      return tf.no_op()
-    # The padding copies row 0, unchanged or not, from the engine: a consistent copy.
-    rows = (tf.cast(safe_rows(update.indices), tf.int32) if isinstance(update, tf.IndexedSlices)
-            else tf.range(layer.vocabulary_size))
-    values = tf.gather(self.engine.slots(layer.name)["parameters"], rows)
-    return layer.embeddings.scatter_update(tf.IndexedSlices(values, rows))
+    # The dummy row's places copy row 0, unchanged or not, from the engine: a consistent copy.
+    rows = tf.where(ids < layer.vocabulary_size, ids, 0)
+    return layer.embeddings.scatter_update(tf.IndexedSlices(self._engine_rows(layer, rows), rows))
+
+  def _engine_rows(self, layer, rows: tf.Tensor) -> tf.Tensor:
+    """The engine's current values of the layer's ``rows`` (a gather of its table)."""
+    return tf.gather(self.engine.slots(layer.name)["parameters"], rows)
 
   def table_rows(self, layer) -> tf.Tensor:
     """Rows ``[0, V)`` of the layer's engine table (the dummy row left out)."""

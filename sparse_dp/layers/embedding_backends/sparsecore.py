@@ -1,0 +1,178 @@
+"""The DP update of a table on SparseCore (v5p, v6e), through ``TPUEmbeddingV2``, in one program.
+
+``TPUEmbeddingV2`` (``tensorflow/python/tpu/tpu_embedding_v3.py``; its rules
+and their double: :mod:`.sparsecore_api_double`) has no training flag and no
+queue: ``embedding_lookup(features)`` returns the activations and the
+``preserved_outputs`` of that lookup, and ``apply_gradients(gradients,
+preserved_outputs)`` applies each table's optimizer to the rows of that same
+lookup; lookups may be placed anywhere in a TPU program, several of them. A
+DP step therefore needs no second program (V1's
+:class:`~.two_program.TwoProgramBackend`): :class:`SparseCoreBackend` applies
+the update inside the step Keras ``fit`` runs, as
+:class:`~.tpu.TPUEmbeddingBackend` expresses it (its table of ``V + 1`` rows,
+the dummy row ``V``, the features ``<layer>`` and ``<layer>/dp_update``), in
+the steps of the review (``shared/reviews``, Part 1 (d)):
+
+1. the forward pass reads the layer's Keras table, which every step keeps
+   equal to the engine's rows (step 5) [the review's step (i) looks the batch
+   up in the engine instead; not done here: the Keras tables stay in
+   TensorCore memory];
+2. the mechanisms run as on CPU (:mod:`sparse_dp.mechanisms`) and give, per
+   table, the noisy update on the selected rows (``M`` at most);
+3. ``_, preserved = embedding_lookup({<layer>: dummy, <layer>/dp_update: the
+   selected rows padded to M with the dummy})``;
+4. ``apply_gradients({<layer>: zeros, <layer>/dp_update: the noisy rows, zeros
+   on the padding}, preserved)``: the engine sums each row's gradients and its
+   optimizer moves the selected rows and the dummy (zero gradient: unchanged);
+5. ``embedding_lookup`` of the same rows again: their updated values, written
+   into the Keras table (a lookup, not a read of the engine's variable, whose
+   rows the SparseCore layout orders its own way).
+
+The backend computes no DP quantity. Its settings (:func:`dp_sparse_core_config`):
+
+* ``allow_id_dropping=False``, and a ``True`` refused: a dropped id loses its
+  row's update depending on how many ids *other* examples sent to the same
+  SparseCore, so one example could change another row's update, which the
+  clipping bound ``C2`` does not cover;
+* ``max_ids_per_table`` and ``max_unique_ids_per_table`` of each table at
+  least the ids of one lookup (``M`` plus the masked model feature): rows are
+  sharded ``mod`` the SparseCores, so all of a lookup's ids may land on one;
+  no lookup can then exceed them (by construction, no overflow probability);
+  a smaller value given is refused;
+* every feature padded with the dummy row to a multiple of the SparseCores per
+  chip; table stacking off (the bounds are per table); pipelining off (with it
+  the update would land one step late).
+
+**Optimizers.** SGD, Adagrad and Adam, mapped from the Keras optimizer as for
+V1 (:func:`~.tpu.engine_optimizer`); V2's FTRL and Adagrad with momentum have
+no sparse Keras counterpart in sparse-dp. V2's Adam has **no** ``lazy_adam``
+flag: ``TPUEmbeddingV2.apply_gradients`` passes beta1, beta2, epsilon and
+``use_sum_inside_sqrt`` only, and the SparseCore kernel applies Adam per row of
+the lookup: it is always lazy. That is the update the CPU backend's
+``LazyAdam`` takes: rows outside the update keep their values and moments. A
+dense Adam (every row's moments decayed each step) would publish nothing more
+(it is post-processing of the noisy updates) but is another optimizer, and V2
+has none.
+
+Never run on a TPU: tested through
+:class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from sparse_dp._keras import keras
+from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
+from sparse_dp.layers.embedding_backends.live_engine import StaticFeatureEngine
+from sparse_dp.layers.embedding_backends.tpu import UPDATE_SUFFIX, TPUEmbeddingBackend
+
+_API = tf.tpu.experimental.embedding
+
+
+def dp_sparse_core_config(table_ids: dict, table_rows: dict, given=None):
+  """The ``SparseCoreEmbeddingConfig`` of a DP step; refuses a setting that breaks it.
+
+  ``table_ids[table]``: the ids one lookup sends the table; ``table_rows[table]``:
+  its rows. ``given``: the user's config (its other settings kept).
+  """
+  given = given or _API.SparseCoreEmbeddingConfig()
+  if given.allow_id_dropping:
+    raise ValueError(
+        "SparseCoreEmbeddingConfig(allow_id_dropping=True): a dropped id loses its row's DP "
+        "update depending on how many ids other examples sent to the same SparseCore, which "
+        "the clipping bound does not cover; pass allow_id_dropping=False (the default)")
+  needed = {"max_ids_per_table": dict(table_ids),
+            "max_unique_ids_per_table": {t: min(n, table_rows[t]) for t, n in table_ids.items()}}
+  settings = {}
+  for setting, least in needed.items():
+    chosen = dict(getattr(given, setting) or {})
+    for table, count in least.items():
+      if chosen.get(table, count) < count:
+        raise ValueError(
+            f"SparseCoreEmbeddingConfig({setting}={{{table!r}: {chosen[table]}}}) is below the "
+            f"{count} ids one DP step's lookup may send one SparseCore (its update bound and "
+            f"padding; rows are sharded mod the SparseCores): raise it to at least {count}, or "
+            "leave the table out and the backend sets it")
+      chosen[table] = max(chosen.get(table, count), count)
+    settings[setting] = chosen
+  return dataclasses.replace(given, disable_table_stacking=True, **settings)
+
+
+class SparseCoreEngine(StaticFeatureEngine):
+  """Lookups and updates of a ``TPUEmbeddingV2`` object, with :class:`.EngineDouble`'s interface.
+
+  ``input_bounds[name]``: the most ids feature ``name`` takes per lookup,
+  padded here to a multiple of the SparseCores per chip.
+  ``sparse_core_config``: the user's ``SparseCoreEmbeddingConfig``, completed
+  by :func:`dp_sparse_core_config`. ``api_factory``:
+  default the real ``TPUEmbeddingV2`` (create under the ``TPUStrategy``'s
+  scope); tests pass :class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
+  """
+
+  def __init__(self, feature_config: dict, optimizer, input_bounds: dict,
+               sparse_core_config=None, api_factory: Optional[Callable] = None):
+    per_chip = sparse_cores_per_chip(tf.distribute.get_strategy())
+    bounds = {name: -(-int(bound) // per_chip) * per_chip for name, bound in input_bounds.items()}
+    shaped = {name: _API.FeatureConfig(table=f.table, output_shape=[bounds[name]], name=f.name)
+              for name, f in feature_config.items()}
+    tables = {f.table.name: f.table for f in shaped.values()}
+    config = dp_sparse_core_config(
+        {t: sum(bounds[n] for n, f in shaped.items() if f.table.name == t) for t in tables},
+        {t: table.vocabulary_size for t, table in tables.items()}, sparse_core_config)
+    make = api_factory or _API.TPUEmbeddingV2
+    super().__init__(shaped, optimizer, bounds, functools.partial(
+        make, pipeline_execution_with_tensor_core=False, sparse_core_embedding_config=config))
+
+  @property
+  def backend_name(self) -> str:
+    """``"tpu"`` on the real API object, ``"tpu-sparsecore-api-double"`` on its double."""
+    real = getattr(_API, "TPUEmbeddingV2", None)
+    return "tpu" if real and isinstance(self.api, real) else "tpu-sparsecore-api-double"
+
+  def build(self) -> None:
+    self.api.build()
+
+  def lookup(self, features: dict) -> dict:
+    """The rows of each named feature's ids (the others the dummy row; changes nothing)."""
+    activations, _ = self.api.embedding_lookup(self._padded_ids(features))
+    return {name: activations[name][:tf.size(ids)] + self._anchor
+            for name, ids in features.items()}
+
+  def apply_gradients(self, features: dict, gradients: dict) -> tf.Operation:
+    """A lookup of ``features`` and the update of its rows by their activation ``gradients``."""
+    _, preserved = self.api.embedding_lookup(self._padded_ids(features))
+    self.api.apply_gradients(self._padded_gradients(gradients), preserved)
+    return tf.no_op()
+
+
+class SparseCoreBackend(TPUEmbeddingBackend):
+  """The tables in a ``TPUEmbeddingV2`` engine, updated inside the DP step ``fit`` runs.
+
+  ``update_bounds[layer]``: the static length ``M`` of the layer's update
+  feature (``sparse_dp.training.engine._update_bounds``: the most rows one step
+  selects but with probability ``<= 2e-9``; a step past it fails, as on V1).
+  ``sparse_core_config``: a ``SparseCoreEmbeddingConfig`` whose other settings
+  to keep (:func:`dp_sparse_core_config` gives the rules). ``api_factory``: see
+  :class:`SparseCoreEngine`. Create under the strategy's scope.
+  """
+
+  def __init__(self, tables: list, optimizer: keras.optimizers.Optimizer,
+               update_bounds: dict, sum_inside_sqrt: bool = False,
+               sparse_core_config=None, api_factory: Optional[Callable] = None):
+    bounds = {}
+    for layer in tables:
+      bounds[layer.name] = 1  # the model feature: masked to the dummy row in every lookup
+      bounds[layer.name + UPDATE_SUFFIX] = int(update_bounds[layer])
+    super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
+        functools.partial(SparseCoreEngine, input_bounds=bounds,
+                          sparse_core_config=sparse_core_config, api_factory=api_factory)))
+
+  def _engine_rows(self, layer, rows: tf.Tensor) -> tf.Tensor:
+    """Step 5: the updated ``rows``, looked up again (the copy into the Keras table reads them)."""
+    name = layer.name + UPDATE_SUFFIX
+    return self.engine.lookup({name: rows})[name]

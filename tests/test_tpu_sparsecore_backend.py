@@ -1,0 +1,168 @@
+"""DP-AdaFEST through ``TPUEmbeddingV2`` (SparseCore) in one Keras step, through its double.
+
+:class:`TPUEmbeddingV2APIDouble` takes ``embedding_lookup``/``apply_gradients``
+with the rules of TF 2.21's ``tpu_embedding_v3.py``; :class:`SparseCoreBackend`
+applies the DP step's update inside the step ``fit`` traces (a lookup of the
+selected rows, ``apply_gradients`` with its preserved outputs, a lookup that
+reads the updated rows back). DP-AdaFEST steps give the CPU backend's tables
+(tolerances as in ``test_tpu_embedding_backend.py``) and change exactly the
+selected rows of the engine. ``TPUEmbeddingV2`` is in TF 2.16+: on the TF 2.15
+stack these tests skip.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from keras_models import N, VOCAB, functional_model, synthetic_data
+from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
+from sparse_dp.layers.embedding_backends.sparsecore_api_double import TPUEmbeddingV2APIDouble
+from sparse_dp.training.engine import _update_bounds
+from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
+
+API = tf.tpu.experimental.embedding
+pytestmark = pytest.mark.skipif(not hasattr(API, "TPUEmbeddingV2"), reason=(
+    "TPUEmbeddingV2 (tensorflow/python/tpu/tpu_embedding_v3.py) is in TF 2.16+; this stack's "
+    "TF has none (the TF 2.21 stack runs these tests)"))
+
+D = 4
+
+
+def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", **settings):
+  ids, labels = synthetic_data()
+  model = functional_model(optimizer=optimizer())
+  noise = ADAFEST if algorithm == "adafest" else dict(noise_multiplier=0.8)
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=4, **noise),
+                                   num_examples=N, batch_size=128, embedding="cpu")
+  if engine:
+    layer = model.get_layer("ids")
+    bounds = _update_bounds([layer], private.step_noise, N, 128)
+    private.use_embedding_backend(SparseCoreBackend(
+        [layer], model.optimizer, bounds, api_factory=TPUEmbeddingV2APIDouble, **settings))
+  model._jit_compile = jit_compile  # pylint: disable=protected-access
+  return model, private, private.poisson_dataset(ids, labels)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
+  optimizer, tolerance = OPTIMIZERS[name]
+  cpu, _, data = _private(optimizer, engine=False)
+  cpu.fit(data.take(4), verbose=0)
+  model, private, data = _private(optimizer)
+  backend = private.embedding_backend
+  rows = _EngineRows(backend)
+  model.fit(data.take(4), verbose=0, callbacks=[rows])
+  assert backend.name == "tpu-sparsecore-api-double"
+  for a, b in zip(cpu.trainable_weights, model.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+  layer = model.get_layer("ids")
+  np.testing.assert_array_equal(backend.table_rows(layer), layer.embeddings)
+  assert [len(c) for c in rows.changed] == rows.selected and all(rows.selected)
+  assert all(VOCAB not in c for c in rows.changed)  # the dummy row never moves
+
+
+def test_one_compiled_step_holds_the_lookups_and_the_update():
+  """``jit_compile=True``, as a TPU compiles the step: the same tables as the CPU backend's."""
+  optimizer, tolerance = OPTIMIZERS["sgd"]
+  cpu, _, data = _private(optimizer, engine=False)
+  cpu.fit(data.take(2), verbose=0)
+  model, private, data = _private(optimizer, jit_compile=True)
+  model.fit(data.take(2), verbose=0)
+  for a, b in zip(cpu.trainable_weights, model.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+
+
+def test_dpsgd_dense_noise_goes_through_every_row():
+  """DP-SGD: the update feature carries all V rows (a lookup of V + 4 ids fits one SparseCore)."""
+  optimizer = OPTIMIZERS["sgd"][0]
+  cpu, _, data = _private(optimizer, engine=False, algorithm="dpsgd")
+  cpu.fit(data.take(2), verbose=0)
+  model, private, data = _private(optimizer, algorithm="dpsgd")
+  rows = _EngineRows(private.embedding_backend)
+  model.fit(data.take(2), verbose=0, callbacks=[rows])
+  for a, b in zip(cpu.trainable_weights, model.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert all(len(c) == VOCAB for c in rows.changed)
+
+
+def _table_features(sizes=None, optimizer=None):
+  table = API.TableConfig(vocabulary_size=11, dim=D, combiner="sum", name="t",
+                          initializer=lambda shape, dtype=tf.float32: tf.reshape(
+                              tf.range(11 * D, dtype=dtype), shape))
+  sizes = sizes or {"a": 4, "b": 8}
+  return {n: API.FeatureConfig(table=table, output_shape=[s], name=n)
+          for n, s in sizes.items()}, optimizer or API.SGD(0.5)
+
+
+def _config(**settings):
+  return API.SparseCoreEmbeddingConfig(disable_table_stacking=True, **settings)
+
+
+def test_the_double_keeps_the_call_rules_of_tpu_embedding_v3():
+  api = TPUEmbeddingV2APIDouble(*_table_features(), sparse_core_embedding_config=_config())
+  with pytest.raises(RuntimeError, match="apply_gradients called on unbuilt TPUEmbeddingV2"):
+    api.apply_gradients({"a": None, "b": None}, {})
+  ids = {"a": tf.constant([1, 2, 3, 3]), "b": tf.constant([5] * 8)}
+  with pytest.raises(ValueError, match="feature b takes 8 ids"):
+    api.embedding_lookup({"a": ids["a"], "b": tf.constant([5] * 4)})
+  with pytest.raises((ValueError, TypeError), match="structure"):
+    api.embedding_lookup({"a": ids["a"]})
+  before = api._variables["t"]["parameters"].numpy()  # pylint: disable=protected-access
+
+  @tf.function
+  def two_lookups_one_update():  # V2 allows several lookups in one program
+    first, preserved = api.embedding_lookup(ids)
+    api.embedding_lookup({"a": tf.constant([7] * 4), "b": tf.constant([8] * 8)})
+    api.apply_gradients({"a": tf.ones([4, D]), "b": None}, preserved)
+    return first
+
+  np.testing.assert_array_equal(two_lookups_one_update()["a"], before[[1, 2, 3, 3]])
+  expected = np.zeros_like(before)
+  expected[[1, 2]], expected[3] = 0.5, 1.0  # SGD(0.5), gradients summed per row
+  # The rows of the lookup whose preserved outputs were given, and no other (not 7, 8).
+  np.testing.assert_array_equal(before - api._variables["t"]["parameters"].numpy(), expected)  # pylint: disable=protected-access
+  _, preserved = api.embedding_lookup(ids)
+  with pytest.raises(ValueError, match="found non-tensor type"):
+    api.apply_gradients({"a": np.ones([4, D]), "b": None}, preserved)
+  with pytest.raises(ValueError, match=r"gradient of shape \(2, 4\) at path a"):
+    api.apply_gradients({"a": tf.ones([2, D]), "b": None}, preserved)
+  with pytest.raises(ValueError, match="not divisible by the number of sparsecores per chip 4"):
+    TPUEmbeddingV2APIDouble(*_table_features({"a": 6}), sparse_core_embedding_config=_config())
+  with pytest.raises(ValueError, match="allow_id_dropping"):
+    TPUEmbeddingV2APIDouble(*_table_features(), sparse_core_embedding_config=_config(
+        allow_id_dropping=True))
+
+
+def test_the_double_fails_a_lookup_past_a_sparse_cores_bounds():
+  """Rows are sharded mod 4 SparseCores here: 0, 4 and 8 land on the same one."""
+  api = TPUEmbeddingV2APIDouble(*_table_features(), sparse_core_embedding_config=_config(
+      max_ids_per_table={"t": 8}, max_unique_ids_per_table={"t": 2}))
+  api.embedding_lookup({"a": tf.constant([0, 4, 1, 2]), "b": tf.constant([1, 2, 3] * 2 + [5] * 2)})
+  with pytest.raises(RuntimeError, match=r"more than max_unique_ids_per_table\['t'\] = 2 "):
+    api.embedding_lookup({"a": tf.constant([0, 4, 8, 1]),
+                          "b": tf.constant([1, 2, 3, 5, 6, 7, 9, 10])})
+  with pytest.raises(RuntimeError, match=r"more than max_ids_per_table\['t'\] = 8 ids"):
+    api.embedding_lookup({"a": tf.constant([0, 4, 4, 4]), "b": tf.constant([0] * 8)})
+
+
+def test_the_backend_sizes_the_sparse_cores_and_refuses_settings_that_break_dp():
+  optimizer = OPTIMIZERS["adam"][0]
+  model, private, _ = _private(optimizer)
+  layer, engine = model.get_layer("ids"), private.embedding_backend.engine
+  update = private.embedding_backend.update_bounds[layer]
+  # Every feature a multiple of 4 SparseCores; each lookup's ids fit one SparseCore.
+  assert engine.input_bounds == {"ids": 4, "ids/dp_update": -(-update // 4) * 4}
+  assert engine.api._max_ids == {"ids": sum(engine.input_bounds.values())}  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match=r"allow_id_dropping=True\): a dropped id .* pass "
+                                       r"allow_id_dropping=False"):
+    _private(optimizer, sparse_core_config=API.SparseCoreEmbeddingConfig(allow_id_dropping=True))
+  with pytest.raises(ValueError, match=r"max_unique_ids_per_table=\{'ids': 256\}\) is below the "
+                                       r"\d+ ids .* raise it to at least \d+"):
+    _private(optimizer, sparse_core_config=API.SparseCoreEmbeddingConfig(
+        max_unique_ids_per_table={"ids": 256}))
+
+
+def test_the_real_api_object_refuses_to_be_made_off_tpu():
+  with pytest.raises(RuntimeError, match="TPUEmbeddingV2 should be created under TPUStrategy"):
+    SparseCoreEngine(*_table_features(), {"a": 4, "b": 8})
