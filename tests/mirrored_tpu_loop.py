@@ -41,8 +41,22 @@ def train(strategy, loop: bool) -> dict:
           "weights": [w.numpy().tolist() for w in model.trainable_weights]}
 
 
+def xla_refusal(strategy) -> str:
+  """What ``TPUTrainer(jit_compile=True)`` says on ``strategy``."""
+  with strategy.scope():
+    model = functional_model()
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST),
+                                     num_examples=N, batch_size=128, embedding="cpu")
+  try:
+    TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble, jit_compile=True)
+  except ValueError as refusal:
+    return str(refusal)
+  return ""
+
+
 if __name__ == "__main__":
   mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   print(json.dumps({"one": train(tf.distribute.OneDeviceStrategy("/cpu:0"), loop=True),
                     "two": train(mirrored, loop=True),
-                    "fit_two": train(mirrored, loop=False)}))
+                    "fit_two": train(mirrored, loop=False),
+                    "xla_refusal": xla_refusal(mirrored)}))

@@ -165,3 +165,5 @@ def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
   for a, b, c in zip(one["weights"], two["weights"], fit_two["weights"]):
     np.testing.assert_allclose(np.array(b), np.array(a), rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.array(b), np.array(c), rtol=0, atol=1e-6)
+  # XLA cannot compile a MirroredStrategy's strategy.run as one program: refused, not obscure.
+  assert result["xla_refusal"].startswith("TPUTrainer(jit_compile=True) on 2 replicas off TPU")

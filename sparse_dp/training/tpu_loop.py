@@ -81,7 +81,9 @@ class TPUTrainer:
   (:mod:`~sparse_dp.training.host_guards`): the budget before each step, the
   size of a non-Poisson batch in its pipeline, ids outside a vocabulary and a
   false-positive overflow after it. Feed ``private.poisson_dataset(...,
-  padded=True)`` so that XLA compiles program A once.
+  padded=True)`` so that XLA compiles program A once. Off TPU it is refused on
+  several replicas (XLA compiles a ``MirroredStrategy``'s ``strategy.run`` as
+  one program on one device).
   """
 
   def __init__(self, private: PrivateTraining, input_ids: Optional[InputIds] = None,
@@ -97,6 +99,16 @@ class TPUTrainer:
     self.strategy = model.distribute_strategy
     if api_factory is None:  # the real engine: the hardware must have it
       embedding_backends.choose_backend("tpu", self.strategy)
+    on_tpu = embedding_backends.on_tpu(self.strategy)
+    if jit_compile is None:
+      jit_compile = on_tpu or bool(getattr(model, "_jit_compile", False))
+    replicas = self.strategy.num_replicas_in_sync
+    if jit_compile and replicas > 1 and not on_tpu:
+      raise ValueError(
+          f"TPUTrainer(jit_compile=True) on {replicas} replicas off TPU: XLA compiles the "
+          "programs' strategy.run as one program on one device, which cannot reach the other "
+          "replicas' variables (a TPU compiles each replica's program); pass "
+          "jit_compile=False, or one replica")
     tables = [l for l in private.leaves if isinstance(l, Embedding)]
     self.input_ids = input_ids or functional_input_ids(model, tables)
     # Room for a padded batch (batch_capacity), which bounds an unpadded one too, and any
@@ -111,9 +123,6 @@ class TPUTrainer:
           sum_inside_sqrt)
     private.use_embedding_backend(self.backend)
     self.engine = self.backend.engine
-    if jit_compile is None:
-      jit_compile = (embedding_backends.on_tpu(self.strategy)
-                     or bool(getattr(model, "_jit_compile", False)))
     self.jit_compile = jit_compile
     self._enqueue = tf.function(self._host_enqueue)
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
