@@ -8,6 +8,11 @@ loop give the CPU backend's tables through ``fit`` on the same batches within
 ``2e-5`` (lazy Adam, as in ``test_tpu_embedding_live.py``; other float order).
 """
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -139,3 +144,26 @@ def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
   trainer = TPUTrainer(private, input_ids=table_ids, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(batches.batch(64))
   assert len(history) == 2 and all(h["nonzero_rows"] > 0 for h in history)
+
+
+def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
+  """On two mirrored CPU replicas each core enqueues the same selected rows with its own
+  clipped share (noise on replica 0 only) and the API double sums the cores' gradients into
+  the rows: the tables are one replica's and those of ``fit`` on the two replicas. Noise
+  added on both replicas, or each core's share applied as an optimizer step of its own,
+  would move the weights apart."""
+  script = pathlib.Path(__file__).with_name("mirrored_tpu_loop.py")
+  done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  one, two, fit_two = result["one"], result["two"], result["fit_two"]
+  assert one["steps"] == two["steps"] == fit_two["steps"] == 2  # each step counted once
+  assert two["nonzero_rows"] == one["nonzero_rows"]  # one selection, the whole batch's
+  assert one["calls"] == [list(call) for call in STEP * 2]
+  assert two["calls"] == [list(call) for call in STEP for _ in range(2)] * 2  # per core
+  for a, b, c in zip(one["weights"], two["weights"], fit_two["weights"]):
+    np.testing.assert_allclose(np.array(b), np.array(a), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.array(b), np.array(c), rtol=0, atol=1e-6)
+  # XLA cannot compile a MirroredStrategy's strategy.run as one program: refused, not obscure.
+  assert result["xla_refusal"].startswith("TPUTrainer(jit_compile=True) on 2 replicas off TPU")

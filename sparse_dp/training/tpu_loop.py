@@ -23,6 +23,18 @@ DP-SGD and DP-FEST alike) as:
    the engine's scatter-add puts exactly the noisy sum on ``S_t`` and its
    optimizer updates ``S_t`` (and ``V``, never read).
 
+**Several replicas** (the cores of a ``TPUStrategy``): the batch is split
+into one slice per replica (``experimental_distribute_dataset``), and the
+host enqueues each replica's ids on its core (``enqueue(..., device=)``). In
+program A every replica runs the step on its slice as ``fit`` does under a
+``tf.distribute`` strategy (:mod:`sparse_dp.training.step`): the contribution
+map and the selection ``S_t`` are the whole batch's (the activated rows
+all-gathered, the same seed), each replica clips its own examples, only the
+first adds the noise, all divide by the expected global batch size ``B``. So
+every core enqueues the same ids ``S_t`` with its own share, and the engine,
+which sums the activation gradients of all cores' ids by row before its
+optimizer runs, applies ``(sum_i [g_i]_C2 + noise) / B``: the one-replica update.
+
 Every DP quantity is the step's own (:mod:`sparse_dp.mechanisms`); the loop
 only moves ids and gradients. The API object is the real ``TPUEmbedding``, on
 a TPU with the V1 engine only (v2, v3, v4:
@@ -69,7 +81,9 @@ class TPUTrainer:
   (:mod:`~sparse_dp.training.host_guards`): the budget before each step, the
   size of a non-Poisson batch in its pipeline, ids outside a vocabulary and a
   false-positive overflow after it. Feed ``private.poisson_dataset(...,
-  padded=True)`` so that XLA compiles program A once.
+  padded=True)`` so that XLA compiles program A once. Off TPU it is refused on
+  several replicas (XLA compiles a ``MirroredStrategy``'s ``strategy.run`` as
+  one program on one device).
   """
 
   def __init__(self, private: PrivateTraining, input_ids: Optional[InputIds] = None,
@@ -85,15 +99,20 @@ class TPUTrainer:
     self.strategy = model.distribute_strategy
     if api_factory is None:  # the real engine: the hardware must have it
       embedding_backends.choose_backend("tpu", self.strategy)
-    if self.strategy.num_replicas_in_sync > 1:
-      raise NotImplementedError(
-          f"TPUTrainer runs one replica per program; this strategy has "
-          f"{self.strategy.num_replicas_in_sync}: per-replica padded ids need a per-replica "
-          "input pipeline, which is not built (use one TPU core, or model.fit with "
-          "embedding 'cpu')")
+    on_tpu = embedding_backends.on_tpu(self.strategy)
+    if jit_compile is None:
+      jit_compile = on_tpu or bool(getattr(model, "_jit_compile", False))
+    replicas = self.strategy.num_replicas_in_sync
+    if jit_compile and replicas > 1 and not on_tpu:
+      raise ValueError(
+          f"TPUTrainer(jit_compile=True) on {replicas} replicas off TPU: XLA compiles the "
+          "programs' strategy.run as one program on one device, which cannot reach the other "
+          "replicas' variables (a TPU compiles each replica's program); pass "
+          "jit_compile=False, or one replica")
     tables = [l for l in private.leaves if isinstance(l, Embedding)]
     self.input_ids = input_ids or functional_input_ids(model, tables)
-    # Room for a padded batch (batch_capacity), which bounds an unpadded one too.
+    # Room for a padded batch (batch_capacity), which bounds an unpadded one too, and any
+    # replica's slice of it.
     batch = private.max_batch_size or batch_capacity(private.num_examples,
                                                      private.sampling_rate)
     with self.strategy.scope():
@@ -104,9 +123,6 @@ class TPUTrainer:
           sum_inside_sqrt)
     private.use_embedding_backend(self.backend)
     self.engine = self.backend.engine
-    if jit_compile is None:
-      jit_compile = (embedding_backends.on_tpu(self.strategy)
-                     or bool(getattr(model, "_jit_compile", False)))
     self.jit_compile = jit_compile
     self._enqueue = tf.function(self._host_enqueue)
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
@@ -115,9 +131,20 @@ class TPUTrainer:
         lambda gradients: self.strategy.run(self.backend.training_update, (gradients,)),
         jit_compile=jit_compile)
 
-  def _host_enqueue(self, features: dict, training: bool) -> None:
+  def _host_enqueue(self, features: tuple, training: bool) -> None:
+    """Enqueues each replica's ``features`` (``_local(...)``) on its core (``device=``)."""
+    devices = (self.strategy.extended.worker_devices if len(features) > 1
+               else [None])  # one replica: the core the API enqueues on by default
     with tf.device("/cpu:0"):  # the API enqueues host tensors outside strategy.run
-      self.engine.enqueue_round({n: tf.identity(ids) for n, ids in features.items()}, training)
+      for replica, device in zip(features, devices):
+        self.engine.enqueue_round({n: tf.identity(ids) for n, ids in replica.items()}, training,
+                                  device=device)
+
+  def _local(self, values) -> tuple:
+    """Each replica's part of ``values`` (a nest of per-replica values), in replica order."""
+    local = self.strategy.experimental_local_results
+    return tuple(tf.nest.map_structure(lambda value, i=i: local(value)[i], values)
+                 for i in range(self.strategy.num_replicas_in_sync))
 
   def _dp_step(self, data):
     x = _features(data)
@@ -152,13 +179,16 @@ class TPUTrainer:
       for data in self.strategy.experimental_distribute_dataset(dataset):
         if len(history) == steps or 0 <= limit <= int(private.steps_taken.numpy()):
           break
-        self._enqueue(self.input_ids(_features(data)), False)
+        self._enqueue(tuple(self.input_ids(_features(replica)) for replica in self._local(data)),
+                      False)
         features, gradients, stats = self._program_a(data)
-        self._enqueue(features, True)
+        self._enqueue(self._local(features), True)
         self._program_b(gradients)
-        stats = {name: float(value) for name, value in stats.items()}
-        host_guards.refuse_compiled_step_flags(stats)
-        history.append(stats)
+        stats = [{name: float(value) for name, value in replica.items()}
+                 for replica in self._local(stats)]
+        for replica in stats:  # each replica's own examples' flags
+          host_guards.refuse_compiled_step_flags(replica)
+        history.append(stats[0])  # the DP statistics are the first replica's (step.py)
     finally:
       private.feeding_poisson = False
       private.poisson_input.assign(False)

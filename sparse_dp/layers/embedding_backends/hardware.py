@@ -9,8 +9,8 @@ reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
 * ``V1`` (v2, v3, v4): the embedding engine of
   ``tf.tpu.experimental.embedding.TPUEmbedding``, which takes one lookup round
   per TPU program; the tables train in it through the two-program loop
-  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on a
-  one-core strategy (the loop runs one replica; on more cores ``auto`` takes ``cpu``);
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on every
+  core of the strategy (each replica enqueues its share of the update);
 * ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), whose backend
   :class:`~.sparsecore.SparseCoreBackend` is tested only through a double of the
   API and not dispatched (the tables' initial values and host copies in the
@@ -96,7 +96,7 @@ def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
 def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
   """The backend of ``--embedding requested`` under ``strategy``; refuses one it cannot run.
 
-  ``tpu`` needs the V1 engine and one replica; off TPU the refusal names
+  ``tpu`` needs the V1 engine; off TPU the refusal names
   ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU variables).
   ``engine-double`` runs off TPU only, on one replica.
   """
@@ -115,12 +115,10 @@ def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendC
                        f"{replicas} replicas: use 'cpu'")
     return BackendChoice("engine-double", "requested (the TPU engine's update in pure "
                                           "TensorFlow, for tests)")
-  if feature == EmbeddingFeature.V1 and replicas == 1:
+  if feature == EmbeddingFeature.V1:
     return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
                                 "trained by sparse_dp.training.tpu_loop.TPUTrainer")
-  reason = (f"TPU with the V1 embedding engine, on {replicas} cores, and TPUTrainer runs one "
-            "replica per program (a one-core TPUStrategy: README, 'TPU embedding')"
-            if feature == EmbeddingFeature.V1 else _NO_ENGINE[feature])
+  reason = _NO_ENGINE[feature]
   if requested == "auto":
     return BackendChoice("cpu", reason + ("" if feature is None else
                                           ": ordinary TPU variables, the step compiled by XLA"))

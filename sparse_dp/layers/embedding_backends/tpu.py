@@ -49,6 +49,7 @@ engine rule has no epsilon (``g / sqrt(acc)``; Keras adds ``1e-7`` to the root).
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -161,7 +162,9 @@ class TPUEmbeddingBackend(EmbeddingBackend):
                                initializer=_initial_rows(layer), combiner="sum", name=layer.name)
       for feature in (layer.name, layer.name + UPDATE_SUFFIX):
         self.feature_config[feature] = _API.FeatureConfig(table=table, name=feature)
-    self._in_step = False
+    # The state of the step being traced, per replica: MirroredStrategy traces each replica
+    # in a thread of its own, switching between them at its synchronisation points.
+    self._tracing = threading.local()
     with tf.init_scope():
       self.engine = (engine_factory or EngineDouble)(self.feature_config, self.engine_optimizer)
       self.engine.build()
@@ -169,11 +172,16 @@ class TPUEmbeddingBackend(EmbeddingBackend):
 
   @contextlib.contextmanager
   def training_step(self):
-    self._in_step = True
+    self._tracing.in_step = True
     try:
       yield
     finally:
-      self._in_step = False
+      self._tracing.in_step = False
+
+  @property
+  def _in_step(self) -> bool:
+    """Whether this replica is tracing a DP step's forward passes."""
+    return getattr(self._tracing, "in_step", False)
 
   @property
   def checkpointable(self):

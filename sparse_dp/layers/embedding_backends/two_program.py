@@ -47,9 +47,10 @@ class TwoProgramBackend(TPUEmbeddingBackend):
 
   def __init__(self, tables: list, optimizer, update_bounds: dict, input_bounds: dict,
                api_factory: Optional[Callable] = None, sum_inside_sqrt: bool = False):
-    with tf.init_scope():
+    with tf.init_scope():  # reading the rate makes the optimizer's hyperparameter variables
+      # here, under the strategy's scope, not in a replica of program A
       self._round_rate = tf.Variable(
-          0.0, trainable=False, name="engine_learning_rate",
+          step_learning_rate(optimizer)(), trainable=False, name="engine_learning_rate",
           synchronization=tf.VariableSynchronization.ON_WRITE,
           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     bounds = {}
@@ -58,8 +59,6 @@ class TwoProgramBackend(TPUEmbeddingBackend):
       bounds[layer.name + UPDATE_SUFFIX] = int(update_bounds[layer])
     super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
         functools.partial(LiveEngine, input_bounds=bounds, api_factory=api_factory)))
-    self._round: Optional[dict] = None
-    self.pending: Optional[tuple] = None
 
   def _engine_learning_rate(self, optimizer):
     del optimizer
@@ -76,20 +75,26 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     """
     activations = self.engine.dequeue_round(
         {l.name: self.engine.input_bounds[l.name] for l in self.tables})
-    self._round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]), activations[name])
-                   for name in ids}
-    self.pending = None
+    self._tracing.round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]),
+                                  activations[name]) for name in ids}
+    self._tracing.pending = None
     try:
       yield
     finally:
-      self._round = None
+      self._tracing.round = None
+
+  @property
+  def pending(self) -> Optional[tuple]:
+    """The training round (ids, activation gradients) of the step this replica traced last."""
+    return getattr(self._tracing, "pending", None)
 
   def lookup(self, layer, flat_ids):
     if not self._in_step:
       return super().lookup(layer, flat_ids)
-    if self._round is None:
+    round_ = getattr(self._tracing, "round", None)
+    if round_ is None:
       raise RuntimeError(TRAINER_ONLY)
-    enqueued, activations = self._round[layer.name]
+    enqueued, activations = round_[layer.name]
     flat_ids = tf.cast(flat_ids, tf.int64)
     matches = tf.equal(flat_ids[:, None], enqueued[None, :])
     found = tf.debugging.Assert(
@@ -101,7 +106,7 @@ class TwoProgramBackend(TPUEmbeddingBackend):
 
   def apply_table_updates(self, optimizer, updates):
     """Holds the training round in ``pending``; reads the engine's learning rate of the step."""
-    self.pending = self.training_round(updates)
+    self._tracing.pending = self.training_round(updates)
     return [self._round_rate.assign(step_learning_rate(optimizer)())]
 
   def training_update(self, gradients: dict) -> None:
