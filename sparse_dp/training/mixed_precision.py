@@ -31,8 +31,9 @@ gradients instead (always finite) it would only ever grow, until every
 example overflows and is zeroed. So the DP step takes the scale of a
 ``LossScaleOptimizer(inner, dynamic=False, initial_scale=S)`` and applies
 the updates with ``inner``; a dynamic one is refused. A per-example loss is
-not divided by the batch size, so its gradients are ``B`` times larger than a
-mean loss's, and a small ``S`` (often ``1``) avoids underflow.
+not divided by the batch size ``B``, so its gradients are ``B`` times a mean
+loss's: the scale that kept a mean loss from underflowing, divided by ``B``,
+does the same here.
 
 **The separability probe** (:mod:`sparse_dp.training.separability`) compares
 losses and gradients to a relative ``1e-4``; float16 rounds at ``1e-3`` and
@@ -61,15 +62,16 @@ def loss_scaling_problems(optimizer, model: keras.Model) -> list[str]:
   if not (dynamic or implicit):
     return []
   what = ("the optimizer is a LossScaleOptimizer with dynamic=True" if dynamic else
-          "model '{model.name}' has the dtype policy 'mixed_float16', for which Keras's "
+          f"model '{model.name}' has the dtype policy 'mixed_float16', for which Keras's "
           "compile wraps the optimizer in a LossScaleOptimizer with dynamic=True")
   return [
-      f"{what.format(model=model)}: a dynamic loss scale halves when the un-noised "
+      f"{what}: a dynamic loss scale halves when the un-noised "
       "gradients of a step overflow, state computed from the private batch without noise "
       "that shapes every later step; compile with a fixed scale, "
       "keras.mixed_precision.LossScaleOptimizer(optimizer, dynamic=False, initial_scale=S) "
-      "(the DP step unscales each example's gradient before clipping; S = 1 often suffices, "
-      "a per-example loss is not divided by the batch size)"]
+      "(the DP step divides each example's gradient by S before clipping; a per-example "
+      "loss is not divided by the batch size B: the scale a mean loss needed, divided by "
+      "B, does)"]
 
 
 def split_loss_scale(optimizer) -> tuple:
