@@ -78,8 +78,8 @@ def trained(policy: str, algorithm: str):
 def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(policy, algorithm):
   # Same seed: the same noise and (DP-AdaFEST) the same selected rows, drawn in
   # float32; only the clipped per-example gradients differ, by 16-bit rounding
-  # of the forward and backward pass (bfloat16 rounds at 2^-9, float16 at
-  # 2^-12, relative). The weights must be within 1% of the float32 steps'
+  # of the forward and backward pass (relative rounding: bfloat16 2^-8,
+  # float16 2^-11). The weights must be within 1% of the float32 steps'
   # movement of the float32 weights (measured: 0.2% bfloat16, 0.05% float16);
   # a loss scale left in the gradients (128x) would change every unclipped
   # example's clipped gradient.
