@@ -116,7 +116,9 @@ def _private_compile(training: PrivateTraining):
       raise ModelValidationError(f"sparse-dp cannot train this model privately: {problems[0]}")
     inner, loss_scale = mixed_precision.split_loss_scale(optimizer)
     private_optimizer = update_guard.guard(sparse_optimizer(inner), self.name)
-    call.arguments["optimizer"] = optimizer  # Keras would wrap the inner one again
+    # A LossScaleOptimizer goes to Keras as it is: Keras would wrap its inner one again.
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+    call.arguments["optimizer"] = optimizer if scaled else private_optimizer
     compile_(*call.args, **call.kwargs)
     self.optimizer, training.loss_scale = private_optimizer, loss_scale  # the step scales
     training.require_probe()
