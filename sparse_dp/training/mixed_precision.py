@@ -38,7 +38,8 @@ does the same here.
 **The separability probe** (:mod:`sparse_dp.training.separability`) compares
 losses and gradients to a relative ``1e-4``; float16 rounds at ``1e-3`` and
 bfloat16 at ``8e-3``, which made it see examples mix where none did, and a
-tolerance that wide would miss a batch mean over its 13 examples. Coupling
+tolerance that wide would lose power against a batch mean over its 13
+examples (an effect of ~1/13 of a difference). Coupling
 does not depend on the precision: the probe runs the same layers in float32
 (:func:`float32_compute`), with its float32 tolerance and power.
 """
