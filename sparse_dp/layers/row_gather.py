@@ -24,10 +24,13 @@ def gather_from_variable(variable, ids: tf.Tensor) -> tf.Tensor:
   handle = getattr(variable, "handle", None)
   if handle is None or handle.dtype != tf.resource:
     return tf.gather(tf.convert_to_tensor(variable), ids)
-  rows = gen_resource_variable_ops.resource_gather(handle, ids, dtype=variable.dtype)
+  # An AutoCastVariable (mixed precision) stores float32 and may read as 16 bits:
+  # its dtype is the read dtype on tf-keras 2.21, the stored one on Keras 2.15.
+  rows = gen_resource_variable_ops.resource_gather(
+      handle, ids, dtype=getattr(variable, "true_dtype", variable.dtype))
   if not tf.executing_eagerly():
     rows.op.pfor_converter = _stacked_ids_gather
-  return rows
+  return tf.cast(rows, variable.dtype)
 
 
 def gather_from_shards(shards: list, ids: tf.Tensor) -> tf.Tensor:

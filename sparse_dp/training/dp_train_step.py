@@ -101,7 +101,8 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
       gradients, losses, stats = private_gradients(
           leaves, per_example_loss_fn(self), data, noise, step_seed, config.microbatch_size,
           on_outputs=update_metrics if config.debug_metrics else None,
-          debug_metrics=config.debug_metrics, in_batch=in_batch)
+          debug_metrics=config.debug_metrics, in_batch=in_batch,
+          loss_scale=training.loss_scale)
     gradients = add_penalty_gradients(penalty, gradients)
     with dp_step_update():  # the one update a private model's optimizer applies
       fingerprint = training.fingerprint

@@ -22,7 +22,8 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import dense_layers, fit_wrappers, update_guard, validation
+from sparse_dp.training import (dense_layers, fit_wrappers, mixed_precision, update_guard,
+                                validation)
 from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
@@ -67,6 +68,8 @@ class PrivateTraining:
     # tables train in the V1 engine through TPUTrainer, and fit is refused.
     self.embedding_choice = embedding_backends.BackendChoice("cpu", "requested")
     self.step_noise: Optional[StepNoise] = None  # the DP step's noise (make_private sets it)
+    # The fixed loss scale of mixed_float16 (:mod:`~sparse_dp.training.mixed_precision`).
+    self.loss_scale = 1.0
     # The noise and the sample must be unpredictable: without a seed from the
     # user, one from the OS's cryptographic source. Never saved in the state.
     # Under a multi-worker strategy every worker takes worker 0's seed.
@@ -443,13 +446,15 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   state = attach(model)
   if resume_from is not None:
     state.restore(resume_from)
-  model.optimizer = update_guard.guard(sparse_optimizer(model.optimizer), model.name)
+  optimizer, loss_scale = mixed_precision.split_loss_scale(model.optimizer)
+  model.optimizer = update_guard.guard(sparse_optimizer(optimizer), model.name)
   if max_batch_size is not None:
     Truncation(num_examples, max_batch_size)  # refuses one the accountant cannot account
   training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
                              resumed=resume_from is not None, max_batch_size=max_batch_size,
                              statistics_epsilon=sum(s.epsilon for s in statistics.values()))
   training.step_noise = noise
+  training.loss_scale = loss_scale
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
   training.embedding_choice = choice
   if choice.name == "engine-double":

@@ -26,8 +26,9 @@ from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import host_guards, padded_batches, update_guard
+from sparse_dp.training import host_guards, mixed_precision, padded_batches, update_guard
 from sparse_dp.training.losses import per_example_loss_fn
+from sparse_dp.training.model_checks import ModelValidationError
 from sparse_dp.training.sampling import head
 
 if TYPE_CHECKING:
@@ -95,9 +96,11 @@ def _private_compile(training: PrivateTraining):
 
   Keras's ``compile`` replaces the optimizer and the loss. Before it runs, the
   new optimizer is made sparse (:func:`sparse_optimizer`, refusing one with no
-  sparse form) and ``steps_per_execution`` is checked; after it, the new loss
-  is derived per example (refusing a reduced or multi-output loss), and the
-  separability probe is reset: the next ``fit`` or ``train_on_batch`` probes
+  sparse form), its fixed loss scale taken for the step and a dynamic one
+  refused (:mod:`~sparse_dp.training.mixed_precision`), and
+  ``steps_per_execution`` is checked; after it, the new loss is derived per
+  example (refusing a reduced or multi-output loss), and the separability
+  probe is reset: the next ``fit`` or ``train_on_batch`` probes
   its first batch, as after ``make_private``, so a loss that couples the
   examples is refused before any step.
   """
@@ -108,10 +111,17 @@ def _private_compile(training: PrivateTraining):
     call = signature.bind(self, *args, **kwargs)
     check_steps_per_execution(self, training.epsilon_budget,
                               call.arguments.get("steps_per_execution") or 1)
-    optimizer = call.arguments.get("optimizer", "rmsprop")
-    call.arguments["optimizer"] = update_guard.guard(
-        sparse_optimizer(keras.optimizers.get(optimizer)), self.name)
+    optimizer = keras.optimizers.get(call.arguments.get("optimizer", "rmsprop"))
+    problems = mixed_precision.loss_scaling_problems(optimizer, self)
+    if problems:
+      raise ModelValidationError(f"sparse-dp cannot train this model privately: {problems[0]}")
+    inner, loss_scale = mixed_precision.split_loss_scale(optimizer)
+    private_optimizer = update_guard.guard(sparse_optimizer(inner), self.name)
+    # A LossScaleOptimizer goes to Keras as it is: Keras would wrap its inner one again.
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+    call.arguments["optimizer"] = optimizer if scaled else private_optimizer
     compile_(*call.args, **call.kwargs)
+    self.optimizer, training.loss_scale = private_optimizer, loss_scale  # the step scales
     training.require_probe()
     per_example_loss_fn(self)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from sparse_dp._keras import keras
+from sparse_dp.training.mixed_precision import loss_scaling_problems
 from sparse_dp.training.preprocessing_checks import statistics_problems
 
 _BATCH_NORMALIZATION = (keras.layers.BatchNormalization,
@@ -44,8 +45,9 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
     for the public-negatives pattern.
   * any layer with an ``activity_regularizer``: a penalty computed from the
     batch's activations, added to the loss outside the per-example clipping.
-  * mixed precision (:func:`mixed_precision_problems`) and ``TimeDistributed``
-    around a trainable layer (:func:`time_distributed_problems`);
+  * a dynamic loss scale (:func:`~sparse_dp.training.mixed_precision.loss_scaling_problems`;
+    mixed precision with a fixed one trains) and ``TimeDistributed`` around a
+    trainable layer (:func:`time_distributed_problems`);
   * preprocessing layers holding statistics of data, unless named in
     ``public_layers`` (:mod:`sparse_dp.training.preprocessing_checks`).
   """
@@ -68,37 +70,11 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
           f"{describe_layer(layer)} has an activity_regularizer, a penalty computed from the "
           "batch's activations that per-example clipping does not cover; remove it, or "
           "regularise the weights instead (kernel_regularizer, added after the noise)")
-  problems += mixed_precision_problems(model) + time_distributed_problems(model)
+  problems += loss_scaling_problems(model.optimizer, model) + time_distributed_problems(model)
   problems += statistics_problems(model, public_layers)
   if problems:
     raise ModelValidationError("sparse-dp cannot train this model privately:\n* " +
                                "\n* ".join(problems))
-
-
-def mixed_precision_problems(model: keras.Model) -> list[str]:
-  """Mixed precision (float16/bfloat16 layers, a ``LossScaleOptimizer``): not supported yet.
-
-  The DP step clips and noises in the variables' dtype, and float16 rounding
-  alone makes a per-example probe see examples mix; issue 21 adds it.
-  """
-  problems = []
-  layers = model._flatten_layers(include_self=True)  # pylint: disable=protected-access
-  low = [layer for layer in layers
-         if getattr(layer, "compute_dtype", None) in ("float16", "bfloat16")]
-  if low:
-    others = f" and {len(low) - 1} other layer(s)" if len(low) > 1 else ""
-    problems.append(
-        f"{describe_layer(low[0])}{others} compute{'' if others else 's'} in "
-        f"{low[0].compute_dtype} (dtype policy '{low[0].dtype_policy.name}'): mixed "
-        "precision is not supported by DP training yet; "
-        "build the model in float32 (keras.mixed_precision.set_global_policy('float32') "
-        "before creating its layers, and no float16/bfloat16 dtype= on any layer)")
-  if isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer):
-    problems.append(
-        f"the optimizer is a LossScaleOptimizer ({type(model.optimizer).__name__}): mixed "
-        "precision is not supported by DP training yet; compile with the optimizer it wraps "
-        "(optimizer.inner_optimizer) and a float32 model")
-  return problems
 
 
 def time_distributed_problems(model: keras.Model) -> list[str]:

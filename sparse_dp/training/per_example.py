@@ -64,8 +64,8 @@ class PerExampleGradients(NamedTuple):
     return tf.shape(self.losses, out_type=tf.int64)[0]
 
 
-def per_example_gradients(leaves: list, losses_of: LossesOf, data,
-                          in_batch=None) -> PerExampleGradients:
+def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None,
+                          loss_scale: float = 1.0) -> PerExampleGradients:
   """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.
 
   ``losses_of(batch)`` runs the model forward on a batch and returns its
@@ -74,6 +74,12 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data,
   use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
   mask, :mod:`sparse_dp.training.padded_batches`): the rows where it is false
   get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
+
+  Under mixed precision the layers compute in 16 bits and what this returns
+  is float32. ``loss_scale`` ``S`` (fixed; :mod:`sparse_dp.training.mixed_precision`):
+  the backward pass starts from ``S l_i`` and its gradients are divided by
+  ``S`` in float32, so they are ``l_i``'s; one that overflowed float16 stays
+  non-finite, and the step zeroes that example.
   """
   tables, dense = _split(leaves)
 
@@ -83,11 +89,14 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data,
         with forward_without_state_writes():
           losses, _, _ = losses_of(example)
       loss = _the_loss(losses)
+      scaled = loss * loss_scale
     by_table, by_dense = lookups.by_layer(), _by_layer(calls)
     sources = ([[l.vectors for l in by_table.get(t, [])] for t in tables],
                [[c.preactivation for c in by_dense.get(d, [])] for d in dense])
-    table_grads, dense_grads = tape.gradient(
-        loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    table_grads, dense_grads = tf.nest.map_structure(
+        lambda g: tf.cast(g, tf.float32) / loss_scale,
+        tape.gradient(scaled, sources,
+                      unconnected_gradients=tf.UnconnectedGradients.ZERO))
     rows = [_rows(t, by_table.get(t, []), grads) for t, grads in zip(tables, table_grads)]
     dense_parts = [_tokens(d, by_dense.get(d, []), grads) for d, grads in zip(dense, dense_grads)]
     outside = [tf.add_n([tf.math.count_nonzero(l.outside, dtype=tf.int64)
@@ -170,8 +179,8 @@ def _the_loss(losses) -> tf.Tensor:
 def _rows(table: Embedding, lookups: list, grads: list) -> tuple[tf.Tensor, tf.Tensor]:
   """Rows the example looked up in ``table`` and ``dl/d(vector)`` of each lookup."""
   ids = _concat([l.row for l in lookups], tf.int64, [])
-  values = _concat([tf.reshape(tf.cast(g, tf.float32), [-1, table.output_dim]) for g in grads],
-                   tf.float32, [table.output_dim])
+  values = _concat([tf.reshape(g, [-1, table.output_dim]) for g in grads], tf.float32,
+                   [table.output_dim])
   return ids, values
 
 
@@ -180,7 +189,7 @@ def _tokens(layer, calls: list, grads: list) -> tuple[tf.Tensor, tf.Tensor]:
   k, n = layer.kernel.shape
   inputs = _concat([tf.reshape(tf.cast(c.inputs, tf.float32), [-1, k]) for c in calls],
                    tf.float32, [k])
-  outputs = _concat([tf.reshape(tf.cast(g, tf.float32), [-1, n]) for g in grads], tf.float32, [n])
+  outputs = _concat([tf.reshape(g, [-1, n]) for g in grads], tf.float32, [n])
   return inputs, outputs
 
 

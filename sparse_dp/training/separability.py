@@ -9,6 +9,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.training.mixed_precision import float32_compute
 from sparse_dp.training.model_checks import ModelValidationError
 from sparse_dp.training.probe_culprits import gradient_culprits, loss_name, removal_culprits
 from sparse_dp.training.probe_noise import FixedPasses, fixed_noise
@@ -65,8 +66,11 @@ def check_separable(model: keras.Model, leaves: list, losses_of: LossesOf, batch
   examples. The outcome depends only on whether the probe passed; no value
   of the batch is printed. Returns ``False`` without checking when the batch
   has fewer than 2 examples (nothing can depend on another example): call it
-  again on a later batch. Cost: ``n + 2`` forward passes of ``n`` examples,
-  plus per-layer calls when a check fails.
+  again on a later batch. Layers of a mixed policy compute in float32 here
+  (:func:`~sparse_dp.training.mixed_precision.float32_compute`): 16-bit
+  rounding is not coupling, and the float32 tolerance keeps the probe's
+  power. Cost: ``n + 2`` forward passes of ``n`` examples, plus per-layer
+  calls when a check fails.
   """
   if not tf.executing_eagerly():
     raise RuntimeError("check_separable runs eagerly, before the first DP step; it was "
@@ -76,7 +80,8 @@ def check_separable(model: keras.Model, leaves: list, losses_of: LossesOf, batch
   if n < 2:
     return False
   probe = take(batch, list(range(n)))
-  with restored_state(model, leaves) as state, fixed_noise(model) as passes:
+  with (restored_state(model, leaves) as state, fixed_noise(model) as passes,
+        float32_compute(model)):
     with passes.over(list(range(n))):
       recorded = trace(model, leaves, losses_of, probe, n)
     _check_state(state)

@@ -74,7 +74,8 @@ class _ClippedSums:
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
                       seed: tf.Tensor, microbatch_size: Optional[int] = None,
                       on_outputs: Optional[Callable] = None, *,
-                      debug_metrics: bool = False, in_batch: Optional[tf.Tensor] = None):
+                      debug_metrics: bool = False, in_batch: Optional[tf.Tensor] = None,
+                      loss_scale: float = 1.0):
   """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
 
   ``losses_of(batch)`` runs the model forward on a batch and returns its
@@ -86,8 +87,9 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   ``debug_metrics`` only) is called once with a plain forward pass of the
   whole batch. ``in_batch``: the example mask of a padded batch
   (:mod:`sparse_dp.training.padded_batches`); its padding rows weigh nothing
-  anywhere. Returns ``(gradients by variable ref, per-example losses,
-  statistics)``.
+  anywhere. ``loss_scale``: the fixed loss scale of mixed precision
+  (:mod:`sparse_dp.training.mixed_precision`). Returns ``(gradients by
+  variable ref, per-example losses, statistics)``.
 
   The statistics are DP by default (see :func:`_add_noise`); with
   ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
@@ -95,7 +97,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   tables = [l for l in leaves if isinstance(l, Embedding)]
   selection_seed, noise_seed = mechanisms.split(seed, 2)
   if microbatch_size is None:
-    recorded = per_example_gradients(leaves, losses_of, data, in_batch)
+    recorded = per_example_gradients(leaves, losses_of, data, in_batch, loss_scale)
     pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
     selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
                   if noise.sparse and tables else {})
@@ -108,7 +110,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
       pairs = per_example_rows(leaves, losses_of, data, in_batch)
       selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
     sums, losses, ids_outside = _accumulated_clipped_sums(leaves, losses_of, chunks, selections,
-                                                          noise)
+                                                          noise, loss_scale)
   if on_outputs is not None:
     _, labels, predictions = losses_of(data)
     if labels is not None:
@@ -278,7 +280,8 @@ class _Chunks:
                           element_shape=tf.TensorShape(element_shape))
 
 
-def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise):
+def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise,
+                              loss_scale: float):
   """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; and the
   ids outside each table's vocabulary (counted under XLA)."""
   tables = [l for l in leaves if isinstance(l, Embedding)]
@@ -286,7 +289,7 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, no
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
   def body(index, dense, table_parts, losses, non_finite, outside):
-    recorded = per_example_gradients(leaves, losses_of, *chunks[index])
+    recorded = per_example_gradients(leaves, losses_of, *chunks[index], loss_scale)
     sums = _clipped_sums(leaves, recorded, selections, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
     table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
