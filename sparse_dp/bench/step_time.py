@@ -102,7 +102,8 @@ def _in_subprocess(settings: dict, timeout: float) -> dict:
 
 
 def _key(settings):
-  return {"trainer": settings["trainer"], "vocab": settings["vocab"]}
+  return {"trainer": settings["trainer"], "vocab": settings["vocab"],
+          "xla": settings.get("xla", False)}
 
 
 def _print_row(result: dict) -> None:
