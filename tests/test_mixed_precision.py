@@ -93,19 +93,14 @@ def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(polic
 
 def gradients_of(model, noise: StepNoise, loss_scale: float = 1.0, debug_metrics=False,
                  microbatch_size=None):
-  """The DP step's gradients (as dense arrays) and statistics on one batch, compiled by XLA.
-
-  With micro-batches in graph mode: their step compiled by XLA crashes TF 2.15 (a
-  segmentation fault, float32 models too).
-  """
+  """The DP step's gradients (as dense arrays) and statistics on one batch, compiled by XLA."""
   rng = np.random.default_rng(0)
   data = (tf.constant(rng.integers(0, VOCAB, B), tf.int64),
           tf.constant(rng.integers(0, 2, (B, 1)), tf.float32))
   leaves = dense_layers.trainable_leaf_layers(model)
   step = tf.function(lambda data: private_gradients(
       leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
-      microbatch_size, debug_metrics=debug_metrics, loss_scale=loss_scale),
-      jit_compile=microbatch_size is None)
+      microbatch_size, debug_metrics=debug_metrics, loss_scale=loss_scale), jit_compile=True)
   gradients, _, stats = step(data)
   assert all(g.dtype == tf.float32 for g in gradients.values())
   return ([tf.convert_to_tensor(ordinary_slices(gradients[v.ref()])).numpy()
