@@ -223,8 +223,10 @@ def test_strategy_tpu_off_tpu_fails_in_one_line_before_training(tmp_path):
             f"codes = [main(['train', '--strategy', 'tpu', '--out', {str(tmp_path / 'out')!r}]),\n"
             f"         main(['stream', '--strategy', 'tpu', '--state', {str(tmp_path / 's')!r}])]\n"
             "print(codes)")
+  # cwd: not the checkout, whose sparse_dp/ (without the installed sparse_dp.models) would shadow
+  # the installed package
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                        timeout=300, cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert done.stdout.strip() == "[2, 2]", done.stderr
   errors = [line for line in done.stderr.splitlines() if ": error: " in line]
   assert [line.split(":")[0] for line in errors] == ["sparse-dp train", "sparse-dp stream"]
