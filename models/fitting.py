@@ -93,9 +93,13 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      "tfdata/batches or --algorithm none")
   strategy = strategy_named(settings.strategy, settings.tpu)
   on_ps = is_parameter_server(strategy)
+  # Tables the TPU embedding engine trains keep their Keras copy on the host, not in HBM.
+  in_engine = (kind.is_private and
+               embedding_backends.choose_backend(settings.embedding, strategy).name == "tpu")
   with strategy.scope():
     model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
-                             embedding_dims=[embedding_dim(v) for v in vocabulary_sizes])
+                             embedding_dims=[embedding_dim(v) for v in vocabulary_sizes],
+                             table_placement="host" if in_engine else "default_device")
     if initial_weights is not None:
       initial_weights(model)
     # A TPU compiles every program with XLA: the step's guards then run on the host.
@@ -155,7 +159,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     # This run's steps (a budget may stop it early; warm-started weights carry earlier runs).
     steps = int(private.steps_taken.numpy()) - private.run.first_step
   report = private.report() if private.is_private else None
-  logits = (model.predict(x_eval, batch_size=8192, verbose=0) if not on_ps
+  # Host tables (engine-trained) and parameter-server weights are read outside TPU programs.
+  logits = (model.predict(x_eval, batch_size=8192, verbose=0) if not (on_ps or in_engine)
             else tf.concat([model(batch, training=False) for batch in
                             tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
   auc = keras.metrics.AUC(from_logits=True)

@@ -30,13 +30,16 @@ def embedding_dim(vocabulary_size: int) -> int:
 def build_pctr_model(vocabulary_sizes: Sequence[int],
                      hidden_units: Sequence[int] = HIDDEN_UNITS,
                      embedding_dims: Optional[Sequence[int]] = None,
-                     hashed_rows: Optional[Sequence[int]] = None) -> keras.Model:
+                     hashed_rows: Optional[Sequence[int]] = None,
+                     table_placement: str = "default_device") -> keras.Model:
   """Inputs ``{"integers": [B, 13] float32, "categorical": [B, 26] int64}``; output a logit.
 
   ``embedding_dims`` defaults to :func:`embedding_dim` of each table's rows
   (DP-FEST passes the dims of the tables before preselection, so that
   algorithms compare on one architecture). ``hashed_rows``: rows of each table,
   the ids of ``vocabulary_sizes[i]`` hashed into them (default: one row per id).
+  ``table_placement``: the tables' (:class:`~sparse_dp.layers.Embedding`);
+  ``"host"`` for tables the TPU embedding engine trains.
   """
   rows = list(vocabulary_sizes if hashed_rows is None else hashed_rows)
   if len(rows) != len(vocabulary_sizes) or min(rows) < 1:
@@ -50,7 +53,7 @@ def build_pctr_model(vocabulary_sizes: Sequence[int],
   ids = [categorical[:, i] if hashed_rows is None else
          keras.layers.Hashing(size, name=f"hashing_{i}")(categorical[:, i])
          for i, size in enumerate(rows)]
-  embedded = [Embedding(size, dim, name=f"embedding_{i}")(ids[i])
+  embedded = [Embedding(size, dim, name=f"embedding_{i}", table_placement=table_placement)(ids[i])
               for i, (size, dim) in enumerate(zip(rows, embedding_dims))]
   hidden = keras.layers.Concatenate()(embedded + [integers])
   for i, units in enumerate(hidden_units):

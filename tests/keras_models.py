@@ -19,10 +19,10 @@ def synthetic_data(seed=0):
   return ids, labels
 
 
-def functional_model(vocabulary=VOCAB, optimizer=None, seed=1):
+def functional_model(vocabulary=VOCAB, optimizer=None, seed=1, table_placement="default_device"):
   keras.utils.set_random_seed(seed)
   ids = keras.Input(shape=(), dtype=tf.int64)
-  embedded = Embedding(vocabulary, 8, name="ids")(ids)
+  embedded = Embedding(vocabulary, 8, name="ids", table_placement=table_placement)(ids)
   hidden = keras.layers.Dense(16, activation="relu")(embedded)
   model = keras.Model(ids, keras.layers.Dense(1)(hidden))
   model.compile(optimizer=optimizer or keras.optimizers.legacy.SGD(0.5),

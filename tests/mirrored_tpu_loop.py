@@ -1,5 +1,8 @@
 """DP-AdaFEST steps of ``TPUTrainer`` on one replica and on two mirrored ones; prints the results.
 
+On two replicas the table is built with ``table_placement='host'``, as the
+engine's loop keeps it on a TPU: one variable on the host, none per replica.
+
 Run as a script: logical CPU devices must be configured before TensorFlow
 starts, so ``test_tpu_two_program_loop.py`` runs this in a fresh process. It
 makes one ``MirroredStrategy``: a second one in the same process starts its
@@ -22,12 +25,13 @@ from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
 
 
-def train(strategy, loop: bool) -> dict:
+def train(strategy, loop: bool, table_placement: str = "default_device") -> dict:
   """Two steps on the same two batches of 128: ``TPUTrainer`` (``loop``) or ``fit``."""
   ids, labels = synthetic_data()
   batches = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(2)
   with strategy.scope():
-    model = functional_model(optimizer=keras.optimizers.Adam(0.01))
+    model = functional_model(optimizer=keras.optimizers.Adam(0.01),
+                             table_placement=table_placement)
     private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST),
                                      num_examples=N, batch_size=128, embedding="cpu")
   result = {}
@@ -37,7 +41,9 @@ def train(strategy, loop: bool) -> dict:
     result["calls"] = [list(call) for call in trainer.engine.api.calls]
   else:
     model.fit(batches, verbose=0)
+  table = model.get_layer("ids").embeddings
   return {**result, "steps": private.accountant.steps,
+          "table": {"copies": len(getattr(table, "values", [table])), "device": table.device},
           "weights": [w.numpy().tolist() for w in model.trainable_weights]}
 
 
@@ -57,6 +63,6 @@ def xla_refusal(strategy) -> str:
 if __name__ == "__main__":
   mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   print(json.dumps({"one": train(tf.distribute.OneDeviceStrategy("/cpu:0"), loop=True),
-                    "two": train(mirrored, loop=True),
+                    "two": train(mirrored, loop=True, table_placement="host"),
                     "fit_two": train(mirrored, loop=False),
                     "xla_refusal": xla_refusal(mirrored)}))

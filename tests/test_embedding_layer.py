@@ -58,14 +58,18 @@ def test_out_of_range_ids_fail_naming_layer_id_and_vocabulary(bad):
 
 
 def test_config_round_trip_and_bad_arguments():
-  layer = Embedding(1000, 16, combiner="mean", name="item")
+  layer = Embedding(1000, 16, combiner="mean", name="item", table_placement="host")
   clone = Embedding.from_config(layer.get_config())
-  assert (clone.vocabulary_size, clone.output_dim, clone.combiner, clone.name) == (1000, 16, "mean", "item")
+  assert (clone.vocabulary_size, clone.output_dim, clone.combiner, clone.name,
+          clone.table_placement) == (1000, 16, "mean", "item", "host")
   assert json.dumps(layer.get_config())
   with pytest.raises(ValueError, match="vocabulary_size"):
     Embedding(0, 4)
   with pytest.raises(ValueError, match="combiner"):
     Embedding(4, 4, combiner="max")
+  with pytest.raises(ValueError, match="layer 'item': table_placement must be one of "
+                                       "default_device, host, got 'tpu'"):
+    Embedding(4, 4, name="item", table_placement="tpu")
 
 
 def test_saved_model_serves_without_sparse_dp(tmp_path):

@@ -21,6 +21,7 @@ import sparse_dp
 from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
+from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
 from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
 from sparse_dp.models.pctr import build_pctr_model, table_ids
@@ -31,8 +32,8 @@ STEP = [("enqueue", False), ("dequeue", False), ("enqueue", True), ("dequeue", T
         ("apply_gradients",)]
 
 
-def _private(embedding="cpu", **config):
-  model = functional_model(optimizer=keras.optimizers.Adam(0.01))
+def _private(embedding="cpu", table_placement="default_device", **config):
+  model = functional_model(optimizer=keras.optimizers.Adam(0.01), table_placement=table_placement)
   return model, sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST, **config),
                                        num_examples=N, batch_size=128, embedding=embedding)
 
@@ -41,7 +42,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
     tmp_path):
   ids, labels = synthetic_data()
   fixed = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
-  looped, private = _private()
+  looped, private = _private(table_placement="host")  # as the loop keeps tables on a TPU
   trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   history = trainer.fit(fixed)
   reference, _ = _private()
@@ -49,6 +50,12 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   for a, b in zip(looped.trainable_weights, reference.trainable_weights):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
   layer = looped.get_layer("ids")
+  # Programs A and B (TPU programs on a TPU) never read or write the host table.
+  for program in (trainer._program_a, trainer._program_b):
+    used = _variables_used(program)
+    assert layer.embeddings.ref() not in used
+    hidden = next(l for l in looped.layers if isinstance(l, keras.layers.Dense))
+    assert hidden.kernel.ref() in used or program is trainer._program_b
   np.testing.assert_array_equal(trainer.backend.table_rows(layer), layer.embeddings)
   assert trainer.engine.api.calls == STEP * 3 and len(history) == 3
   assert trainer.backend.name == "tpu-api-double"
@@ -64,6 +71,29 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   assert NOT_POISSON in private.epsilon_text(private.epsilon())
   with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
     looped.fit(fixed, verbose=0)
+
+
+def _variables_used(function) -> set:
+  """Refs of the variables that the traced programs of ``function`` read or write."""
+  concrete = function._list_all_concrete_functions_for_serialization()  # pylint: disable=protected-access
+  assert concrete
+  return {variable.ref() for program in concrete for variable in program.graph.variables}
+
+
+def test_on_a_tpu_the_loop_refuses_tables_in_hbm_and_fit_refuses_host_tables(monkeypatch):
+  """``on_tpu`` is a double here (no TPU): the refusals come before any program is built."""
+  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+  _, private = _private()
+  with pytest.raises(ValueError, match="tables of ids are in every core's TensorCore HBM.*"
+                                       "table_placement='host'"):
+    TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
+  with pytest.raises(ValueError, match="tables of ids are on the host.*TPU programs cannot "
+                                       "read.*table_placement='default_device'"):
+    _private(table_placement="host")
+  # A host table is what the loop takes (made private with a backend fit does not run
+  # on the cores, which TPUTrainer replaces).
+  TPUTrainer(_private("engine-double", table_placement="host")[1],
+             api_factory=TPUEmbeddingAPIDouble)
 
 
 def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
@@ -162,6 +192,9 @@ def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
   assert two["nonzero_rows"] == one["nonzero_rows"]  # one selection, the whole batch's
   assert one["calls"] == [list(call) for call in STEP * 2]
   assert two["calls"] == [list(call) for call in STEP for _ in range(2)] * 2  # per core
+  # The two-replica run's host table: one variable, on the host CPU; fit's is mirrored.
+  assert two["table"]["copies"] == 1 and two["table"]["device"].endswith("/device:CPU:0")
+  assert fit_two["table"]["copies"] == 2
   for a, b, c in zip(one["weights"], two["weights"], fit_two["weights"]):
     np.testing.assert_allclose(np.array(b), np.array(a), rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.array(b), np.array(c), rtol=0, atol=1e-6)

@@ -10,6 +10,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers import row_gather
 from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
+from sparse_dp.layers.table_placement import check_placement, variables_placed
 from sparse_dp.mechanisms.scans import compiling_with_xla
 
 _COMBINERS = ("sum", "mean", None)
@@ -108,11 +109,16 @@ class Embedding(keras.layers.Layer):
   TPU embedding API, say) without changing the mechanisms: ``make_private``
   sets ``embedding_backend`` (:mod:`sparse_dp.layers.embedding_backends`);
   ``None``, the default, gathers from ``embeddings``.
+
+  ``table_placement`` (:mod:`sparse_dp.layers.table_placement`):
+  ``"default_device"`` (where the strategy puts any weight) or ``"host"`` (one
+  copy in host memory, for a table the TPU embedding engine trains, so that it
+  takes no TensorCore HBM).
   """
 
   def __init__(self, vocabulary_size: int, output_dim: int, combiner: Optional[str] = "sum",
                embeddings_initializer="uniform", embeddings_regularizer=None,
-               mask_zero: bool = False, **kwargs):
+               mask_zero: bool = False, table_placement: str = "default_device", **kwargs):
     super().__init__(**kwargs)
     if not isinstance(vocabulary_size, int) or vocabulary_size < 1:
       raise ValueError(f"layer '{self.name}': vocabulary_size must be an integer >= 1, "
@@ -132,12 +138,14 @@ class Embedding(keras.layers.Layer):
     self.combiner = combiner
     self.mask_zero = mask_zero
     self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+    self.table_placement = check_placement(table_placement, self.name)
     self.embedding_backend = None
 
   def build(self, input_shape):
-    self.embeddings = self.add_weight(
-        name="embeddings", shape=(self.vocabulary_size, self.output_dim),
-        initializer=self.embeddings_initializer, trainable=True)
+    with variables_placed(self.table_placement, self.name):
+      self.embeddings = self.add_weight(
+          name="embeddings", shape=(self.vocabulary_size, self.output_dim),
+          initializer=self.embeddings_initializer, trainable=True)
     self.dp_record = add_dp_record(self)
     super().build(input_shape)
 
@@ -240,6 +248,6 @@ class Embedding(keras.layers.Layer):
   def get_config(self):
     return {**super().get_config(), "vocabulary_size": self.vocabulary_size,
             "output_dim": self.output_dim, "combiner": self.combiner,
-            "mask_zero": self.mask_zero,
+            "mask_zero": self.mask_zero, "table_placement": self.table_placement,
             "embeddings_initializer": keras.initializers.serialize(
                 self.embeddings_initializer)}

@@ -419,6 +419,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       raise ValueError("resume_from continues a DP budget; algorithm 'none' has none")
     if choice.name != "cpu":
       choice = embedding_backends.BackendChoice("cpu", "algorithm 'none' trains as plain Keras")
+  _refuse_host_tables_on_tpu_cores(model, choice)
   if embedding == "auto":
     _LOG.info("sparse-dp: %s", choice.describe(embedding))
   if not algorithm.is_private:
@@ -466,6 +467,25 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   fit_wrappers.install(training)
   model.train_function = None
   return training
+
+
+def _refuse_host_tables_on_tpu_cores(model: keras.Model,
+                                     choice: embedding_backends.BackendChoice) -> None:
+  """Refuses host tables (``table_placement='host'``) that TPU programs would read.
+
+  Only the engine's loop (``TPUTrainer``) trains such tables on a TPU: with
+  the ``cpu`` backend every step is a TPU program gathering from the table.
+  """
+  if choice.name != "cpu" or not embedding_backends.on_tpu(model.distribute_strategy):
+    return
+  on_host = [layer.name for layer in model.submodules
+             if isinstance(layer, Embedding) and layer.table_placement == "host"]
+  if on_host:
+    raise ValueError(
+        f"the tables of {', '.join(on_host)} are on the host (table_placement='host'), which "
+        "TPU programs cannot read, and embedding 'cpu' trains them in Keras steps on the TPU "
+        "cores: build these layers with table_placement='default_device', or train them in "
+        "the TPU embedding engine (embedding 'tpu', TPUTrainer)")
 
 
 def _update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:

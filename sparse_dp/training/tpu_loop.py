@@ -73,7 +73,9 @@ class TPUTrainer:
   V1 engine; tests pass
   :class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`.
   The accountant is the private model's: ``private.epsilon()`` counts every
-  step this loop takes.
+  step this loop takes. The model's tables are the engine's host copies:
+  build them with ``Embedding(..., table_placement="host")``, which on a TPU
+  is required (:mod:`sparse_dp.layers.table_placement`).
 
   ``jit_compile`` (default: on a ``TPUStrategy``, or when the model is
   compiled with ``jit_compile=True``): programs A and B are compiled with XLA,
@@ -110,6 +112,12 @@ class TPUTrainer:
           "replicas' variables (a TPU compiles each replica's program); pass "
           "jit_compile=False, or one replica")
     tables = [l for l in private.leaves if isinstance(l, Embedding)]
+    in_hbm = [l.name for l in tables if l.table_placement != "host"]
+    if on_tpu and in_hbm:
+      raise ValueError(
+          f"TPUTrainer: the tables of {', '.join(in_hbm)} are in every core's TensorCore HBM "
+          "(table_placement='default_device') beside the embedding engine's copy, which is the "
+          "one that trains: build these Embedding layers with table_placement='host'")
     self.input_ids = input_ids or functional_input_ids(model, tables)
     # Room for a padded batch (batch_capacity), which bounds an unpadded one too, and any
     # replica's slice of it.
