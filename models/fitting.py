@@ -88,7 +88,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
   keras.utils.set_random_seed(settings.seed)
   if settings.strategy == "ps" and (streamed or sampled or not kind.is_private):
-    raise ValueError("--strategy ps trains a DP model on in-memory examples (--reader memory) "
+    raise ValueError("--strategy ps trains a DP model on in-memory examples (--reader pandas) "
                      "with ParameterServerTraining; use another --strategy for --reader "
                      "tfdata/batches or --algorithm none")
   strategy = strategy_named(settings.strategy, settings.tpu)

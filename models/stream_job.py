@@ -124,7 +124,10 @@ def stream(args: argparse.Namespace) -> dict:
   check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)
   from sparse_dp.models.stream_lock import StateLock  # pylint: disable=import-outside-toplevel
   from sparse_dp.models.stream_periods import StreamData  # pylint: disable=import-outside-toplevel
+  from sparse_dp.distribute import roles  # pylint: disable=import-outside-toplevel
 
+  # A multi-worker cluster's workers but the chief keep their state in folders of their own.
+  args.state = str(roles.output_folder(pathlib.Path(args.state)))
   state_folder = pathlib.Path(args.state)
   data = StreamData(args, state_folder)
   data.check_days(train_days + eval_days)

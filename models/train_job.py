@@ -119,12 +119,13 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     raise ValueError(f"--max-examples must be >= 10 (or 0: every line), got {args.max_examples}")
   private = [a for a in algorithms if Algorithm.parse(a).is_private]
   from sparse_dp.data import training_examples  # pylint: disable=import-outside-toplevel
+  from sparse_dp.distribute import roles  # pylint: disable=import-outside-toplevel
   from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
 
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings)
-  out = pathlib.Path(args.out)
+  out = roles.output_folder(pathlib.Path(args.out))  # the chief's is --out
   out.mkdir(parents=True, exist_ok=True)
   recorded = None  # the training examples, when held in memory (--reader pandas)
   if args.reader == "batches":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from typing import Optional
 
 import tensorflow as tf
 
@@ -49,24 +50,34 @@ def start_local_cluster(workers: int = 2, parameter_servers: int = 2
   return tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
 
 
-def parameter_server_strategy(table_shards: int = 2, min_shard_bytes: int = 1 << 16,
+def parameter_server_strategy(table_shards: Optional[int] = None, min_shard_bytes: int = 1 << 16,
                               workers: int = 2, parameter_servers: int = 2
                               ) -> tf.distribute.experimental.ParameterServerStrategy:
   """A ``ParameterServerStrategy`` whose variables of ``>= min_shard_bytes`` are sharded.
 
   With ``TF_CONFIG`` set, on the cluster it names (this process must be its
   ``chief``); else on :func:`start_local_cluster`. Variables are split into at
-  most ``table_shards`` shards of at least ``min_shard_bytes`` each
-  (``MinSizePartitioner``): the embedding tables, not the small Dense kernels.
+  most ``table_shards`` shards (default: one per parameter server of the
+  cluster) of at least ``min_shard_bytes`` each (``MinSizePartitioner``): the
+  embedding tables, not the small Dense kernels.
   """
   if os.environ.get("TF_CONFIG"):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   else:
     resolver = start_local_cluster(workers, parameter_servers)
-  partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+  return tf.distribute.experimental.ParameterServerStrategy(
+      resolver, variable_partitioner=table_partitioner(resolver, table_shards, min_shard_bytes))
+
+
+def table_partitioner(resolver: tf.distribute.cluster_resolver.ClusterResolver,
+                      table_shards: Optional[int] = None, min_shard_bytes: int = 1 << 16
+                      ) -> tf.distribute.experimental.partitioners.Partitioner:
+  """Shards of at least ``min_shard_bytes``, at most ``table_shards`` (default: the
+  cluster's parameter servers, so that every server holds a part of each large table)."""
+  if table_shards is None:
+    table_shards = max(1, len(resolver.cluster_spec().as_dict().get("ps", [])))
+  return tf.distribute.experimental.partitioners.MinSizePartitioner(
       min_shard_bytes=min_shard_bytes, max_shards=table_shards)
-  return tf.distribute.experimental.ParameterServerStrategy(resolver,
-                                                            variable_partitioner=partitioner)
 
 
 @functools.lru_cache(maxsize=None)
