@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from sparse_dp.audit import cli as audit_cli
 from sparse_dp.bench import select_rows, step_time
-from sparse_dp.cli import privacy
+from sparse_dp.cli import privacy, tensorflow_logs
 from sparse_dp.distillation import cli as distill_cli
 from sparse_dp.models import stream_job, train_job
 from sparse_dp.sampling import cli as sample_cli
@@ -41,12 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
                                     parser_class=_OneLineErrorParser)
   step_time.add_parser(benchmarks)
   select_rows.add_parser(benchmarks)
+  _add_verbose(parser)
   return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, top: bool = True) -> None:
+  """``--verbose`` on the command and every subcommand (before or after its name)."""
+  parser.add_argument("--verbose", action="store_true",
+                      default=False if top else argparse.SUPPRESS,
+                      help="show TensorFlow's C++ start-up lines (CUDA, cuBLAS, TensorRT, CPU "
+                           "features), hidden unless TF_CPP_MIN_LOG_LEVEL is set")
+  for action in parser._subparsers._group_actions if parser._subparsers else []:  # pylint: disable=protected-access
+    for subcommand in action.choices.values():
+      _add_verbose(subcommand, top=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
+  if not args.verbose:
+    tensorflow_logs.quiet_tensorflow_start_up()
   try:
     return args.run(args)
   except (ValueError, FileNotFoundError) as error:  # bad input: one line, never a traceback

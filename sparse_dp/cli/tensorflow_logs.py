@@ -1,0 +1,77 @@
+"""TensorFlow's C++ start-up lines, held back from the ``sparse-dp`` command's output.
+
+Importing TensorFlow and initialising its devices writes lines such as
+"oneDNN custom operations are on", "Could not find cuda drivers", "Unable to
+register cuBLAS factory", "TF-TRT Warning" and the CPU-feature notice to the
+process's standard error, from C++. ``TF_CPP_MIN_LOG_LEVEL`` silences them
+on TF 2.15, but TF 2.21 logs through absl before its log level is read, so
+the command also points file descriptor 2 at a temporary file while
+TensorFlow loads and finds its devices, and shows what was written there
+only if that fails. Later C++ warnings and errors are shown as usual
+(``TF_CPP_MIN_LOG_LEVEL=2`` keeps warnings and errors and hides INFO only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import tempfile
+from typing import Iterator
+
+LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+
+
+@contextlib.contextmanager
+def _standard_error_held_back() -> Iterator[None]:
+  """Writes to file descriptor 2 go to a temporary file; replayed if the block raises."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      os.dup2(saved, 2)
+      held.seek(0)
+      sys.stderr.write(held.read().decode(errors="replace"))
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+  """Finds ``tensorflow`` as usual and loads it, and its devices, with standard error held back."""
+
+  def find_spec(self, name, path, target=None):
+    if name != "tensorflow":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+      return spec
+    load = spec.loader.exec_module
+
+    def exec_module(module):
+      with _standard_error_held_back():
+        load(module)
+        module.config.list_physical_devices()  # CUDA's probing logs here
+
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+def quiet_tensorflow_start_up() -> None:
+  """TensorFlow, when a command first imports it, loads without its start-up lines.
+
+  Commands that never import it (``sparse-dp privacy``) still do not. Leaves
+  everything as it is where the user set ``TF_CPP_MIN_LOG_LEVEL``, or where
+  TensorFlow is loaded already.
+  """
+  if LOG_LEVEL in os.environ or "tensorflow" in sys.modules:
+    return
+  os.environ[LOG_LEVEL] = "2"
+  sys.meta_path.insert(0, _QuietTensorFlowImport())

@@ -1,0 +1,32 @@
+"""The ``sparse-dp`` command hides TensorFlow's C++ start-up lines unless asked (issue 25, item 3)."""
+
+import os
+import re
+import subprocess
+import sys
+
+# TF 2.15 ("2026-11-26 00:37:10.471134: I tensorflow/...") and TF 2.21 absl ("I0000 00:00:...").
+CPP_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |[IWEF]\d{4} \d\d:\d\d)",
+                          re.MULTILINE)
+PRIVACY = ["privacy", "--algorithm", "dpsgd", "--num-examples", "1000", "--batch-size", "10",
+           "--steps", "10", "--noise-multiplier", "1"]
+
+
+def _stderr(tmp_path, *flags: str) -> str:
+  """Standard error of the command (here ``privacy``) followed by TensorFlow's first use."""
+  code = ("import sys\nfrom sparse_dp.cli import main\n"
+          f"assert main({PRIVACY + list(flags)!r}) == 0\n"
+          "assert 'tensorflow' not in sys.modules  # privacy never loads it\n"
+          "import tensorflow as tf\nprint(float(tf.constant(1.0) + 1))\n")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        cwd=tmp_path, env=env, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().endswith("2.0")
+  return done.stderr
+
+
+def test_start_up_lines_are_hidden_and_shown_with_verbose(tmp_path):
+  assert not CPP_LOG_LINE.search(_stderr(tmp_path))
+  # This machine's TensorFlow logs at start-up (no CUDA drivers, oneDNN): --verbose shows it.
+  assert CPP_LOG_LINE.search(_stderr(tmp_path, "--verbose"))
