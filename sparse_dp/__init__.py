@@ -21,11 +21,12 @@ provided ``tf.keras`` has not been used yet (``sparse_dp/_keras.py``).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.metadata
 import importlib.util
 import os
 import sys
+
+from sparse_dp._tensorflow_import import TensorFlowImportHook
 
 __version__ = "0.1.0"
 __all__ = ["DPConfig", "PrivateTraining", "make_private"]
@@ -53,28 +54,14 @@ def _keras_namespace_is_loading() -> bool:
   return module is not None and bool(getattr(module.__spec__, "_initializing", False))
 
 
-class _RegisterWhenTensorFlowLoads(importlib.abc.MetaPathFinder):
-  """Finds ``tensorflow`` as usual, and registers our Keras objects once it has loaded."""
-
-  def find_spec(self, name, path, target=None):
-    if name != "tensorflow":
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-      return spec
-    load = spec.loader.exec_module
-
-    def exec_module(module):
-      load(module)
-      if _keras_namespace_is_loading():
-        # Our Keras objects import ``sparse_dp._keras.keras``, not defined yet:
-        # sparse_dp._keras registers them itself once it is (its last lines).
-        return
-      _register_keras_objects()
-
-    spec.loader.exec_module = exec_module
-    return spec
+def _register_after_loading(load, module) -> None:
+  """Loads TensorFlow, then registers our Keras objects."""
+  load(module)
+  if _keras_namespace_is_loading():
+    # Our Keras objects import ``sparse_dp._keras.keras``, not defined yet:
+    # sparse_dp._keras registers them itself once it is (its last lines).
+    return
+  _register_keras_objects()
 
 
 def _tensorflow_is_keras3() -> bool:
@@ -102,4 +89,4 @@ if _tensorflow_is_keras3():
 if "tensorflow" in sys.modules:
   _register_keras_objects()
 elif importlib.util.find_spec("tensorflow") is not None:
-  sys.meta_path.insert(0, _RegisterWhenTensorFlowLoads())
+  TensorFlowImportHook(_register_after_loading).install()

@@ -14,12 +14,12 @@ only if that fails. Later C++ warnings and errors are shown as usual
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import os
 import sys
 import tempfile
 from typing import Iterator
+
+from sparse_dp._tensorflow_import import TensorFlowImportHook
 
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 
@@ -43,25 +43,11 @@ def _standard_error_held_back() -> Iterator[None]:
       os.close(saved)
 
 
-class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-  """Finds ``tensorflow`` as usual and loads it, and its devices, with standard error held back."""
-
-  def find_spec(self, name, path, target=None):
-    if name != "tensorflow":
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-      return spec
-    load = spec.loader.exec_module
-
-    def exec_module(module):
-      with _standard_error_held_back():
-        load(module)
-        module.config.list_physical_devices()  # CUDA's probing logs here
-
-    spec.loader.exec_module = exec_module
-    return spec
+def _load_quietly(load, module) -> None:
+  """Loads TensorFlow and finds its devices (CUDA's probing logs there) with fd 2 held back."""
+  with _standard_error_held_back():
+    load(module)
+    module.config.list_physical_devices()
 
 
 def quiet_tensorflow_start_up() -> None:
@@ -74,4 +60,4 @@ def quiet_tensorflow_start_up() -> None:
   if LOG_LEVEL in os.environ or "tensorflow" in sys.modules:
     return
   os.environ[LOG_LEVEL] = "2"
-  sys.meta_path.insert(0, _QuietTensorFlowImport())
+  TensorFlowImportHook(_load_quietly).install()
