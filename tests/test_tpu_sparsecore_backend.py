@@ -27,22 +27,24 @@ from tensorflow.python.trackable.base import ShardInfo
 
 import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
-from sparse_dp.layers.embedding_backends import sparse_core_layout
+from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
 from sparse_dp.layers.embedding_backends.sparsecore_api_double import TPUEmbeddingV2APIDouble
 from sparse_dp.training.engine import _update_bounds
+from sparse_dp.training.tpu_loop import TPUTrainer
 from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
 
 API = tf.tpu.experimental.embedding
 D = 4
 
 
-def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", **settings):
+def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", embedding="cpu",
+             **settings):
   ids, labels = synthetic_data()
   model = functional_model(optimizer=optimizer())
   noise = ADAFEST if algorithm == "adafest" else dict(noise_multiplier=0.8)
   private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=4, **noise),
-                                   num_examples=N, batch_size=128, embedding="cpu")
+                                   num_examples=N, batch_size=128, embedding=embedding)
   if engine:
     layer = model.get_layer("ids")
     bounds = _update_bounds([layer], private.step_noise, N, 128)
@@ -255,3 +257,23 @@ def test_a_checkpoint_of_the_engine_restores_into_tpu_embedding_for_serving(tmp_
                                 backend.table_rows(layer))
   np.testing.assert_array_equal(backend.table_rows(layer), layer.embeddings)
 
+
+def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypatch):
+  """V2 hardware is a double of ``tpu_hardware_feature.embedding_feature``, and the API
+  ``TPUEmbeddingV2``'s double (no TPU here): ``auto`` takes the SparseCore backend, and
+  DP-AdaFEST steps in ``fit`` give the CPU backend's tables; ``TPUTrainer`` is refused."""
+  optimizer, tolerance = OPTIMIZERS["adam"]
+  cpu, _, data = _private(optimizer, engine=False)
+  cpu.fit(data.take(3), verbose=0)
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V2)
+  monkeypatch.setattr(API, "TPUEmbeddingV2", TPUEmbeddingV2APIDouble)
+  model, private, data = _private(optimizer, engine=False, embedding="auto")
+  assert private.embedding_choice.describe("auto").startswith(
+      "embedding auto -> sparsecore: TPU with the SparseCore (V2) embedding engine")
+  assert private.embedding_backend.name == "tpu-sparsecore-api-double"
+  model.fit(data.take(3), verbose=0)
+  for a, b in zip(cpu.trainable_weights, model.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+  with pytest.raises(ValueError, match="TPUTrainer trains tables in the V1 TPU embedding "
+                                       "engine; this is a TPU with the SparseCore"):
+    TPUTrainer(private)
