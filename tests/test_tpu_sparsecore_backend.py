@@ -244,8 +244,9 @@ def test_each_devices_initial_rows_are_tfs_conversion_of_the_tables_rows(devices
 
 def test_a_checkpoint_of_the_engine_restores_into_tpu_embedding_for_serving(tmp_path):
   """TF's own SparseCore -> CPU path (the layouts saved with the tables, undone on restore)
-  gives the backend's host copy after DP steps."""
-  model, private, data = _private(OPTIMIZERS["sgd"][0])
+  gives the backend's host copy after DP steps, and so does ``export_for_serving``
+  (Adam's moments too)."""
+  model, private, data = _private(OPTIMIZERS["adam"][0])
   model.fit(data.take(2), verbose=0)
   backend, layer = private.embedding_backend, model.get_layer("ids")
   path = tf.train.Checkpoint(embedding=backend.checkpointable).write(str(tmp_path / "e"))
@@ -256,6 +257,12 @@ def test_a_checkpoint_of_the_engine_restores_into_tpu_embedding_for_serving(tmp_
   np.testing.assert_array_equal(serving.embedding_tables[table][:VOCAB],
                                 backend.table_rows(layer))
   np.testing.assert_array_equal(backend.table_rows(layer), layer.embeddings)
+  exported = backend.export_for_serving()._variables["ids"]
+  layout = backend.engine.api.embedding_layouts["ids"]
+  for slot, variable in backend.engine.api.variables["ids"].items():
+    host = adapter._unshard_from_sc_to_cpu(variable, [layout])[0]
+    np.testing.assert_array_equal(exported[slot], host[:VOCAB], err_msg=slot)
+  assert set(exported) == {"parameters", "momenta", "velocities"}
 
 
 def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypatch):
