@@ -72,10 +72,12 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                            "default: a secret seed from the OS")
   parser.add_argument("--embedding", choices=["auto", "tpu", "cpu", "engine-double"],
                       default="auto",
-                      help="where the tables live: tpu (the V1 TPU embedding engine, v2-v4, "
-                           "with --strategy tpu), cpu (Keras variables: CPU, GPU or ordinary "
-                           "TPU variables), auto (tpu where the hardware has the V1 engine, "
-                           "else cpu; says which and why on stderr), engine-double (testing: "
+                      help="where the tables live: tpu (the TPU embedding engine, with "
+                           "--strategy tpu: V1 on v2-v4, trained by a two-program loop; "
+                           "SparseCore on v5p/v6e, TF 2.16+, trained by fit), cpu (Keras "
+                           "variables: CPU, GPU or ordinary TPU variables), auto (tpu where the "
+                           "hardware has an engine, else cpu; says which and why on stderr), "
+                           "engine-double (testing: "
                            "the engine's update in pure TensorFlow off TPU); README 'TPU "
                            "embedding'. The metrics name the one used")
   parser.add_argument("--strategy", choices=["default", "mirrored", "multi-worker", "ps", "tpu"],

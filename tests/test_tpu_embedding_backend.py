@@ -163,12 +163,16 @@ def _tpu_strategy_double(feature: str, replicas: int):
   return types.SimpleNamespace(extended=extended, num_replicas_in_sync=replicas)
 
 
+# TF 2.16+ has TPUEmbeddingV2 (SparseCore); TF 2.15 has none.
+_V2 = (("sparsecore", None) if hasattr(tf.tpu.experimental.embedding, "TPUEmbeddingV2") else
+       ("cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose API TPUEmbeddingV2 is in TF "
+               r"2\.16\+ \(this is TF .*\): use 'cpu' \(ordinary TPU variables\)"))
+
+
 @pytest.mark.parametrize("feature, replicas, auto, refusal", [
     ("V1", 1, "tpu", None),
     ("V1", 8, "tpu", None),  # TPUTrainer runs every core (tests/mirrored_tpu_loop.py)
-    ("V2", 8, "cpu", r"SparseCore \(V2\) engine \(v5p, v6e\), whose TPUEmbeddingV2 backend is "
-                     r"tested through a double only and not dispatched: use 'cpu' "
-                     r"\(ordinary TPU variables\)"),
+    ("V2", 8, *_V2),
     ("UNSUPPORTED", 8, "cpu", r"TPU without an embedding engine \(v5e\): use 'cpu'")])
 def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto, refusal):
   strategy = _tpu_strategy_double(feature, replicas)
@@ -176,7 +180,7 @@ def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto
   assert choice.name == auto
   assert choice.describe("auto").startswith(f"embedding auto -> {auto}: ")
   if refusal is None:
-    assert embedding_backends.choose_backend("tpu", strategy).name == "tpu"
+    assert embedding_backends.choose_backend("tpu", strategy).name == auto
   else:
     with pytest.raises(ValueError, match=refusal):
       embedding_backends.choose_backend("tpu", strategy)

@@ -381,7 +381,9 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   (:func:`sparse_dp.layers.embedding_backends.choose_backend`;
   ``training.embedding_choice`` says which and why, ``auto``'s is logged):
   ``tpu`` is the V1 TPU embedding engine, trained by
-  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (``fit`` is refused);
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (``fit`` is refused), or on
+  SparseCore (V2) hardware ``TPUEmbeddingV2``, updated inside the step ``fit``
+  runs (:class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`);
   ``cpu`` is the Keras variables; ``engine-double`` (off TPU, for tests)
   routes the DP step's update through the engine's pure-TF double. The DP
   semantics are the same on all.
@@ -458,10 +460,14 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   training.loss_scale = loss_scale
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
   training.embedding_choice = choice
+  tables = [l for l in leaves if isinstance(l, Embedding)]
   if choice.name == "engine-double":
-    tables = [l for l in leaves if isinstance(l, Embedding)]
     training.use_embedding_backend(embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size)))
+  elif choice.name == "sparsecore":
+    with model.distribute_strategy.scope():
+      training.use_embedding_backend(embedding_backends.SparseCoreBackend(
+          tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size)))
   else:
     training.track_weights()
   fit_wrappers.install(training)

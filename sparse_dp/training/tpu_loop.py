@@ -37,9 +37,9 @@ optimizer runs, applies ``(sum_i [g_i]_C2 + noise) / B``: the one-replica update
 
 Every DP quantity is the step's own (:mod:`sparse_dp.mechanisms`); the loop
 only moves ids and gradients. The API object is the real ``TPUEmbedding``, on
-a TPU with the V1 engine only (v2, v3, v4:
-:func:`~sparse_dp.layers.embedding_backends.choose_backend` refuses other
-hardware, naming the ``cpu`` backend), where the functions compile as TPU
+a TPU with the V1 engine only (v2, v3, v4; other hardware is refused: on
+SparseCore (V2) the tables train in ``fit``, through
+:class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`), where the functions compile as TPU
 programs (never run on a TPU: README, "TPU embedding"). Tests pass
 ``api_factory=``:class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`,
 and the programs run off TPU as ``tf.function``s.
@@ -99,8 +99,11 @@ class TPUTrainer:
     model = private.model
     self.private, self.model = private, model
     self.strategy = model.distribute_strategy
-    if api_factory is None:  # the real engine: the hardware must have it
-      embedding_backends.choose_backend("tpu", self.strategy)
+    if api_factory is None:  # the real engine: the hardware must have V1's
+      choice = embedding_backends.choose_backend("tpu", self.strategy)
+      if choice.name != "tpu":
+        raise ValueError(f"TPUTrainer trains tables in the V1 TPU embedding engine; this is a "
+                         f"{choice.reason}: train with model.fit")
     on_tpu = embedding_backends.on_tpu(self.strategy)
     if jit_compile is None:
       jit_compile = on_tpu or bool(getattr(model, "_jit_compile", False))

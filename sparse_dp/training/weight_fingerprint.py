@@ -24,8 +24,8 @@ differ exactly in float64.
 TF checkpoints and SavedModels); ``load_weights`` and ``set_weights`` of a
 private model (which also bring the layers' DP records) set it anew from the
 weights they load. Not in the fingerprint: tables held by an embedding
-engine (``tpu``, ``engine-double``), whose Keras copies are synced outside the step,
-and the tables of DP-SGD and DP-FEST (dense noise: each step updates every
+engine (``tpu``, ``sparsecore``, ``engine-double``), whose Keras copies are
+synced outside the step, and the tables of DP-SGD and DP-FEST (dense noise: each step updates every
 row, so keeping their fingerprint would cost two full reads of each table per
 step); a model on ``ParameterServerStrategy`` keeps none.
 """

@@ -54,7 +54,7 @@ class EngineDouble(_API.TPUEmbeddingForServing):
   def __init__(self, feature_config: dict, optimizer):
     super().__init__(feature_config, optimizer)
     for table in self._table_config:
-      _check_modelled(table.optimizer)
+      check_modelled(table.optimizer)
 
   @property
   def checkpointable(self) -> "EngineDouble":
@@ -94,14 +94,20 @@ class EngineDouble(_API.TPUEmbeddingForServing):
       names = [n for n, f in self._feature_config.items() if f.table is table]
       ids = tf.concat([tf.reshape(tf.cast(features[n], tf.int32), [-1]) for n in names], 0)
       grads = tf.concat([tf.reshape(gradients[n], [-1, table.dim]) for n in names], 0)
-      # A unique of static shape (XLA compiles it): distinct ids, then padding.
-      unique = padding.padded_unique(tf.cast(ids, tf.int64))
-      summed = tf.math.unsorted_segment_sum(grads, unique.slot, tf.size(ids))
-      updates.append(_apply_rule(table.optimizer, self.slots(table.name), unique.values, summed))
+      updates.append(apply_round(table.optimizer, self.slots(table.name), ids, grads))
     return tf.group(updates)
 
 
-def _check_modelled(optimizer) -> None:
+def apply_round(optimizer, variables: dict, rows: tf.Tensor, gradients: tf.Tensor) -> tf.Operation:
+  """One table's training round: ``gradients`` (``[n, d]``) summed per row of ``rows``
+  (``[n]``, rows of ``variables``), then the optimizer's rule on each row present."""
+  # A unique of static shape (XLA compiles it): distinct rows, then padding.
+  unique = padding.padded_unique(tf.cast(rows, tf.int64))
+  summed = tf.math.unsorted_segment_sum(gradients, unique.slot, tf.size(rows))
+  return _apply_rule(optimizer, variables, unique.values, summed)
+
+
+def check_modelled(optimizer) -> None:
   """Refuses engine optimizer settings the double does not reproduce."""
   if not isinstance(optimizer, (_API.SGD, _API.Adagrad, _API.Adam)):
     raise ValueError(f"engine double: optimizer {type(optimizer).__name__} is not modelled; "

@@ -11,10 +11,12 @@ reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
   per TPU program; the tables train in it through the two-program loop
   :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on every
   core of the strategy (each replica enqueues its share of the update);
-* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), whose backend
-  :class:`~.sparsecore.SparseCoreBackend` is tested only through a double of the
-  API and not dispatched (the tables' initial values and host copies in the
-  SparseCore layout are not modelled): ``tpu`` is refused and ``auto`` takes ``cpu``;
+* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), through
+  :class:`~.sparsecore.SparseCoreBackend` (backend ``sparsecore``), which
+  applies the DP update inside the step Keras ``fit`` runs; the tables' initial
+  values and host copies go through the SparseCore layout
+  (:mod:`.sparse_core_layout`). Tested through a double of the API only. On
+  TF 2.15 (no ``TPUEmbeddingV2``) ``tpu`` is refused and ``auto`` takes ``cpu``;
 * ``UNSUPPORTED`` (v5e): no engine (TFRS's ``TPUEmbeddingV0`` there keeps the
   tables as ordinary TPU variables): the ``cpu`` backend, whose DP step XLA
   compiles.
@@ -35,6 +37,7 @@ from typing import Optional
 import tensorflow as tf
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
+_API = tf.tpu.experimental.embedding
 
 #: ``--embedding``: the engine when the hardware has one (``auto``), the engine
 #: (``tpu``), Keras variables (``cpu``), the engine's pure-TF double (``engine-double``).
@@ -50,9 +53,8 @@ TRAINER_ONLY = ("the TPU embedding engine's tables (embedding 'tpu') run DP step
 _NO_ENGINE = {
     None: "no TPU strategy",
     EmbeddingFeature.UNSUPPORTED: "TPU without an embedding engine (v5e)",
-    EmbeddingFeature.V2: "TPU with the SparseCore (V2) engine (v5p, v6e), whose "
-                         "TPUEmbeddingV2 backend is tested through a double only and not "
-                         "dispatched",
+    EmbeddingFeature.V2: "TPU with the SparseCore (V2) engine (v5p, v6e), whose API "
+                         f"TPUEmbeddingV2 is in TF 2.16+ (this is TF {tf.__version__})",
 }
 
 
@@ -60,7 +62,8 @@ _NO_ENGINE = {
 class BackendChoice:
   """The backend ``--embedding`` resolved to, and why.
 
-  ``name``: ``"tpu"`` (the V1 engine, trained by ``TPUTrainer``), ``"cpu"`` or
+  ``name``: ``"tpu"`` (the V1 engine, trained by ``TPUTrainer``),
+  ``"sparsecore"`` (the V2 engine, trained by ``fit``), ``"cpu"`` or
   ``"engine-double"``.
   """
 
@@ -96,8 +99,9 @@ def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
 def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
   """The backend of ``--embedding requested`` under ``strategy``; refuses one it cannot run.
 
-  ``tpu`` needs the V1 engine; off TPU the refusal names
-  ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU variables).
+  ``tpu`` needs an engine: V1, or V2 where TF has ``TPUEmbeddingV2``; off TPU the
+  refusal names ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU
+  variables).
   ``engine-double`` runs off TPU only, on one replica.
   """
   if requested not in BACKEND_NAMES:
@@ -118,12 +122,16 @@ def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendC
   if feature == EmbeddingFeature.V1:
     return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
                                 "trained by sparse_dp.training.tpu_loop.TPUTrainer")
+  if feature == EmbeddingFeature.V2 and hasattr(_API, "TPUEmbeddingV2"):  # TF 2.16+
+    return BackendChoice("sparsecore", "TPU with the SparseCore (V2) embedding engine (v5p, "
+                                       "v6e): TPUEmbeddingV2, updated inside the step "
+                                       "model.fit runs")
   reason = _NO_ENGINE[feature]
   if requested == "auto":
     return BackendChoice("cpu", reason + ("" if feature is None else
                                           ": ordinary TPU variables, the step compiled by XLA"))
   alternative = ("'cpu' (or 'engine-double' to test the engine's update off TPU)"
                  if feature is None else "'cpu' (ordinary TPU variables)")
-  raise ValueError(f"embedding 'tpu' (the TPU embedding engine, trained by TPUTrainer) runs "
-                   f"on TPUs with the V1 engine (v2, v3, v4, --strategy tpu); {reason}: use "
-                   f"{alternative}")
+  raise ValueError(f"embedding 'tpu' (the TPU embedding engine) runs on TPUs with the V1 "
+                   f"engine (v2, v3, v4) or, on TF 2.16+, the SparseCore (V2) engine (v5p, "
+                   f"v6e) (--strategy tpu); {reason}: use {alternative}")

@@ -54,8 +54,15 @@ dense Adam (every row's moments decayed each step) would publish nothing more
 (it is post-processing of the noisy updates) but is another optimizer, and V2
 has none.
 
-Never run on a TPU: tested through
-:class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
+**Layout.** ``TPUEmbeddingV2`` keeps each table padded and its rows sharded
+``mod`` the SparseCores (:mod:`.sparse_core_layout`): the engine table's
+initializer lays the layer's rows out so (:meth:`SparseCoreBackend._table_initializer`),
+and the host copies (``table_rows``, ``export_for_serving``) undo it
+(:meth:`SparseCoreEngine.slots`).
+
+``make_private`` takes this backend on SparseCore hardware (``embedding``
+``auto`` or ``tpu``: :func:`~.hardware.choose_backend`). Never run on a TPU:
+tested through :class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
 """
 
 from __future__ import annotations
@@ -67,9 +74,11 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.layers.embedding_backends import sparse_core_layout
 from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
 from sparse_dp.layers.embedding_backends.live_engine import StaticFeatureEngine
-from sparse_dp.layers.embedding_backends.tpu import UPDATE_SUFFIX, TPUEmbeddingBackend
+from sparse_dp.layers.embedding_backends.tpu import (UPDATE_SUFFIX, TPUEmbeddingBackend,
+                                                     _initial_rows)
 
 _API = tf.tpu.experimental.embedding
 
@@ -130,12 +139,19 @@ class SparseCoreEngine(StaticFeatureEngine):
 
   @property
   def backend_name(self) -> str:
-    """``"tpu"`` on the real API object, ``"tpu-sparsecore-api-double"`` on its double."""
-    real = getattr(_API, "TPUEmbeddingV2", None)
-    return "tpu" if real and isinstance(self.api, real) else "tpu-sparsecore-api-double"
+    """``"tpu"`` on the real API object; its double names itself
+    (``"tpu-sparsecore-api-double"``)."""
+    return getattr(self.api, "backend_name", "tpu")
 
   def build(self) -> None:
     self.api.build()
+
+  def slots(self, table_name: str) -> dict:
+    """``{"parameters": rows, slot: rows}`` of one table, in its own row order: read on the
+    host from the SparseCore layout (:func:`.sparse_core_layout.host_rows`)."""
+    layout = self.api.embedding_layouts[table_name]
+    return {slot: sparse_core_layout.host_rows(variable, layout)
+            for slot, variable in self.api.variables[layout.stacked_table_name].items()}
 
   def lookup(self, features: dict) -> dict:
     """The rows of each named feature's ids (the others the dummy row; changes nothing)."""
@@ -171,6 +187,15 @@ class SparseCoreBackend(TPUEmbeddingBackend):
     super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
         functools.partial(SparseCoreEngine, input_bounds=bounds,
                           sparse_core_config=sparse_core_config, api_factory=api_factory)))
+
+  def _table_initializer(self, layer) -> Callable:
+    """The layer's rows and the dummy row, laid out on the strategy's SparseCores
+    (:func:`.sparse_core_layout.initializer`)."""
+    strategy = tf.distribute.get_strategy()
+    rows = functools.partial(_initial_rows(layer), (layer.vocabulary_size + 1, layer.output_dim))
+    return sparse_core_layout.initializer(
+        lambda dtype: rows(dtype=dtype),
+        strategy.num_replicas_in_sync * sparse_cores_per_chip(strategy), layer.name)
 
   def _engine_rows(self, layer, rows: tf.Tensor) -> tf.Tensor:
     """Step 5: the updated ``rows``, looked up again (the copy into the Keras table reads them)."""

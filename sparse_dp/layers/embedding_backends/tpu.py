@@ -159,7 +159,8 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     self.feature_config = {}
     for layer in self.tables:
       table = _API.TableConfig(vocabulary_size=layer.vocabulary_size + 1, dim=layer.output_dim,
-                               initializer=_initial_rows(layer), combiner="sum", name=layer.name)
+                               initializer=self._table_initializer(layer), combiner="sum",
+                               name=layer.name)
       for feature in (layer.name, layer.name + UPDATE_SUFFIX):
         self.feature_config[feature] = _API.FeatureConfig(table=table, name=feature)
     # The state of the step being traced, per replica: MirroredStrategy traces each replica
@@ -197,6 +198,10 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     step's update still goes through the engine.
     """
     return gather_rows(layer.embeddings, flat_ids)
+
+  def _table_initializer(self, layer) -> Callable:
+    """The engine table's initializer: the layer's rows and the dummy row (:func:`_initial_rows`)."""
+    return _initial_rows(layer)
 
   def _engine_learning_rate(self, optimizer) -> Optional[Callable]:
     """The engine optimizer's learning rate; ``None``: :func:`step_learning_rate`."""
