@@ -479,19 +479,20 @@ def _refuse_host_tables_on_tpu_cores(model: keras.Model,
                                      choice: embedding_backends.BackendChoice) -> None:
   """Refuses host tables (``table_placement='host'``) that TPU programs would read.
 
-  Only the engine's loop (``TPUTrainer``) trains such tables on a TPU: with
-  the ``cpu`` backend every step is a TPU program gathering from the table.
+  Only the V1 engine's loop (``TPUTrainer``) trains such tables on a TPU: with
+  the ``cpu`` backend every step is a TPU program gathering from the table,
+  and the ``sparsecore`` backend's step copies the updated rows into it.
   """
-  if choice.name != "cpu" or not embedding_backends.on_tpu(model.distribute_strategy):
+  if choice.name == "tpu" or not embedding_backends.on_tpu(model.distribute_strategy):
     return
   on_host = [layer.name for layer in model.submodules
              if isinstance(layer, Embedding) and layer.table_placement == "host"]
   if on_host:
     raise ValueError(
         f"the tables of {', '.join(on_host)} are on the host (table_placement='host'), which "
-        "TPU programs cannot read, and embedding 'cpu' trains them in Keras steps on the TPU "
-        "cores: build these layers with table_placement='default_device', or train them in "
-        "the TPU embedding engine (embedding 'tpu', TPUTrainer)")
+        f"TPU programs cannot read, and embedding {choice.name!r} trains them in Keras steps "
+        "on the TPU cores: build these layers with table_placement='default_device', or, on "
+        "V1 hardware, train them in the TPU embedding engine (embedding 'tpu', TPUTrainer)")
 
 
 def _update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:
