@@ -146,6 +146,18 @@ def test_same_seed_and_salt_same_batches_whatever_the_order_or_sharding(tmp_path
     assert len(kept) == min(len(whole), 28) and set(kept) <= set(whole)
 
 
+def test_a_wrong_number_of_examples_is_refused_before_the_manifest_is_written(tmp_path):
+  paths = _write_files(tmp_path / "data", [600, 400])
+  with pytest.raises(ValueError, match="--num-examples 999 but the files hold 1,000"):
+    _sample(paths, tmp_path / "out", batch_size=20, steps=2, num_examples=999)
+  assert not (tmp_path / "out" / "manifest.json").exists()
+  # N counted by the first pass, another N read by the draw pass: the files changed.
+  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(tmp_path / "out"), batch_size=20,
+                             steps=2, salt=SALT)
+  with pytest.raises(ValueError, match="1,000 valid examples when counted but 999 when drawn"):
+    pipeline._write_manifest([], spec, [{"examples": 600}, {"examples": 399}], 1000, SEED)
+
+
 IN_MEMORY_DEFAULT = 400_000  # `sparse-dp train --max-examples`: what --reader pandas holds
 
 
