@@ -276,6 +276,8 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   sorted(missing.glob("*.tfrecord"))[0].unlink()
   assert "shard(s) of the manifest are missing" in _error(capsys, base + ["--data", str(missing)])
   assert "needs --seed-file" in _error(capsys, base[:-2] + ["--data", str(sample)])
+  assert "--seed-file is for --reader batches" in _error(
+      capsys, ["train", "--reader", "tfdata", "--seed-file", str(small_sample / "seed")])
   other_seed = tmp_path / "other_seed"
   other_seed.write_bytes(b"another seed, 32 bytes long....")
   assert "MAC does not match --seed-file" in _error(
