@@ -53,7 +53,7 @@ def add_parser(commands) -> None:
   parser.add_argument("--max-eval-examples", type=int, default=100_000,
                       help="held-out examples read with --reader tfdata")
   job_flags.add_fit_flags(parser)
-  sampling_job.add_defaults(parser)
+  sampling_job.add_flags(parser)
   parser.add_argument("--vocabulary", default="hashed",
                       help="'hashed' (default; data-independent), 'counted' (non-private "
                            "runs only) or a vocabulary JSON file built on public data")

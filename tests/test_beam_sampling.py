@@ -18,7 +18,10 @@ from sparse_dp.data.vocabulary import Vocabulary
 from sparse_dp.sampling import pipeline
 from sparse_dp.sampling.draws import SecretSeed, example_key
 
-SEED = SecretSeed(b"test seed: not a secret, 32 byte")
+SEED_BYTES = b"test seed: not a secret, 32 byte"
+SEED = SecretSeed(SEED_BYTES)
+SALT = "5a17" * 8
+KEY = SEED.for_sample(SALT)
 
 
 def _lines(first: int, count: int) -> list[str]:
@@ -36,8 +39,8 @@ def _write_files(folder: pathlib.Path, counts) -> list[str]:
   return paths
 
 
-def _sample(paths, out, seed=SEED, **spec) -> dict:
-  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(out), **spec)
+def _sample(paths, out, seed=SEED, salt=SALT, **spec) -> dict:
+  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(out), salt=salt, **spec)
   pipeline.run(spec, seed)
   return json.loads((pathlib.Path(out) / "manifest.json").read_text())
 
@@ -90,13 +93,13 @@ def test_keyed_draws_match_binomial_laws_and_skip_correctly():
   num_examples, steps, rate = 40_000, 100, 0.02
   inclusions = np.zeros((num_examples, steps), np.int64)
   for example in range(num_examples):
-    inclusions[example, SEED.inclusion_steps(example_key("day_0", example), rate, steps)] = 1
+    inclusions[example, KEY.inclusion_steps(example_key("day_0", example), rate, steps)] = 1
   _check_binomial_laws(inclusions, rate)
   # Geometric skips are Bernoulli draws: consecutive steps are joined independently.
   both = int(np.sum(inclusions[:, :-1] * inclusions[:, 1:]))
   pairs = num_examples * (steps - 1)
   assert stats.binomtest(both, pairs, rate**2).pvalue > ALPHA / 4
-  assert SEED.inclusion_steps(b"x", rate, steps) == SEED.inclusion_steps(b"x", rate, steps)
+  assert KEY.inclusion_steps(b"x", rate, steps) == KEY.inclusion_steps(b"x", rate, steps)
 
 
 def test_pipeline_batches_are_poisson_samples_of_every_file(tmp_path):
@@ -112,10 +115,16 @@ def test_pipeline_batches_are_poisson_samples_of_every_file(tmp_path):
   for step, batch in enumerate(_batches(tmp_path / "out")):
     inclusions[[index[line] for line in batch], step] = 1  # each line is one example
   _check_binomial_laws(inclusions, 0.01)
-  assert "seed" not in json.dumps(manifest["inputs"]) and SEED._key.hex() not in json.dumps(manifest)
+  assert manifest["salt"] == SALT and "seed" not in json.dumps(manifest["inputs"])
+  assert SEED._key.hex() not in json.dumps(manifest) and KEY._key.hex() not in json.dumps(manifest)
 
 
-def test_same_seed_same_batches_whatever_the_order_or_sharding(tmp_path):
+def _shared(first: list[list[str]], second: list[list[str]]) -> int:
+  """Examples in both samples' batch of the same step, over all steps."""
+  return sum(len(set(a) & set(b)) for a, b in zip(first, second))
+
+
+def test_same_seed_and_salt_same_batches_whatever_the_order_or_sharding(tmp_path):
   paths = _write_files(tmp_path / "data", [400, 300, 300])
   spec = dict(batch_size=30, steps=12)
   _sample(paths, tmp_path / "a", batches_per_shard=5, **spec)
@@ -123,13 +132,30 @@ def test_same_seed_same_batches_whatever_the_order_or_sharding(tmp_path):
   _sample(paths, tmp_path / "c", seed=SecretSeed(b"another seed, 32 bytes long...."),
           batches_per_shard=5, **spec)
   _sample(paths, tmp_path / "d", batches_per_shard=5, max_batch_size=28, **spec)
-  first, again, other, cut = (_batches(tmp_path / name) for name in "abcd")
+  _sample(paths, tmp_path / "e", salt="5a18" * 8, batches_per_shard=5, **spec)
+  first, again, other, cut, salted = (_batches(tmp_path / name) for name in "abcde")
   assert first == again
-  assert first != other and len(first) == len(other) == 12
+  assert len(first) == len(other) == len(salted) == 12
+  # Another seed, or the same seed with another salt: independent batches, in whose batch
+  # of one step an example is twice with probability q^2 (10.8 expected of 1000 x 12).
+  for independent in (other, salted):
+    assert stats.binom.sf(_shared(first, independent) - 1, 1000 * 12, 0.03**2) > ALPHA / 4
   # Truncation keeps a subset of at most M of the same batch (same seed).
   assert any(len(whole) > 28 for whole in first)
   for whole, kept in zip(first, cut):
     assert len(kept) == min(len(whole), 28) and set(kept) <= set(whole)
+
+
+def test_a_wrong_number_of_examples_is_refused_before_the_manifest_is_written(tmp_path):
+  paths = _write_files(tmp_path / "data", [600, 400])
+  with pytest.raises(ValueError, match="--num-examples 999 but the files hold 1,000"):
+    _sample(paths, tmp_path / "out", batch_size=20, steps=2, num_examples=999)
+  assert not (tmp_path / "out" / "manifest.json").exists()
+  # N counted by the first pass, another N read by the draw pass: the files changed.
+  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(tmp_path / "out"), batch_size=20,
+                             steps=2, salt=SALT)
+  with pytest.raises(ValueError, match="1,000 valid examples when counted but 999 when drawn"):
+    pipeline._write_manifest([], spec, [{"examples": 600}, {"examples": 399}], 1000, SEED)
 
 
 IN_MEMORY_DEFAULT = 400_000  # `sparse-dp train --max-examples`: what --reader pandas holds
@@ -167,7 +193,8 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
   Vocabulary.hashed([50] * 26).save(vocabulary)
   assert main(["train", "--reader", "batches", "--data", str(out), "--eval-data", str(eval_path),
                "--algorithm", "dpsgd", "--hidden-units", "4", "--vocabulary", str(vocabulary),
-               "--out", str(tmp_path / "model"), "--noise-seed", "3", "--json"]) == 0
+               "--seed-file", str(seed_file), "--out", str(tmp_path / "model"),
+               "--noise-seed", "3", "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)
   q = 64 / num_examples
   assert metrics["poisson_sampling"] is True and metrics["steps"] == 4
@@ -178,7 +205,7 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
   # A second model on the same batches would not be a second Poisson sample: refused.
   assert main(["train", "--reader", "batches", "--data", str(out), "--eval-data", str(eval_path),
                "--algorithm", "adafest", "--vocabulary", str(vocabulary),
-               "--out", str(tmp_path / "again")]) == 2
+               "--seed-file", str(seed_file), "--out", str(tmp_path / "again")]) == 2
   assert "all 4 batches of the sample were claimed by earlier runs" in capsys.readouterr().err
 
 
@@ -187,6 +214,7 @@ def small_sample(tmp_path_factory):
   folder = tmp_path_factory.mktemp("small")
   paths = _write_files(folder / "data", [600, 400])
   _sample(paths, folder / "sample", batch_size=20, steps=5, batches_per_shard=2)
+  (folder / "seed").write_bytes(SEED_BYTES)
   return folder
 
 
@@ -199,9 +227,18 @@ def _error(capsys, argv) -> str:
 
 def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
   data = str(small_sample / "data" / "day_*")
-  base = ["sample", "--data", data, "--steps", "3"]
+  # The seed's key never travels in a pipeline, only the seed file's path: no seed file,
+  # no sample, refused before anything is staged or written.
+  remote = tmp_path / "remote"
+  assert "--seed-file is required" in _error(capsys, [
+      "sample", "--data", data, "--steps", "3", "--out", str(remote), "--runner", "DataflowRunner"])
+  assert not remote.exists()
+  seed_file = str(small_sample / "seed")
+  base = ["sample", "--data", data, "--steps", "3", "--seed-file", seed_file]
+  assert "--out needed" in _error(capsys, base)
   assert "matches no file" in _error(capsys, ["sample", "--data", str(tmp_path / "no_*"),
-                                              "--steps", "3", "--out", str(tmp_path / "o")])
+                                              "--steps", "3", "--out", str(tmp_path / "o"),
+                                              "--seed-file", seed_file])
   assert "q = batch_size / N must be < 1" in _error(
       capsys, base + ["--out", str(tmp_path / "o"), "--batch-size", "1000",
                       "--num-examples", "1000"])
@@ -218,7 +255,8 @@ def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
 def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small_sample):
   sample = small_sample / "sample"
   base = ["train", "--reader", "batches", "--eval-data", str(small_sample / "data" / "day_0"),
-          "--hidden-units", "4", "--out", str(tmp_path / "m")]
+          "--hidden-units", "4", "--out", str(tmp_path / "m"),
+          "--seed-file", str(small_sample / "seed")]
   assert "contradicts the sample's batch size 20" in _error(
       capsys, base + ["--data", str(sample), "--batch-size", "32"])
   assert "not a Poisson sample" in _error(capsys, base + ["--data", str(sample), "--epochs", "1"])
@@ -237,10 +275,20 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   assert "does not match the manifest" in _error(capsys, base + ["--data", str(changed)])
   sorted(missing.glob("*.tfrecord"))[0].unlink()
   assert "shard(s) of the manifest are missing" in _error(capsys, base + ["--data", str(missing)])
-  manifest = json.loads((changed / "manifest.json").read_text())
-  manifest["sampling_rate"] = 0.5
-  (changed / "manifest.json").write_text(json.dumps(manifest))
-  assert "is not batch_size / num_examples" in _error(capsys, base + ["--data", str(changed)])
+  assert "needs --seed-file" in _error(capsys, base[:-2] + ["--data", str(sample)])
+  assert "--seed-file is for --reader batches" in _error(
+      capsys, ["train", "--reader", "tfdata", "--seed-file", str(small_sample / "seed")])
+  other_seed = tmp_path / "other_seed"
+  other_seed.write_bytes(b"another seed, 32 bytes long....")
+  assert "MAC does not match --seed-file" in _error(
+      capsys, base[:-1] + [str(other_seed), "--data", str(sample)])
+  # N and q edited consistently (a smaller q, a smaller epsilon): the MAC refuses it.
+  edited = _copy(sample, tmp_path / "edited")
+  manifest = json.loads((edited / "manifest.json").read_text())
+  manifest.update(num_examples=2 * manifest["num_examples"],
+                  sampling_rate=manifest["batch_size"] / (2 * manifest["num_examples"]))
+  (edited / "manifest.json").write_text(json.dumps(manifest))
+  assert "MAC does not match --seed-file" in _error(capsys, base + ["--data", str(edited)])
 
 
 def _copy(sample: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
@@ -255,8 +303,8 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   from sparse_dp.sampling import claims
   from sparse_dp.sampling.batches import SampledBatches
   sample = str(_copy(small_sample / "sample", tmp_path / "sample"))
-  batches = SampledBatches.open(sample, hashed_vocabulary(0.01))
-  later_run = SampledBatches.open(sample, hashed_vocabulary(0.01))  # another process's view
+  batches = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)
+  later_run = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)  # another process's
   sizes = [int(y.shape[0]) for _, y in batches.dataset(3)]
   assert sizes == batches.manifest.batch_sizes[:3]
   # The later run starts after the steps the first one claimed, not at step 0.
@@ -267,7 +315,7 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   assert not list(rest) and not list(rest.repeat(3))  # never again
   assert [(c.first, c.end) for c in claims.claims(sample)] == [(0, 3), (3, 4), (4, 5)]
   with pytest.raises(ValueError, match="0 unread batches of 5 .5 taken by this or earlier"):
-    SampledBatches.open(sample, hashed_vocabulary(0.01)).dataset(1)
+    SampledBatches.open(sample, hashed_vocabulary(0.01), SEED).dataset(1)
   # Two runs that read the claims at once want the same first step: the second is refused.
   with pytest.raises(ValueError, match="claimed the sample's batches from step 4 at the same"):
     claims.claim(sample, 4, 5)
@@ -277,11 +325,55 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   (damaged / claims.CLAIMS).mkdir()
   (damaged / claims.CLAIMS / "from-000000000.json").write_text('{"first": 0')
   with pytest.raises(ValueError, match="from-000000000.json is not readable"):
-    SampledBatches.open(str(damaged), hashed_vocabulary(0.01))
+    SampledBatches.open(str(damaged), hashed_vocabulary(0.01), SEED)
   unwritable = _copy(small_sample / "sample", tmp_path / "unwritable")
   (unwritable / claims.CLAIMS).write_text("a file where the claims folder goes")
   with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
-    SampledBatches.open(str(unwritable), hashed_vocabulary(0.01)).dataset(1)
+    SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
+
+
+def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_path, capsys):
+  from sparse_dp.sampling import claims, ledger
+  paths = _write_files(tmp_path / "data", [600, 400])
+  seed_file = tmp_path / "secret" / "seed"
+  seed_file.parent.mkdir()
+  seed_file.write_bytes(SEED_BYTES)
+  argv = ["sample", "--data", str(tmp_path / "data" / "day_*"), "--batch-size", "20",
+          "--steps", "6", "--batches-per-shard", "2", "--seed-file", str(seed_file), "--json"]
+  for name in "ab":
+    assert main(argv + ["--out", str(tmp_path / name)]) == 0
+  salts = [json.loads(line)["salt"] for line in capsys.readouterr().out.splitlines()]
+  first, second = _batches(tmp_path / "a"), _batches(tmp_path / "b")
+  # Two samples with one seed file: fresh salts, independent batches (each example is in
+  # both batches of a step with probability q^2: 2.4 expected of 1000 x 6).
+  assert len(set(salts)) == 2 and len(first) == len(second) == 6
+  assert stats.binom.sf(_shared(first, second) - 1, 1000 * 6, 0.02**2) > ALPHA / 4
+  assert sorted(p.name for p in (tmp_path / "secret" / "seed.samples").iterdir()) == sorted(
+      f"{salt}.json" for salt in salts)
+  with pytest.raises(ValueError, match="was drawn before"):
+    ledger.record(str(seed_file), salts[0], str(tmp_path / "c"))
+  # --reproduce draws a sample again into its own folder, under its claims: it restores a
+  # lost shard as it was written, and the manifest stays.
+  sample = tmp_path / "a"
+  lost = sorted(sample.glob("*.tfrecord"))[1]
+  written, manifest = lost.read_bytes(), (sample / "manifest.json").read_text()
+  lost.unlink()
+  claims.claim(str(sample), 0, 2)
+  assert main(["sample", "--reproduce", str(sample), "--seed-file", str(seed_file)]) == 0
+  assert lost.read_bytes() == written and (sample / "manifest.json").read_text() == manifest
+  assert claims.steps_taken(str(sample)) == 2
+  # Nowhere else: a copy would hold the batches without the claims.
+  copy = _copy(sample, tmp_path / "copy")
+  assert "was drawn into" in _error(capsys, ["sample", "--reproduce", str(copy),
+                                             "--seed-file", str(seed_file)])
+  assert "leave out --steps" in _error(capsys, ["sample", "--reproduce", str(sample),
+                                                "--steps", "8", "--seed-file", str(seed_file)])
+  # Input files changed since: refused, and the manifest is left as it was.
+  day_1 = tmp_path / "data" / "day_1"
+  day_1.write_text(day_1.read_text().replace("\t600\t", "\t9600\t"))
+  assert "input files changed since: day_1" in _error(
+      capsys, ["sample", "--reproduce", str(sample), "--seed-file", str(seed_file)])
+  assert (sample / "manifest.json").read_text() == manifest
 
 
 _TRUNCATION = pytest.importorskip("dp_accounting")

@@ -24,6 +24,7 @@ from sparse_dp.data.criteo_format import NUM_FIELDS
 from sparse_dp.data.criteo_stream import CriteoStream
 from sparse_dp.data.vocabulary import Vocabulary
 from sparse_dp.sampling import claims
+from sparse_dp.sampling.draws import SecretSeed
 from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest, file_digest
 
 
@@ -37,24 +38,26 @@ class SampledBatches:
   cursor: tf.Variable  # batches handed out so far
 
   @classmethod
-  def open(cls, folder: str, vocabulary: Vocabulary) -> "SampledBatches":
+  def open(cls, folder: str, vocabulary: Vocabulary, seed: SecretSeed) -> "SampledBatches":
+    """The sample in ``folder``, drawn with ``seed`` (which checks its manifest's MAC)."""
     path = posixpath.join(folder, MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
       raise ValueError(f"--data {folder!r} has no {MANIFEST_NAME}: give the --out folder of "
                        "`sparse-dp sample` (a sample without its manifest cannot be accounted)")
     with tf.io.gfile.GFile(path) as handle:
-      manifest = Manifest.from_json(handle.read(), path)
+      manifest = Manifest.from_json(handle.read(), path, seed)
     missing = [s.file for s in manifest.shards
                if not tf.io.gfile.exists(posixpath.join(folder, s.file))]
     if missing:
       raise ValueError(f"--data {folder!r}: {len(missing)} shard(s) of the manifest are missing "
                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
-                       "copy the whole sample folder, or sample again")
+                       "copy the whole sample folder, restore the shards with `sparse-dp sample "
+                       "--reproduce`, or sample again")
     for shard in manifest.shards:
       if file_digest(posixpath.join(folder, shard.file)) != (shard.bytes, shard.sha256):
         raise ValueError(f"--data {folder!r}: {shard.file} does not match the manifest (size "
-                         "or SHA-256): the sample was changed after it was written; sample "
-                         "again")
+                         "or SHA-256): the sample was changed after it was written; restore it "
+                         "with `sparse-dp sample --reproduce`, or sample again")
     return cls(folder, manifest, vocabulary,
                tf.Variable(claims.steps_taken(folder), dtype=tf.int64, trainable=False,
                            name="sampled_batches_cursor"))
@@ -78,7 +81,7 @@ class SampledBatches:
                        f"{self.manifest.steps} ({first} taken by this or earlier runs, see "
                        f"{posixpath.join(self.folder, claims.CLAIMS)}; a batch used twice is "
                        "not a Poisson sample): train for fewer steps, or sample again with "
-                       "`sparse-dp sample`")
+                       "`sparse-dp sample` (a fresh salt: new batches)")
     claims.claim(self.folder, first, first + steps)
     self.cursor.assign(first)
     paths = [posixpath.join(self.folder, s.file) for s in self.manifest.shards]

@@ -11,8 +11,9 @@ last claimed step. Steps are taken in order, so two runs that could overlap
 start from the same step and want the same file: on a local folder the create
 is exclusive and the second run is refused; on a remote filesystem
 (``gs://...``) the check and the write are two calls, not one atomic create.
-The guarantee is per folder: a copy of it, or a second sample drawn with the
-same seed file, holds the same batches with claims of its own.
+The guarantee is per folder: a copy of it holds the same batches with claims of
+its own. (A second sample drawn with the same seed file holds other batches: it
+has its own salt, :mod:`sparse_dp.sampling.ledger`.)
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def claims(folder: str) -> list[Claim]:
     except (ValueError, TypeError) as error:
       raise ValueError(f"--data {folder!r}: the claim {path} is not readable ({error}); which "
                        "batches runs trained on is unknown, so none can be trained on again: "
-                       "sample again with `sparse-dp sample`") from None
+                       "sample again with `sparse-dp sample` (a fresh salt: new batches)") from None
   return sorted(found, key=lambda c: c.first)
 
 
@@ -72,7 +73,7 @@ def claim(folder: str, first: int, end: int) -> Claim:
   path = posixpath.join(folder, CLAIMS, f"from-{first:09d}.json")
   try:
     tf.io.gfile.makedirs(posixpath.dirname(path))
-    created = _create_new(path, json.dumps(dataclasses.asdict(taken)))
+    created = create_new(path, json.dumps(dataclasses.asdict(taken)))
   except (OSError, tf.errors.OpError) as error:
     raise ValueError(f"--data {folder!r}: cannot record which batches this run trains on "
                      f"({path}: {error}); the sample folder must be writable so that no "
@@ -81,11 +82,12 @@ def claim(folder: str, first: int, end: int) -> Claim:
   if not created:
     raise ValueError(f"--data {folder!r}: another training run claimed the sample's batches "
                      f"from step {first} at the same time ({path}); a batch used twice is "
-                     "not a Poisson sample: run one job per sample, or sample again")
+                     "not a Poisson sample: run one job per sample, or sample again (a fresh "
+                     "salt: new batches)")
   return taken
 
 
-def _create_new(path: str, text: str) -> bool:
+def create_new(path: str, text: str) -> bool:
   """Writes ``text`` to ``path`` unless it exists (False then). Locally the file appears
   whole and only once: written beside it, then hard-linked to its name (``link`` fails
   if the name exists), so a run killed mid-write leaves no partial claim."""

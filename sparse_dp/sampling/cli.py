@@ -4,13 +4,17 @@ Runs :mod:`sparse_dp.sampling.pipeline` on the DirectRunner (this machine) or,
 with ``--runner``, on any Beam runner (DataflowRunner, FlinkRunner,
 SparkRunner); options after ``--`` go to Beam's ``PipelineOptions`` as they
 are (``-- --project=P --region=R --temp_location=gs://...``). ``sparse-dp train
---reader batches --data OUT`` trains on the batches, one per step.
+--reader batches --data OUT --seed-file SEED`` trains on the batches, one per
+step.
 
 The secret seed comes from ``--seed-file`` (its bytes; keep the file apart from
-the batches, which this refuses) or, by default, from ``os.urandom``: then it
-exists only in this process and in the pipeline's serialized steps (a remote
-runner stages those in its temp location) and is never written anywhere, so
-the sample cannot be redrawn.
+the batches, which this refuses), on every runner: only its path travels in
+the pipeline (each worker reads the file), and training needs the file to check
+the manifest's MAC. Each run draws a fresh public salt, so samples drawn with
+one seed file hold independent batches; the ledger beside the seed file
+(:mod:`sparse_dp.sampling.ledger`) refuses a salt drawn twice, and
+``--reproduce FOLDER`` is the one way to draw a sample again: into its own
+folder, under its claims.
 """
 
 from __future__ import annotations
@@ -24,26 +28,33 @@ import posixpath
 from sparse_dp.models.job_flags import progress_output
 
 _PIPELINE_LOGGERS = ("apache_beam",)
+# Flags of a new sample; a reproduction takes them from its manifest.
+_NEEDED = ("data", "steps", "out")
+_DEFAULTS = {"batch_size": 2048, "batches_per_shard": 64, "on_bad_line": "error"}
+_FROM_THE_MANIFEST = (*_NEEDED, *_DEFAULTS, "num_examples", "max_batch_size")
 
 
 def add_parser(commands) -> None:
   parser = commands.add_parser("sample", help="Poisson-sample Criteo files into batches (Beam)",
                                description=__doc__.splitlines()[0])
-  parser.add_argument("--data", required=True, help="path or glob of Criteo files ('day_*')")
-  parser.add_argument("--batch-size", type=int, default=2048,
-                      help="expected batch size B: q = B / N")
-  parser.add_argument("--steps", type=int, required=True, help="batches T to draw")
-  parser.add_argument("--out", required=True, help="a new or empty folder for the batches")
+  parser.add_argument("--data", help="path or glob of Criteo files ('day_*')")
+  parser.add_argument("--batch-size", type=int,
+                      help="expected batch size B: q = B / N (default 2048)")
+  parser.add_argument("--steps", type=int, help="batches T to draw")
+  parser.add_argument("--out", help="a new or empty folder for the batches")
   parser.add_argument("--num-examples", type=int,
                       help="N, if known (skips the counting pass; checked against the files)")
   parser.add_argument("--max-batch-size", type=int,
                       help="truncate batches larger than this to a uniformly random subset "
                            "(accounted as truncated Poisson sampling)")
-  parser.add_argument("--batches-per-shard", type=int, default=64,
-                      help="batches per TFRecord file")
-  parser.add_argument("--seed-file", help="file holding the secret seed (>= 16 bytes); "
-                                          "default: a fresh one from os.urandom, never stored")
-  parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
+  parser.add_argument("--batches-per-shard", type=int,
+                      help="batches per TFRecord file (default 64)")
+  parser.add_argument("--seed-file", help="file holding the secret seed (>= 16 bytes; "
+                                          "required), e.g. from /dev/urandom")
+  parser.add_argument("--reproduce", metavar="FOLDER",
+                      help="draw the sample in FOLDER again (same seed, same salt, from its "
+                           "manifest) into FOLDER, e.g. to restore lost shards; its claims stay")
+  parser.add_argument("--on-bad-line", choices=["error", "skip"], help="default: error")
   parser.add_argument("--runner", default="DirectRunner",
                       help="Beam runner (DirectRunner, DataflowRunner, FlinkRunner, ...)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -56,48 +67,101 @@ def run(args: argparse.Namespace) -> int:
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling import pipeline  # pylint: disable=import-outside-toplevel
-  from sparse_dp.sampling.draws import SecretSeed  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling.manifest import MANIFEST_NAME  # pylint: disable=import-outside-toplevel
-  paths = _input_paths(args.data, FileSystems)
-  _check_numbers(args)
-  out = args.out.rstrip("/") or args.out
-  if args.seed_file is not None:
-    if not FileSystems.exists(args.seed_file):
-      raise ValueError(f"--seed-file {args.seed_file!r} does not exist: write one with "
-                       f"`head -c 32 /dev/urandom > {args.seed_file}` (keep it secret)")
-    if _inside(args.seed_file, out):
-      raise ValueError(f"--seed-file {args.seed_file!r} is inside --out {out!r}: the seed "
-                       "must never sit beside the batches; keep it elsewhere")
-    seed, origin = SecretSeed.read(args.seed_file), "--seed-file (not stored here)"
-    seed = args.seed_file if args.runner != "DirectRunner" else seed  # workers read the file
+  if args.seed_file is None:
+    raise ValueError("--seed-file is required: every worker reads the secret seed from it "
+                     "(only its path travels in the pipeline, never the key), training "
+                     "checks the manifest with it, and the ledger beside it keeps samples "
+                     "from repeating; write one with `head -c 32 /dev/urandom > SEED` and "
+                     "keep it secret, away from the batches")
+  if args.reproduce is not None:
+    spec = _reproduction(args, FileSystems)
   else:
-    seed, origin = SecretSeed.generate(), "os.urandom (not stored anywhere)"
-  _check_out(out, FileSystems)
-  spec = pipeline.SampleSpec(
-      paths=tuple(paths), out=out, batch_size=args.batch_size, steps=args.steps,
-      num_examples=args.num_examples, max_batch_size=args.max_batch_size,
-      batches_per_shard=args.batches_per_shard, on_bad_line=args.on_bad_line,
-      seed_origin=origin)
+    spec = _new_sample(args, FileSystems)
   options = PipelineOptions(["--runner", args.runner, *args.beam_options])
   levels = {name: logging.getLogger(name).level for name in _PIPELINE_LOGGERS}
   with progress_output(args.json):
-    print(f"sparse-dp sample: {len(paths)} file(s) -> {args.steps} batches of expected size "
-          f"{args.batch_size} in {out} ({args.runner})", flush=True)
+    print(f"sparse-dp sample: {len(spec.paths)} file(s) -> {spec.steps} batches of expected "
+          f"size {spec.batch_size} in {spec.out} ({args.runner}"
+          f"{', reproduced' if spec.reproduces else ''})", flush=True)
   try:
     for name in levels:  # a failed step's traceback: the error below says it in one line
       logging.getLogger(name).setLevel(logging.CRITICAL)
-    pipeline.run(spec, seed, options)
+    pipeline.run(spec, args.seed_file, options)
   finally:
     for name, level in levels.items():
       logging.getLogger(name).setLevel(level)
-  with FileSystems.open(posixpath.join(out, MANIFEST_NAME)) as handle:
+  with FileSystems.open(posixpath.join(spec.out, MANIFEST_NAME)) as handle:
     manifest = json.loads(handle.read())
   summary = {k: manifest[k] for k in ("num_examples", "batch_size", "sampling_rate", "steps",
-                                       "max_batch_size")}
-  summary.update(shards=len(manifest["shards"]), out=out, poisson_sampling=True)
+                                       "max_batch_size", "salt")}
+  summary.update(shards=len(manifest["shards"]), out=spec.out, poisson_sampling=True)
   print(json.dumps(summary) if args.json else
         "\n".join(f"{key}: {value}" for key, value in summary.items()))
   return 0
+
+
+def _new_sample(args: argparse.Namespace, filesystems):
+  """The spec of a new sample, with a fresh salt recorded in the seed file's ledger."""
+  from sparse_dp.sampling import ledger, pipeline  # pylint: disable=import-outside-toplevel
+  from sparse_dp.sampling.draws import new_salt  # pylint: disable=import-outside-toplevel
+  missing = [_flag(name) for name in _NEEDED if getattr(args, name) is None]
+  if missing:
+    raise ValueError(f"{', '.join(missing)} needed: give the files, the number of batches and "
+                     "a new folder (or --reproduce FOLDER to draw an existing sample again)")
+  for name, value in _DEFAULTS.items():
+    setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
+  paths = _input_paths(args.data, filesystems)
+  _check_numbers(args)
+  out = args.out.rstrip("/") or args.out
+  _check_seed_file(args.seed_file, out)
+  _check_out(out, filesystems)
+  salt = new_salt()
+  ledger.record(args.seed_file, salt, out)
+  return pipeline.SampleSpec(
+      paths=tuple(paths), out=out, batch_size=args.batch_size, steps=args.steps, salt=salt,
+      num_examples=args.num_examples, max_batch_size=args.max_batch_size,
+      batches_per_shard=args.batches_per_shard, on_bad_line=args.on_bad_line)
+
+
+def _reproduction(args: argparse.Namespace, filesystems):
+  """The spec that draws the sample in ``--reproduce`` again, from its manifest."""
+  from sparse_dp.sampling import ledger, pipeline  # pylint: disable=import-outside-toplevel
+  from sparse_dp.sampling.draws import SecretSeed  # pylint: disable=import-outside-toplevel
+  from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest  # pylint: disable=import-outside-toplevel
+  given = [_flag(name) for name in _FROM_THE_MANIFEST if getattr(args, name) is not None]
+  if given:
+    raise ValueError(f"--reproduce takes the sample's files and numbers from its manifest: "
+                     f"leave out {', '.join(given)}")
+  folder = args.reproduce.rstrip("/") or args.reproduce
+  _check_seed_file(args.seed_file, folder)
+  path = posixpath.join(folder, MANIFEST_NAME)
+  if not filesystems.exists(path):
+    raise ValueError(f"--reproduce {folder!r} has no {MANIFEST_NAME}: give the --out folder "
+                     "of a sample drawn with this --seed-file")
+  with filesystems.open(path) as handle:
+    manifest = Manifest.from_json(handle.read().decode(), path, SecretSeed.read(args.seed_file))
+  ledger.check_reproduction(args.seed_file, manifest.salt, folder)
+  return pipeline.SampleSpec(
+      paths=tuple(f["path"] for f in manifest.inputs), out=folder,
+      batch_size=manifest.batch_size, steps=manifest.steps, salt=manifest.salt,
+      num_examples=manifest.num_examples, max_batch_size=manifest.max_batch_size,
+      batches_per_shard=len(manifest.shards[0].batch_sizes), on_bad_line=manifest.on_bad_line,
+      reproduces=manifest)
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def _check_seed_file(seed_file: str, out: str) -> None:
+  """Refuses a seed file inside the sample's folder, missing or too short (here, not on a
+  worker)."""
+  from sparse_dp.sampling.draws import SecretSeed  # pylint: disable=import-outside-toplevel
+  if _inside(seed_file, out):
+    raise ValueError(f"--seed-file {seed_file!r} is inside {out!r}: the seed must never sit "
+                     "beside the batches; keep it elsewhere")
+  SecretSeed.read(seed_file)
 
 
 def _input_paths(pattern: str, filesystems) -> list[str]:

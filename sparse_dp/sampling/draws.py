@@ -1,16 +1,25 @@
 """Keyed, secret-seeded draws of the Poisson sampler: which steps an example joins.
 
 Every random choice of :mod:`sparse_dp.sampling` is a function of the secret
-seed and of the example's key ``(file name, ordinal)`` (its position among
-the valid examples of its file), never of the order in which a runner reads,
-shards or retries the data: the same seed gives the same batches on any
-runner, any number of workers.
+seed, of the sample's public salt and of the example's key ``(file name,
+ordinal)`` (its position among the valid examples of its file), never of the
+order in which a runner reads, shards or retries the data: the same seed and
+salt give the same batches on any runner, any number of workers.
+
+**One key per sample.** Each sample draws a fresh 128-bit public salt ``s``
+(``os.urandom``, written in its manifest) and keys all its draws with
+``K_s = BLAKE2b_key(seed)("salt" | s)``: two samples drawn with one seed file
+have independent keys (keyed BLAKE2b is a pseudorandom function), so they share
+no batch beyond what independent Poisson samples share by chance. The same
+salt again gives the same batches: that is :mod:`sparse_dp.sampling.ledger`'s
+concern. :class:`SecretSeed` only derives sample keys; every draw is made by a
+:class:`SampleKey`, so no draw is ever keyed by the bare seed.
 
 **The draws.** ``U_j(e) = (floor(W_j / 2^11) + 1) / 2^53``, where ``W_j`` are
-the 64-bit words of ``BLAKE2b_key(seed)("incl" | e | j)`` (keyed BLAKE2b is a
-pseudorandom function: to anyone without the seed its outputs are
-indistinguishable from independent uniform bits, the computational assumption
-every seeded sampler makes). Each ``U`` is uniform on ``{1, ..., 2^53} / 2^53``.
+the 64-bit words of ``BLAKE2b_key(K_s)("incl" | e | j)`` (to anyone without
+the seed the outputs of a pseudorandom function are indistinguishable from
+independent uniform bits, the computational assumption every seeded sampler
+makes). Each ``U`` is uniform on ``{1, ..., 2^53} / 2^53``.
 
 **Inclusion by geometric skips.** Example ``e`` must join each of the steps
 ``0 .. T-1`` independently with probability ``q`` (core paper §3.3). The gaps
@@ -22,8 +31,12 @@ law as ``T`` independent Bernoulli(q) draws, at a cost of ``1 + (steps
 joined)`` uniforms, ``O(1 + T q)`` per example instead of ``O(T)``.
 
 **Truncation.** A batch larger than ``M`` keeps the ``M`` examples of smallest
-``BLAKE2b_key(seed)("trunc" | step | e)``: i.i.d. uniform priorities, so the
+``BLAKE2b_key(K_s)("trunc" | step | e)``: i.i.d. uniform priorities, so the
 kept set is a uniformly random ``M``-subset of the batch.
+
+**The manifest's MAC.** ``BLAKE2b_key(K_s)("mac" | manifest)`` authenticates the
+sample's manifest (its ``N``, ``q`` and shard digests): without the seed no one
+can edit it and write a MAC that training accepts.
 """
 
 from __future__ import annotations
@@ -34,14 +47,21 @@ import os
 import struct
 from typing import Iterator, Optional
 
-SEED_BYTES = 32  # a seed drawn here: 256 bits from os.urandom
+SEED_BYTES = 32  # what the refusals suggest writing: 256 bits from /dev/urandom
 MIN_SEED_FILE_BYTES = 16  # a seed file must hold at least 128 bits
+SALT_BYTES = 16  # a sample's public salt: 128 bits from os.urandom
 _WORDS = struct.Struct(">4Q")
 _EXAMPLE = struct.Struct(">Q")
 
 
+def new_salt() -> str:
+  """A fresh public salt for one sample (hex), from the OS's cryptographic source."""
+  return os.urandom(SALT_BYTES).hex()
+
+
 class SecretSeed:
-  """The sampler's secret key: never written beside the batches, never logged."""
+  """The sampler's secret, read from a seed file: never written beside the batches, never
+  logged; it only derives the key of each sample (:meth:`for_sample`)."""
 
   def __init__(self, material: bytes):
     if len(material) < MIN_SEED_FILE_BYTES:
@@ -52,19 +72,38 @@ class SecretSeed:
     self._key = hashlib.blake2b(material, digest_size=32, person=b"sparse-dp-seed").digest()
 
   @classmethod
-  def generate(cls) -> "SecretSeed":
-    """A fresh seed from the OS's cryptographic source (the sample cannot be redrawn)."""
-    return cls(os.urandom(SEED_BYTES))
-
-  @classmethod
   def read(cls, path: str) -> "SecretSeed":
     """The seed in the file ``path`` (its bytes, e.g. from ``/dev/urandom``)."""
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=import-outside-toplevel
+    if not FileSystems.exists(path):
+      raise ValueError(f"--seed-file {path!r} does not exist: give the seed file of the sample, "
+                       f"or write a new one with `head -c {SEED_BYTES} /dev/urandom > {path}` "
+                       "(keep it secret)")
     with FileSystems.open(path, compression_type="uncompressed") as handle:
       return cls(handle.read())
 
   def __repr__(self) -> str:
     return "SecretSeed(<secret>)"
+
+  def for_sample(self, salt: str) -> "SampleKey":
+    """``K_s``: the key of every draw of the sample whose public salt is ``salt`` (hex)."""
+    try:
+      material = bytes.fromhex(salt)
+    except (TypeError, ValueError):
+      material = b""
+    if len(material) != SALT_BYTES:
+      raise ValueError(f"a sample's salt is {2 * SALT_BYTES} hex digits, got {salt!r}")
+    return SampleKey(hashlib.blake2b(b"salt" + material, key=self._key, digest_size=32).digest())
+
+
+class SampleKey:
+  """``K_s``, the secret key of one sample's draws and of its manifest's MAC."""
+
+  def __init__(self, key: bytes):
+    self._key = key
+
+  def __repr__(self) -> str:
+    return "SampleKey(<secret>)"
 
   def _digest(self, message: bytes) -> bytes:
     return hashlib.blake2b(message, key=self._key, digest_size=32).digest()
@@ -94,15 +133,19 @@ class SecretSeed:
     """``example``'s priority in the truncation of ``step``'s batch (smallest kept)."""
     return self._digest(b"trunc" + _EXAMPLE.pack(step) + example)
 
+  def mac(self, message: bytes) -> str:
+    """The MAC (hex) of ``message``, e.g. the sample's manifest."""
+    return self._digest(b"mac" + message).hex()
+
 
 def example_key(file_name: str, ordinal: int) -> bytes:
   """The key of the ``ordinal``-th valid example of the file named ``file_name``."""
   return file_name.encode() + b"\0" + _EXAMPLE.pack(ordinal)
 
 
-def truncate(seed: SecretSeed, step: int, examples: list, max_batch_size: Optional[int]):
+def truncate(key: SampleKey, step: int, examples: list, max_batch_size: Optional[int]):
   """``examples`` (``(key, line)`` pairs) of ``step``, at most ``max_batch_size``, by key order."""
   if max_batch_size is not None and len(examples) > max_batch_size:
-    examples = sorted(examples, key=lambda e: seed.truncation_priority(e[0], step))
+    examples = sorted(examples, key=lambda e: key.truncation_priority(e[0], step))
     examples = examples[:max_batch_size]
   return sorted(examples)

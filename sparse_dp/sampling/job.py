@@ -7,8 +7,11 @@ epsilon wrong is refused: a ``--batch-size`` other than the sample's (``q``
 would be another), more steps than the sample has unread batches (a batch used
 twice is not a Poisson sample; batches an earlier run claimed are never read
 again, :mod:`sparse_dp.sampling.claims`), two models on one sample
-(``--compare``), a manifest that does not match its files, a missing shard,
-DP-FEST's top-k (it counts the whole data, which the sample is not).
+(``--compare``), a manifest whose MAC is not the ``--seed-file``'s (edited, or
+of another seed), a manifest that does not match its files, a missing shard,
+DP-FEST's top-k (it counts the whole data, which the sample is not). Another
+sample (``sparse-dp sample`` again, with the same seed file or not) has a fresh
+salt and batches independent of this one's: what the refusals below suggest.
 """
 
 from __future__ import annotations
@@ -25,13 +28,19 @@ DEFAULT_EPOCHS = 1.0
 _NOT_WITH_A_SAMPLE = ("fest", "adafest_plus")
 
 
-def add_defaults(parser: argparse.ArgumentParser) -> None:
-  """``--batch-size`` and ``--epochs`` default to "not given" (the sample's, or the usual)."""
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  """``--seed-file``; ``--batch-size`` and ``--epochs`` default to "not given" (the
+  sample's, or the usual)."""
+  parser.add_argument("--seed-file", help="--reader batches: the seed file the sample was "
+                                          "drawn with (checks its manifest)")
   parser.set_defaults(batch_size=None, epochs=None)
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
   """The usual ``--batch-size`` and ``--epochs`` where not given, for the other readers."""
+  if args.reader != "batches" and args.seed_file is not None:
+    raise ValueError(f"--seed-file is for --reader batches (the seed of `sparse-dp sample`), "
+                     f"not --reader {args.reader}: leave it out")
   if args.reader != "batches":
     args.batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
     args.epochs = DEFAULT_EPOCHS if args.epochs is None else args.epochs
@@ -47,11 +56,12 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   from sparse_dp.models import pctr_data  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling.batches import SampledBatches  # pylint: disable=import-outside-toplevel
   from sparse_dp.sampling.claims import CLAIMS  # pylint: disable=import-outside-toplevel
+  from sparse_dp.sampling.draws import SecretSeed  # pylint: disable=import-outside-toplevel
   if len(algorithms) > 1:
     raise ValueError(f"--reader batches trains one model per sample, not {len(algorithms)} "
                      "(--compare): models trained on the same batches together lose the "
-                     "sample's amplification; sample once per algorithm and train each on its "
-                     "own sample")
+                     "sample's amplification; sample once per algorithm (one seed file can "
+                     "serve all: each sample has its own salt) and train each on its own sample")
   refused = [a for a in algorithms if a in _NOT_WITH_A_SAMPLE]
   if refused:
     raise ValueError(f"--reader batches cannot train {', '.join(refused)}: their top-k "
@@ -60,6 +70,10 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   if args.vocabulary == "counted":
     raise ValueError("--reader batches does not count a vocabulary (that needs the whole "
                      "data); use --vocabulary hashed or a vocabulary file")
+  if args.seed_file is None:
+    raise ValueError("--reader batches needs --seed-file, the seed file the sample was drawn "
+                     "with: it checks the manifest's MAC (the sample's N and q as written, "
+                     "never edited)")
   if not args.eval_data:
     raise ValueError("--reader batches trains on the sample at --data and evaluates on other "
                      "files: give --eval-data PATH_OR_GLOB (e.g. the last day)")
@@ -67,7 +81,7 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   if not eval_paths:
     raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
   vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, 1.0, 1)
-  batches = SampledBatches.open(args.data, vocabulary)
+  batches = SampledBatches.open(args.data, vocabulary, SecretSeed.read(args.seed_file))
   manifest = batches.manifest
   if args.batch_size is not None and args.batch_size != manifest.batch_size:
     raise ValueError(f"--batch-size {args.batch_size} contradicts the sample's batch size "
@@ -78,7 +92,7 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
     raise ValueError(f"--data {args.data!r}: all {manifest.steps:,} batches of the sample were "
                      f"claimed by earlier runs ({CLAIMS}/ in the sample folder); a "
                      "batch used twice is not a Poisson sample: sample again with `sparse-dp "
-                     "sample`")
+                     "sample` (a fresh salt: new batches, also with the same seed file)")
   if args.epochs is not None:
     steps = steps_for_epochs(args.epochs, manifest.sampling_rate)
     if steps > unread:
@@ -86,8 +100,9 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
           f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample has "
           f"{unread:,} unread batches of {manifest.steps:,} "
           f"({manifest.steps - unread:,} claimed by earlier runs): a second pass over the same batches is not a "
-          "Poisson sample: leave --epochs out (every unread batch) or sample more steps "
-          "with `sparse-dp sample --steps`")
+          "Poisson sample: leave --epochs out (every unread batch) or sample again with "
+          "`sparse-dp sample --steps` (a fresh salt: new batches, also with the same seed "
+          "file)")
   args.batch_size, args.epochs = manifest.batch_size, steps * manifest.sampling_rate
   held_out = pctr_data.held_out_inputs(eval_paths, vocabulary, args.on_bad_line,
                                        args.max_eval_examples)

@@ -14,9 +14,13 @@ lines fail or are skipped as in ``--on-bad-line``). A shard is a TFRecord file
 of ``batches_per_shard`` consecutive steps, one ``tf.train.Example`` per batch
 (``step``: int64, ``lines``: the batch's examples as Criteo text lines, in key
 order), empty batches included. ``N`` is counted by a first pass over the
-files unless given; the manifest is written last, so a folder with a
-``manifest.json`` holds a whole sample.
+files unless given, and checked against the draw pass's count either way; the
+manifest, signed with the seed, is written last, so a folder with a
+``manifest.json`` holds a whole sample. The seed reaches the workers as the
+seed file's path (each reads the file); what travels in the pipeline is never
+the key.
 """
+
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.data.criteo_format import CATEGORICAL_NAMES, INTEGER_NAMES
-from sparse_dp.sampling.draws import SecretSeed, example_key, truncate
+from sparse_dp.sampling.draws import SampleKey, SecretSeed, example_key, truncate
 from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest, Shard, file_digest
 
 _CHUNK_LINES = 20_000
@@ -46,11 +50,12 @@ class SampleSpec:
   out: str
   batch_size: int
   steps: int
+  salt: str  # public, hex: keys the draws with the secret seed
   num_examples: Optional[int] = None  # None: counted by the pipeline
   max_batch_size: Optional[int] = None
   batches_per_shard: int = 64
   on_bad_line: str = "error"
-  seed_origin: str = "os.urandom, not stored"
+  reproduces: Optional[Manifest] = None  # the manifest a reproduction must give again
 
   @property
   def num_shards(self) -> int:
@@ -61,7 +66,8 @@ class SampleSpec:
 
 
 def run(spec: SampleSpec, seed: "SecretSeed | str", options=None) -> None:
-  """Runs the pipeline (``options``: Beam ``PipelineOptions``; ``seed``: a seed or its file)."""
+  """Runs the pipeline (``options``: Beam ``PipelineOptions``; ``seed``: a seed or its file's
+  path, which is all that travels to remote workers)."""
   if not FileSystems.exists(spec.out):
     FileSystems.mkdirs(spec.out)
   with beam.Pipeline(options=options) as pipeline:
@@ -84,7 +90,7 @@ def run(spec: SampleSpec, seed: "SecretSeed | str", options=None) -> None:
               | "ShardList" >> beam.combiners.ToList())
     inputs = drawn[_FILE_STATS] | "FileList" >> beam.combiners.ToList()
     _ = shards | "WriteManifest" >> beam.Map(
-        _write_manifest, spec, beam.pvalue.AsSingleton(inputs))
+        _write_manifest, spec, beam.pvalue.AsSingleton(inputs), num_examples, seed)
 
 
 _FILE_STATS = "file_stats"
@@ -141,10 +147,10 @@ class _DrawSteps(beam.DoFn):
 
   def __init__(self, spec: SampleSpec, seed: "SecretSeed | str"):
     super().__init__()
-    self._spec, self._seed_source, self._seed = spec, seed, None
+    self._spec, self._seed, self._key = spec, seed, None
 
   def setup(self):
-    self._seed = _load(self._seed_source)
+    self._key = _sample_key(self._seed, self._spec)
 
   def process(self, path: str, num_examples: int):
     spec = self._spec
@@ -158,7 +164,7 @@ class _DrawSteps(beam.DoFn):
     for frame in _examples(path, spec.on_bad_line, stats):
       for row in range(len(frame)):
         key = example_key(name, ordinal + row)
-        joined = self._seed.inclusion_steps(key, rate, spec.steps)
+        joined = self._key.inclusion_steps(key, rate, spec.steps)
         if joined:
           line = criteo_line(frame.iloc[row])
           for step in joined:
@@ -172,19 +178,23 @@ class _Truncate(beam.DoFn):
 
   def __init__(self, spec: SampleSpec, seed: "SecretSeed | str"):
     super().__init__()
-    self._spec, self._seed_source, self._seed = spec, seed, None
+    self._spec, self._seed, self._key = spec, seed, None
 
   def setup(self):
-    self._seed = _load(self._seed_source)
+    self._key = _sample_key(self._seed, self._spec)
 
   def process(self, element):
     step, examples = element
-    kept = truncate(self._seed, step, list(examples), self._spec.max_batch_size)
+    kept = truncate(self._key, step, list(examples), self._spec.max_batch_size)
     yield step // self._spec.batches_per_shard, (step, [line for _, line in kept])
 
 
 def _load(seed: "SecretSeed | str") -> SecretSeed:
   return seed if isinstance(seed, SecretSeed) else SecretSeed.read(seed)
+
+
+def _sample_key(seed: "SecretSeed | str", spec: SampleSpec) -> SampleKey:
+  return _load(seed).for_sample(spec.salt)
 
 
 def criteo_line(row) -> str:
@@ -215,18 +225,35 @@ def _write_shard(element, spec: SampleSpec) -> dict:
                                   tuple(len(by_step.get(s, [])) for s in steps), size, sha256))
 
 
-def _write_manifest(shards: list[dict], spec: SampleSpec, inputs: list[dict]) -> None:
+def _write_manifest(shards: list[dict], spec: SampleSpec, inputs: list[dict], num_examples: int,
+                    seed: "SecretSeed | str") -> None:
+  """Writes the signed manifest once the draw pass's ``N`` is checked against the ``N`` the
+  draws used (``num_examples``: given, or counted by the first pass); a reproduction must
+  give its manifest again, and writes none."""
   counted = sum(f["examples"] for f in inputs)
-  if spec.num_examples is not None and counted != spec.num_examples:
-    raise ValueError(f"--num-examples {spec.num_examples:,} but the files hold {counted:,} "
-                     "valid examples: q = batch_size / N was wrong; sample again without "
-                     "--num-examples (it is counted) or with the right number")
+  if spec.reproduces is None and counted != num_examples:
+    if spec.num_examples is not None:
+      raise ValueError(f"--num-examples {spec.num_examples:,} but the files hold {counted:,} "
+                       "valid examples: q = batch_size / N was wrong; sample again without "
+                       "--num-examples (it is counted) or with the right number")
+    raise ValueError(f"the files held {num_examples:,} valid examples when counted but "
+                     f"{counted:,} when drawn: they changed while being sampled, so q = "
+                     "batch_size / N is wrong; sample again from files that do not change")
   manifest = Manifest(
       num_examples=counted, batch_size=spec.batch_size, sampling_rate=spec.batch_size / counted,
       steps=spec.steps, max_batch_size=spec.max_batch_size,
       inputs=tuple(sorted(inputs, key=lambda f: f["name"])),
       shards=tuple(Shard(**s) for s in sorted(shards, key=lambda s: s["first_step"])),
-      seed=spec.seed_origin, on_bad_line=spec.on_bad_line)
+      salt=spec.salt, on_bad_line=spec.on_bad_line).signed(_load(seed))
   manifest.check_consistent(MANIFEST_NAME)
+  if spec.reproduces is not None:
+    if manifest != spec.reproduces:
+      changed = [f["name"] for f in manifest.inputs if f not in spec.reproduces.inputs]
+      raise ValueError(f"--reproduce {spec.out!r}: the batches drawn again differ from the "
+                       f"manifest's (input files changed since: {', '.join(changed) or 'none'}); "
+                       "the manifest is left as it was, so training refuses the shards written "
+                       "now: restore the input files and reproduce again, or sample again with "
+                       "`sparse-dp sample` (a fresh salt)")
+    return
   with FileSystems.create(posixpath.join(spec.out, MANIFEST_NAME)) as handle:
     handle.write(manifest.to_json().encode())
