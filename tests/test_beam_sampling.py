@@ -272,7 +272,10 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
       (copy / path.name).write_bytes(path.read_bytes())
   shard = sorted(changed.glob("*.tfrecord"))[1]
   shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
-  assert "does not match the manifest" in _error(capsys, base + ["--data", str(changed)])
+  # Each shard is checked as it is opened: the run stops at the changed one, in one line.
+  assert main(base + ["--data", str(changed)]) == 2
+  assert "sparse-dp train: error: sparse-dp: a sample shard does not match the manifest" in (
+      capsys.readouterr().err.strip().splitlines()[-1])
   sorted(missing.glob("*.tfrecord"))[0].unlink()
   assert "shard(s) of the manifest are missing" in _error(capsys, base + ["--data", str(missing)])
   assert "needs --seed-file" in _error(capsys, base[:-2] + ["--data", str(sample)])

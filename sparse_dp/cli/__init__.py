@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Optional, Sequence
 
@@ -63,7 +64,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tensorflow_logs.quiet_tensorflow_start_up()
   try:
     return args.run(args)
-  except (ValueError, FileNotFoundError) as error:  # bad input: one line, never a traceback
-    print(f"sparse-dp {args.command}: error: {error}", file=sys.stderr)
+  except Exception as error:  # pylint: disable=broad-except
+    refusal = _refusal(error)
+    if refusal is None:
+      raise
+    print(f"sparse-dp {args.command}: error: {refusal}", file=sys.stderr)
     return 2
+
+
+def _refusal(error: Exception) -> Optional[str]:
+  """The one line that refuses a bad input; ``None`` for any other error (a traceback).
+
+  A ``ValueError`` or ``FileNotFoundError``, or one the package raised inside
+  a TensorFlow input pipeline (a sample shard checked as it is read), which
+  reaches ``fit`` as an ``OpError`` quoting it.
+  """
+  if isinstance(error, (ValueError, FileNotFoundError)):
+    return str(error)
+  tensorflow = sys.modules.get("tensorflow")
+  if tensorflow is not None and isinstance(error, tensorflow.errors.OpError):
+    quoted = re.search(r"(?:ValueError|FileNotFoundError): (sparse-dp: [^\n]*)", error.message)
+    if quoted:
+      return quoted.group(1)
+  return None
 

@@ -1,8 +1,9 @@
 """Reading the batches of ``sparse-dp sample`` for training: one batch per step, in order.
 
 :meth:`SampledBatches.open` reads the manifest and refuses a sample that does
-not match it (a missing shard, a file of another size or SHA-256, numbers that
-do not describe one Poisson sample). :meth:`SampledBatches.dataset` gives the
+not match it (a missing shard, a manifest its MAC does not sign, numbers that
+do not describe one Poisson sample); each shard a run reads is checked
+against its size and SHA-256 as it is opened. :meth:`SampledBatches.dataset` gives the
 next ``steps`` unclaimed batches in step order, encoded exactly as
 :class:`sparse_dp.data.criteo_stream.CriteoStream` encodes Criteo lines, each
 batch at most once: the sample's own cursor skips every batch already handed
@@ -26,6 +27,9 @@ from sparse_dp.data.vocabulary import Vocabulary
 from sparse_dp.sampling import claims
 from sparse_dp.sampling.draws import SecretSeed
 from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest, file_digest
+
+#: The refusal of a shard that is not the one the manifest describes (checked as it is read).
+SHARD_CHANGED = "sparse-dp: a sample shard does not match the manifest"
 
 
 @dataclasses.dataclass
@@ -53,11 +57,6 @@ class SampledBatches:
                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
                        "copy the whole sample folder, restore the shards with `sparse-dp sample "
                        "--reproduce`, or sample again")
-    for shard in manifest.shards:
-      if file_digest(posixpath.join(folder, shard.file)) != (shard.bytes, shard.sha256):
-        raise ValueError(f"--data {folder!r}: {shard.file} does not match the manifest (size "
-                         "or SHA-256): the sample was changed after it was written; restore it "
-                         "with `sparse-dp sample --reproduce`, or sample again")
     return cls(folder, manifest, vocabulary,
                tf.Variable(claims.steps_taken(folder), dtype=tf.int64, trainable=False,
                            name="sampled_batches_cursor"))
@@ -84,9 +83,11 @@ class SampledBatches:
                        "`sparse-dp sample` (a fresh salt: new batches)")
     claims.claim(self.folder, first, first + steps)
     self.cursor.assign(first)
-    paths = [posixpath.join(self.folder, s.file) for s in self.manifest.shards]
-    stream = CriteoStream(paths, self.vocabulary)  # its encoding; the lines were checked when sampled
-    cursor, end = self.cursor, first + steps
+    end = first + steps
+    shards = [s for s in self.manifest.shards if s.steps.start < end and s.steps.stop > first]
+    stream = CriteoStream([posixpath.join(self.folder, s.file) for s in shards],
+                          self.vocabulary)  # its encoding; the lines were checked when sampled
+    cursor = self.cursor
 
     def unread(step, _):
       return tf.logical_and(step >= cursor, step < end)
@@ -106,4 +107,32 @@ class SampledBatches:
       return ({"integers": tf.transpose(features["integers"]),
                "categorical": tf.transpose(features["categorical"])}, tf.transpose(label))
 
-    return tf.data.TFRecordDataset(paths).enumerate().filter(unread).map(batch).take(steps)
+    return self._records(shards).filter(unread).map(batch).take(steps)
+
+  def _records(self, shards: list) -> tf.data.Dataset:
+    """``(step, record)`` of ``shards``, each shard checked against the manifest as it is opened.
+
+    Only the shards of the steps a run reads are opened (a resumed run
+    starts at its first unread step's shard), and each is hashed when its
+    turn comes, not all before the first step: at Criteo-1TB scale a sample
+    is about 1.3 TB of shards.
+    """
+    folder = self.folder
+    paths = tf.constant([posixpath.join(folder, s.file) for s in shards])
+    first_steps = tf.constant([s.first_step for s in shards], tf.int64)
+
+    def check(index):
+      shard = shards[int(index)]
+      if file_digest(posixpath.join(folder, shard.file)) != (shard.bytes, shard.sha256):
+        raise ValueError(f"{SHARD_CHANGED}: --data {folder!r}: {shard.file} (size or SHA-256): "
+                         "the sample was changed after it was written; restore it with "
+                         "`sparse-dp sample --reproduce`, or sample again")
+      return index
+
+    def records(index):
+      checked = tf.py_function(check, [index], tf.int64)
+      checked.set_shape([])
+      return (tf.data.TFRecordDataset(tf.gather(paths, checked)).enumerate()
+              .map(lambda offset, record: (tf.gather(first_steps, checked) + offset, record)))
+
+    return tf.data.Dataset.range(len(shards)).flat_map(records)
