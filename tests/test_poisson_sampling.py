@@ -13,7 +13,7 @@ from conftest import ALPHA
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training.sampling import largest_plausible_batch, poisson_batches
+from sparse_dp.training.sampling import PoissonSample, largest_plausible_batch, poisson_batches
 
 SIGMA = 1.0
 
@@ -101,6 +101,17 @@ def test_inclusions_over_passes_are_binomial():
   assert np.all((low <= counts) & (counts <= high)), (counts.min(), counts.max(), low, high)
   low, high = stats.binom.ppf(level, trials, q * q), stats.binom.isf(level, trials, q * q)
   assert low <= pairs <= high  # inclusions independent across examples
+
+
+def test_the_parts_of_a_poisson_batch_are_disjoint_and_make_the_batch():
+  sample = PoissonSample(np.arange(1000), 0.1)
+  seed = tf.constant([3, 4], tf.int64)
+  batch = sample(seed).numpy()
+  parts = [sample(seed, tf.constant(part), 3).numpy() for part in range(3)]
+  assert len(batch) > 50
+  # Contiguous slices: their concatenation is the batch, each example in one part.
+  np.testing.assert_array_equal(np.concatenate(parts), batch)
+  assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_sampling_rate_one_takes_every_example_every_step():

@@ -95,10 +95,20 @@ class PoissonSample:
     self.capacity = capacity
     self._sparse_rows = tf.nest.map_structure(_sparse_row_index, self.data)
 
-  def __call__(self, seed):
-    """The batch keyed by ``seed`` (a stateless seed, shape ``[2]``)."""
+  def __call__(self, seed, part=0, parts: int = 1):
+    """The batch keyed by ``seed`` (a stateless seed, shape ``[2]``), or one part of it.
+
+    With ``parts > 1``: the ``part``-th (an int or a scalar tensor, from 0) of
+    ``parts`` contiguous, disjoint slices of the sampled examples, of sizes
+    differing by at most one, whose union is the batch: every replica of a
+    step draws the same sample (the seed is stateless) and takes its own part.
+    """
     positions = (tf.range(self.rows, dtype=tf.int64) if self.sampling_rate == 1
                  else bernoulli_positions(self.rows, self.sampling_rate, seed))
+    if parts > 1:
+      sampled = tf.size(positions, out_type=tf.int64)
+      part = tf.cast(part, tf.int64)
+      positions = positions[sampled * part // parts:sampled * (part + 1) // parts]
     if self.capacity is None:
       return self._gather(positions)
     size = tf.size(positions, out_type=tf.int64)
