@@ -2,9 +2,12 @@
 
 Each algorithm trains a few DP steps on the cluster with no ``noise_seed``
 (each worker draws its own, ``make_private`` must share worker 0's) on the
-run's Poisson batches (each global batch split across the workers). Worker 0
-then trains the same model in this process alone, with that seed, hence the
-same global batches, and prints both results as one JSON line.
+run's Poisson batches (each global batch split across the workers), each
+worker with its own TensorFlow global seed (which the batches must not depend
+on). Worker 0 then trains the same model in this process alone, with that
+seed, hence the same global batches. Last, worker 1 makes one Poisson dataset
+more than worker 0 before both fit: ``fit`` must refuse on both. Prints the
+results as one JSON line.
 """
 
 import json
@@ -23,15 +26,25 @@ CONFIGS = {
 }
 
 
-def train(strategy, config, noise_seed):
+def data():
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.5, N) % VOCAB).astype("int64")
-  labels = rng.integers(0, 2, (N, 1)).astype("float32")
+  return ids, rng.integers(0, 2, (N, 1)).astype("float32")
+
+
+def private_model(strategy, config, noise_seed):
   with strategy.scope():
-    model = tiny_model(VOCAB)
+    model = tiny_model(VOCAB)  # sets the global seed to 5
     private = sparse_dp.make_private(
         model, sparse_dp.DPConfig(noise_seed=noise_seed, **config), num_examples=N,
         batch_size=BATCH)
+  return model, private
+
+
+def train(strategy, config, noise_seed, global_seed):
+  ids, labels = data()
+  model, private = private_model(strategy, config, noise_seed)
+  tf.random.set_seed(global_seed)
   dataset = private.poisson_dataset(ids, labels, epochs=STEPS * BATCH / N)
   history = model.fit(dataset, epochs=1, verbose=0)
   return {"weights": [w.numpy().tolist() for w in model.trainable_weights],
@@ -42,14 +55,23 @@ def train(strategy, config, noise_seed):
 
 def main():
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  chief = strategy.cluster_resolver.task_id == 0
+  worker = strategy.cluster_resolver.task_id
   results = {}
   for name, config in CONFIGS.items():
-    cluster = train(strategy, config, None)
+    cluster = train(strategy, config, None, global_seed=1 + worker)
     results[name] = {"cluster": cluster}
-    if chief:
+    if worker == 0:
       results[name]["alone"] = train(tf.distribute.OneDeviceStrategy("/cpu:0"), config,
-                                     cluster["seed"])
+                                     cluster["seed"], global_seed=3)
+  model, private = private_model(strategy, CONFIGS["dpsgd"], None)
+  ids, labels = data()
+  if worker == 1:
+    private.poisson_dataset(ids, labels)
+  try:
+    model.fit(private.poisson_dataset(ids, labels, epochs=BATCH / N), verbose=0)
+    results["extra_dataset"] = {"steps": private.accountant.steps}
+  except ValueError as error:
+    results["extra_dataset"] = {"refused": str(error), "steps": private.accountant.steps}
   print(json.dumps(results))
 
 

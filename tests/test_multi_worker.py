@@ -50,7 +50,8 @@ def workers():
 def test_two_workers_equal_one_process(workers, run):
   chief, other = workers[0][run], workers[1][run]
   cluster, alone = chief["cluster"], chief["alone"]
-  # Each worker drew its own OS seed; make_private must share worker 0's.
+  # Each worker drew its own OS seed; make_private must share worker 0's. Each set
+  # its own TF global seed too, which the Poisson batches must not depend on.
   assert other["cluster"]["seed"] == cluster["seed"] == alone["seed"]
   # The global steps are counted once: 3 on every worker, as alone.
   assert cluster["steps"] == other["cluster"]["steps"] == alone["steps"] == 3
@@ -61,3 +62,10 @@ def test_two_workers_equal_one_process(workers, run):
     np.testing.assert_array_equal(np.array(mine), np.array(theirs))
     # Noise added on both workers, or selections from two seeds, would break this.
     np.testing.assert_allclose(np.array(mine), np.array(single), rtol=1e-4, atol=1e-5)
+
+
+def test_workers_about_to_draw_different_poisson_batches_are_refused_before_a_step(workers):
+  # Worker 1 made one Poisson dataset more: its fit's dataset has another stream.
+  for worker in workers:
+    assert "different Poisson batches" in worker["extra_dataset"]["refused"]
+    assert worker["extra_dataset"]["steps"] == 0

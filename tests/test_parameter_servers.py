@@ -1,4 +1,4 @@
-"""ParameterServerStrategy: sharded tables, keyed asynchronous steps, the accountant (issue 13)."""
+"""ParameterServerStrategy: sharded tables, keyed steps, accounting, replicas (issues 13, 22)."""
 
 import json
 import pathlib
@@ -9,15 +9,21 @@ import numpy as np
 import pytest
 
 SCRIPT = pathlib.Path(__file__).with_name("ps_steps.py")
+REPLICAS_SCRIPT = pathlib.Path(__file__).with_name("ps_replicas.py")
+
+
+def printed_json(script: pathlib.Path) -> dict:
+  """The JSON line ``script`` prints last, run in a fresh process."""
+  done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def cluster():
-  """The script's JSON: one in-process cluster (2 PS, 2 workers) for the module."""
-  done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                        timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  """``ps_steps.py``'s JSON: one in-process cluster (2 PS, 2 workers) for the module."""
+  return printed_json(SCRIPT)
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
@@ -46,3 +52,22 @@ def test_asynchronous_steps_have_distinct_noise_keys_and_are_all_counted(cluster
 
 def test_keras_fit_is_refused_naming_the_fix(cluster):
   assert "ParameterServerTraining" in cluster["keras_fit"]
+
+
+@pytest.fixture(scope="module")
+def replicas():
+  """``ps_replicas.py``'s JSON: every algorithm on one device and on two mirrored replicas."""
+  return printed_json(REPLICAS_SCRIPT)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "fest", "adafest", "adafest+"])
+def test_two_replicas_split_each_batch_and_equal_one_replica(replicas, algorithm):
+  one, two = replicas[algorithm]["one"], replicas[algorithm]["two"]
+  # Each step counted once, with its reduced logs (a float per statistic).
+  assert one["counted"] == two["counted"] == 2
+  assert one["logs"]["keys"] == two["logs"]["keys"] == [0, 1]
+  assert two["logs"]["nonzero_rows"] == one["logs"]["nonzero_rows"]
+  for a, b in zip(one["weights"], two["weights"]):
+    # Every replica clipping the whole batch (an update R times the clipped sum
+    # under one noise draw) or noise added on both would break this.
+    np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-4, atol=1e-5)

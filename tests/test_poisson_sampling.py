@@ -13,7 +13,8 @@ from conftest import ALPHA
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training.sampling import largest_plausible_batch, poisson_batches
+from sparse_dp.training.sampling import (PoissonSample, largest_plausible_batch, poisson_batches,
+                                        poisson_passes)
 
 SIGMA = 1.0
 
@@ -84,6 +85,34 @@ def test_two_poisson_datasets_draw_different_batches_and_a_fixed_seed_reproduces
   assert first_batches() == first  # DPConfig(noise_seed=1): the same run again
 
 
+def test_passes_are_keyed_by_the_seed_and_their_count_not_by_the_global_seed():
+  def two_passes(global_seed):
+    tf.random.set_seed(global_seed)  # workers of one job may set theirs apart
+    dataset = poisson_batches(np.arange(1000), 0.05, 2, seed=7, stream=3)
+    return [[batch.numpy().tolist() for batch in dataset] for _ in range(2)]
+
+  try:
+    first = two_passes(1)
+    assert first[0] != first[1]  # each pass a fresh sample
+    assert two_passes(2) == first
+  finally:
+    tf.random.set_seed(None)
+
+
+def test_the_fingerprint_is_that_of_the_next_pass_first_batch():
+  def passes(data=np.arange(1000)):
+    return poisson_passes(data, 0.05, 2, seed=7, stream=3)
+
+  one, two = passes(), passes()
+  start = one.next_batch_fingerprint()
+  assert two.next_batch_fingerprint() == start
+  list(one.dataset())  # a pass begins: the next is another sample
+  assert int(one.passes.numpy()) == 1 and one.next_batch_fingerprint() != start
+  list(two.dataset())
+  assert two.next_batch_fingerprint() == one.next_batch_fingerprint()
+  assert passes(np.arange(1000) + 1).next_batch_fingerprint() != start  # other data
+
+
 def test_inclusions_over_passes_are_binomial():
   examples, q, steps, passes = 40, 0.3, 25, 12
   dataset = poisson_batches(np.arange(examples), q, steps, seed=7)
@@ -101,6 +130,17 @@ def test_inclusions_over_passes_are_binomial():
   assert np.all((low <= counts) & (counts <= high)), (counts.min(), counts.max(), low, high)
   low, high = stats.binom.ppf(level, trials, q * q), stats.binom.isf(level, trials, q * q)
   assert low <= pairs <= high  # inclusions independent across examples
+
+
+def test_the_parts_of_a_poisson_batch_are_disjoint_and_make_the_batch():
+  sample = PoissonSample(np.arange(1000), 0.1)
+  seed = tf.constant([3, 4], tf.int64)
+  batch = sample(seed).numpy()
+  parts = [sample(seed, tf.constant(part), 3).numpy() for part in range(3)]
+  assert len(batch) > 50
+  # Contiguous slices: their concatenation is the batch, each example in one part.
+  np.testing.assert_array_equal(np.concatenate(parts), batch)
+  assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_sampling_rate_one_takes_every_example_every_step():

@@ -16,7 +16,8 @@ Step ``k``, on whichever worker runs it:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
   probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.PoissonSample`),
-  exactly the sample the accountant assumes (core paper §3.3);
+  exactly the sample the accountant assumes (core paper §3.3); on a worker
+  with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
   (``scheduled_step_seed`` in :mod:`sparse_dp.training.dp_train_step`), and counts
   itself in the model's DP state on the parameter servers (an atomic
@@ -63,6 +64,14 @@ class ParameterServerTraining:
   Works on a ``ParameterServerStrategy`` (steps scheduled on its workers by a
   ``ClusterCoordinator``) and on any other strategy (steps run in order here),
   with the same keys: a one-worker schedule equals a single process.
+
+  On several replicas per step (a worker's GPUs, a ``MirroredStrategy``'s
+  devices) each replica draws the step's Poisson batch from its key and takes
+  its own disjoint part of it (:class:`~sparse_dp.training.sampling.PoissonSample`),
+  so the replicas together clip each sampled example once; the DP step then
+  works as under Keras ``fit`` on such a strategy (:mod:`sparse_dp.training.step`):
+  the selection is the whole batch's, the noise is added on the first replica
+  only, and the sum over replicas is the one-replica update.
   """
 
   def __init__(self, private, x, y=None):
@@ -131,13 +140,21 @@ class ParameterServerTraining:
 
   def _step_function(self, base):
     model, sample = self.model, self.sample
+    strategy = model.distribute_strategy
+
+    def replica_step(seed, key):
+      context = tf.distribute.get_replica_context()
+      part = sample(seed, context.replica_id_in_sync_group, context.num_replicas_in_sync)
+      return model.train_step(part, scheduled_step=key)
 
     @tf.function
     def step(key):
-      batch = sample(tf.random.experimental.stateless_fold_in(base, key))
-      stats = model.distribute_strategy.run(
-          lambda batch: model.train_step(batch, scheduled_step=key), args=(batch,))
-      return {**stats, "key": key}
+      stats = strategy.run(replica_step,
+                           args=(tf.random.experimental.stateless_fold_in(base, key), key))
+      # The first replica's logs, as Keras reports them: the DP statistics are its own.
+      first = {name: strategy.experimental_local_results(value)[0]
+               for name, value in stats.items()}
+      return {**first, "key": key}
 
     return step
 

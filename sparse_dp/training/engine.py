@@ -29,7 +29,7 @@ from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import penalty_of
 from sparse_dp.training.sampling import (batch_capacity, derives_from, examples_in_batch,
-                                        largest_plausible_batch, poisson_batches,
+                                        largest_plausible_batch, poisson_passes,
                                         transformations_from)
 from sparse_dp.training.state import DPState, Run, attach
 from sparse_dp.training.step import StepNoise
@@ -78,7 +78,8 @@ class PrivateTraining:
         config.noise_seed if config.noise_seed is not None else secrets.randbits(62))
     self.epsilon_budget = _epsilon_budget(config)
     self.feeding_poisson = False  # whether the fit running now is fed our Poisson batches
-    self._poisson_datasets: list[weakref.ref] = []
+    # Each Poisson dataset made here (alive), with its passes (None: presampled batches).
+    self._poisson_datasets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     self._streams = itertools.count()
     self._separable = spec is None  # nothing to probe without DP
     self._accountant: tuple = (None, None)
@@ -254,13 +255,13 @@ class PrivateTraining:
     if padded and not self.is_private:
       raise ValueError("poisson_dataset(padded=True): algorithm 'none' trains with Keras's own "
                        "train_step, which has no example mask; pass padded=False")
-    dataset = poisson_batches(data if len(data) > 1 else data[0], self.sampling_rate,
-                              steps_for_epochs(epochs, self.sampling_rate), self.seed, stream,
-                              num_examples=self.num_examples,
-                              capacity=(batch_capacity(self.num_examples, self.sampling_rate)
-                                        if padded else None))
-    self._poisson_datasets = [ref for ref in self._poisson_datasets if ref() is not None]
-    self._poisson_datasets.append(weakref.ref(dataset))
+    passes = poisson_passes(data if len(data) > 1 else data[0], self.sampling_rate,
+                            steps_for_epochs(epochs, self.sampling_rate), self.seed, stream,
+                            num_examples=self.num_examples,
+                            capacity=(batch_capacity(self.num_examples, self.sampling_rate)
+                                      if padded else None))
+    dataset = passes.dataset()
+    self._poisson_datasets[dataset] = passes
     return dataset
 
   def presampled_dataset(self, dataset: tf.data.Dataset, num_examples: int,
@@ -279,8 +280,7 @@ class PrivateTraining:
           f"the batches were sampled with (N, q, max batch size) = {sample}, but this run "
           f"accounts {(self.num_examples, self.sampling_rate, self.max_batch_size)}: pass "
           "make_private the sample's num_examples, batch_size and max_batch_size")
-    self._poisson_datasets = [ref for ref in self._poisson_datasets if ref() is not None]
-    self._poisson_datasets.append(weakref.ref(dataset))
+    self._poisson_datasets[dataset] = None
     return dataset
 
   def transformations_to(self, x) -> Optional[list[str]]:
@@ -294,9 +294,16 @@ class PrivateTraining:
     """Whether ``x`` is one of this object's Poisson datasets, behind batch-preserving steps."""
     return derives_from(x, self._live_datasets())
 
+  def next_batch_fingerprint(self, x) -> int:
+    """A fingerprint of the first batch ``fit(x)`` will draw, if ``x`` is one of this object's
+    Poisson datasets (:meth:`.PoissonPasses.next_batch_fingerprint`); else 0."""
+    for dataset, passes in list(self._poisson_datasets.items()):
+      if passes is not None and derives_from(x, [dataset]):
+        return passes.next_batch_fingerprint()
+    return 0
+
   def _live_datasets(self) -> list[tf.data.Dataset]:
-    return [dataset for dataset in (ref() for ref in self._poisson_datasets)
-            if dataset is not None]
+    return list(self._poisson_datasets)
 
   def callback(self, log_every_steps: int = 50):
     from sparse_dp.training.callbacks import PrivacyCallback  # pylint: disable=import-outside-toplevel

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.distribute import parameter_servers
+from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training import host_guards, mixed_precision, padded_batches, update_guard
@@ -135,7 +135,8 @@ def _private_fit(training: PrivateTraining):
   dataset through ``map``/``unbatch``/``filter``/``cache``/...) is "not
   Poisson": its steps are counted in ``non_poisson_steps`` and checked against
   the expected batch size. The first batch is probed for separability before
-  the first step.
+  the first step. Under a multi-worker strategy, every worker must be about to
+  draw the same first Poisson batch (:func:`workers.refuse_different_batches`).
   """
   fit = type(training.model).fit
   signature = inspect.signature(fit)
@@ -157,6 +158,9 @@ def _private_fit(training: PrivateTraining):
       _refuse_uncompilable_inputs(x)
     if not training.separability_checked:
       call.arguments["x"] = _probe(training, x, call.arguments)
+    if workers.is_multi_worker(self.distribute_strategy):  # after the probe's pass
+      workers.refuse_different_batches(self.distribute_strategy,
+                                       training.next_batch_fingerprint(x))
     if compiled:
       if not poisson:
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)

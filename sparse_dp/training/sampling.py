@@ -2,18 +2,19 @@
 
 The accountant assumes every example joins every batch independently with
 probability ``q``. ``poisson_batches`` does exactly that: the batch of step
-``t`` of a pass holds the examples at the positions :func:`bernoulli_positions`
+``t`` of pass ``p`` holds the examples at the positions :func:`bernoulli_positions`
 draws from ``[0, N)`` with seed ``fold_in(fold_in(fold_in(seed, stream), p), t)``,
 so batch sizes vary around ``q N`` and the work per batch is O(batch), not O(N).
 
-No pass replays the batches of another. ``p`` is a 64-bit key that
-``tf.data.Dataset.random(rerandomize_each_iteration=True)`` draws afresh at
-every new iteration of the dataset (a Keras epoch, a ``repeat``), and
-``stream`` numbers the datasets made from one secret seed (each
-``poisson_dataset`` call), so each step is a fresh Poisson sample, as
-accounted. A key drawn by ``tf.data`` rather than a counter variable keeps the
-dataset free of captured variables, so it can be distributed and made under a
-user's strategy scope; its secrecy comes from ``seed``, which it is folded with.
+No pass replays the batches of another. ``p`` counts the passes begun over
+the dataset (a Keras epoch, a ``repeat``, any new iterator: :class:`PoissonPasses`,
+a counter of this process's CPU) and ``stream`` numbers the datasets made from
+one secret seed (each ``poisson_dataset`` call), so each step is a fresh
+Poisson sample, as accounted. The batches depend on nothing else (not on
+TensorFlow's global seed): workers of one multi-worker job that hold the same
+seed, make the same datasets and iterate them alike draw the same global
+batches, which ``fit`` checks at its start
+(:func:`sparse_dp.distribute.workers.refuse_different_batches`).
 
 ``data`` is any nest (tuples, dicts) of arrays, tensors, ``tf.RaggedTensor``
 and ``tf.SparseTensor`` sharing their first dimension; pandas columns are
@@ -32,6 +33,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from sparse_dp.distribute import workers
 from sparse_dp.mechanisms import bernoulli_positions
 from sparse_dp.training import padded_batches
 
@@ -42,6 +44,17 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
                     stream: int = 0, num_examples: Optional[int] = None,
                     capacity: Optional[int] = None) -> tf.data.Dataset:
   """``steps`` Poisson-sampled batches of ``data`` per pass, fresh on every pass.
+
+  The dataset of :func:`poisson_passes` (same arguments).
+  """
+  return poisson_passes(data, sampling_rate, steps, seed, stream, num_examples,
+                        capacity).dataset()
+
+
+def poisson_passes(data, sampling_rate: float, steps: int, seed: int = 0,
+                   stream: int = 0, num_examples: Optional[int] = None,
+                   capacity: Optional[int] = None) -> PoissonPasses:
+  """The :class:`PoissonPasses` of ``steps`` Poisson-sampled batches of ``data`` per pass.
 
   ``seed`` (secret) and ``stream`` (distinct for every dataset made from one
   seed) key the sample; a fixed pair makes the sequence of passes reproducible.
@@ -64,19 +77,46 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
         "the default delta = 1 / num_examples hold only for a sample of all num_examples "
         f"examples. Pass make_private num_examples={rows}, or give poisson_dataset all "
         f"{num_examples:,} examples")
-  base = tf.random.experimental.stateless_fold_in(
-      tf.constant([seed, _SAMPLE_SALT], tf.int64), stream)
-  sample = PoissonSample(data, sampling_rate, capacity)
+  return PoissonPasses(PoissonSample(data, sampling_rate, capacity), steps, seed, stream)
 
-  def batch(pass_seed, step):
-    return sample(tf.random.experimental.stateless_fold_in(pass_seed, step))
 
-  def one_pass(pass_key):
-    pass_seed = tf.random.experimental.stateless_fold_in(base, pass_key)
-    return tf.data.Dataset.range(steps).map(lambda step: batch(pass_seed, step))
+class PoissonPasses:
+  """``steps`` batches of a :class:`PoissonSample` per pass, keyed by an explicit pass count.
 
-  pass_keys = tf.data.Dataset.random(seed=stream, rerandomize_each_iteration=True).take(1)
-  return pass_keys.flat_map(one_pass).apply(tf.data.experimental.assert_cardinality(steps))
+  Pass ``p`` (the ``p``-th iteration of :meth:`dataset`, counted from 0) has
+  the batches ``sample(fold_in(fold_in(fold_in([seed, salt], stream), p), t))``
+  for ``t < steps``. The count ``passes`` is a variable of this process's CPU
+  that each pass increments as it begins.
+  """
+
+  def __init__(self, sample: PoissonSample, steps: int, seed: int, stream: int):
+    self.sample = sample
+    self.steps = steps
+    self._base = tf.random.experimental.stateless_fold_in(
+        tf.constant([seed, _SAMPLE_SALT], tf.int64), stream)
+    self.passes = workers.host_variable(0, dtype=tf.int64, trainable=False,
+                                        name="poisson_passes")
+
+  def dataset(self) -> tf.data.Dataset:
+    """The batches of one new pass per iteration."""
+    return (tf.data.Dataset.range(1).flat_map(self._next_pass)
+            .apply(tf.data.experimental.assert_cardinality(self.steps)))
+
+  def batch(self, pass_index, step) -> tf.Tensor:
+    """The batch of ``step`` in pass ``pass_index``."""
+    pass_seed = tf.random.experimental.stateless_fold_in(self._base, pass_index)
+    return self.sample(tf.random.experimental.stateless_fold_in(pass_seed, step))
+
+  def next_batch_fingerprint(self) -> int:
+    """A 64-bit fingerprint of the first batch of the pass that begins next (none begins)."""
+    parts = tf.nest.flatten(self.batch(self.passes.read_value(), 0), expand_composites=True)
+    each = tf.fingerprint(tf.stack([tf.io.serialize_tensor(part) for part in parts]))
+    whole = tf.fingerprint(tf.reshape(each, [1, -1]))[0]
+    return int(tf.bitcast(whole, tf.int64).numpy())
+
+  def _next_pass(self, _):
+    pass_index = self.passes.assign_add(1) - 1
+    return tf.data.Dataset.range(self.steps).map(lambda step: self.batch(pass_index, step))
 
 
 class PoissonSample:
@@ -95,10 +135,20 @@ class PoissonSample:
     self.capacity = capacity
     self._sparse_rows = tf.nest.map_structure(_sparse_row_index, self.data)
 
-  def __call__(self, seed):
-    """The batch keyed by ``seed`` (a stateless seed, shape ``[2]``)."""
+  def __call__(self, seed, part=0, parts: int = 1):
+    """The batch keyed by ``seed`` (a stateless seed, shape ``[2]``), or one part of it.
+
+    With ``parts > 1``: the ``part``-th (an int or a scalar tensor, from 0) of
+    ``parts`` contiguous, disjoint slices of the sampled examples, of sizes
+    differing by at most one, whose union is the batch: every replica of a
+    step draws the same sample (the seed is stateless) and takes its own part.
+    """
     positions = (tf.range(self.rows, dtype=tf.int64) if self.sampling_rate == 1
                  else bernoulli_positions(self.rows, self.sampling_rate, seed))
+    if parts > 1:
+      sampled = tf.size(positions, out_type=tf.int64)
+      part = tf.cast(part, tf.int64)
+      positions = positions[sampled * part // parts:sampled * (part + 1) // parts]
     if self.capacity is None:
       return self._gather(positions)
     size = tf.size(positions, out_type=tf.int64)
