@@ -23,7 +23,6 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 import sparse_dp
@@ -165,7 +164,12 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                             tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
   auc = keras.metrics.AUC(from_logits=True)
   auc.update_state(y_eval, logits)
-  nonzero_rows = float(np.mean(history["nonzero_rows"])) if "nonzero_rows" in history else full_rows
+  # The update's size over every step of the run (run_statistics), against the full tables.
+  full_coordinates = float(sum(v * embedding_dim(v) for v in vocabulary_sizes))
+  run = (private.run_statistics.result() if private.is_private else
+         {"nonzero_rows": full_rows, "nonzero_rows_min": full_rows,
+          "nonzero_rows_max": full_rows, "nonzero_coordinates": full_coordinates})
+  nonzero_rows = run["nonzero_rows"]
   metrics = {
       "algorithm": kind.value, "embedding": private.embedding_backend.name,
       "auc": float(auc.result()),
@@ -174,8 +178,12 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "training_epsilon": report.training_epsilon if report else None,
       "delta": private.delta if private.is_private else None,
       "steps": steps, "examples_per_second": steps * batch_size / seconds,
-      "gradient_size_reduction": full_rows / max(nonzero_rows, 1.0),
+      "gradient_size_reduction": (None if nonzero_rows is None
+                                  else full_rows / max(nonzero_rows, 1.0)),
       "nonzero_rows_per_step": nonzero_rows,
+      "nonzero_rows_per_step_min": run["nonzero_rows_min"],
+      "nonzero_rows_per_step_max": run["nonzero_rows_max"],
+      "nonzero_coordinates_per_step": run["nonzero_coordinates"],
       "train_examples": num_examples, "eval_examples": len(y_eval),
       "noise_multipliers": _noise_multipliers(private),
       "threshold": (config.threshold_for(private.spec.sigma1)

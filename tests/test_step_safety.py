@@ -46,7 +46,8 @@ def pctr_like(**dense_kwargs):
 def test_logs_hold_only_dp_statistics_unless_debug():
   model = pctr_like()
   _, _, stats = step(model, batch())
-  assert set(stats) == {"nonzero_rows", "gradient_size_reduction", "noisy_gradient_norm"}
+  assert set(stats) == {"nonzero_rows", "nonzero_coordinates", "gradient_size_reduction",
+                        "noisy_gradient_norm"}
   _, _, debug = step(model, batch(), debug_metrics=True)
   assert {"gradient_snr", "rows_dropped", "false_positive_rows"} <= set(debug)
 

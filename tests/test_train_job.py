@@ -13,7 +13,8 @@ from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import pctr_data, train_job
 
 KEYS = {"algorithm", "auc", "logloss", "epsilon", "delta", "steps", "examples_per_second",
-        "gradient_size_reduction", "nonzero_rows_per_step", "train_examples",
+        "gradient_size_reduction", "nonzero_rows_per_step", "nonzero_rows_per_step_min",
+        "nonzero_rows_per_step_max", "nonzero_coordinates_per_step", "train_examples",
         "eval_examples", "skipped_lines"}
 
 

@@ -127,22 +127,26 @@ def measure(settings: dict) -> dict:
   labels = rng.integers(0, 2, (total, batch, 1)).astype("float32")
   model, private = _build(settings, tf)
   batches = tf.data.Dataset.from_tensor_slices((ids, labels))
-  if settings.get("xla") and private == "dp":
+  if settings.get("xla") and private is not None:
     batches = batches.map(lambda x, y: _padded(x, y, batch, tf))
   iterator = iter(batches.repeat())
   train = model.make_train_function()
   seconds, nonzero, first_step = [], [], None
   for step in range(total):
+    if step == _WARMUP_STEPS and private is not None:
+      private.run_statistics.reset()  # the timed steps' update sizes
     start = time.perf_counter()
-    logs = train(iterator)
-    rows = float(logs["nonzero_rows"]) if "nonzero_rows" in logs else None
+    train(iterator)
     elapsed = time.perf_counter() - start
     if step == 0:
       first_step = elapsed  # tracing and compiling included
     if step >= _WARMUP_STEPS:
       seconds.append(elapsed)
-      nonzero.append(rows if rows is not None else
-                     (vocabulary if private != "none" else len(np.unique(ids[step]))))
+      # Without DP, the rows a step's gradient has (every row for a dense one).
+      nonzero.append(len(np.unique(ids[step])) if settings["trainer"] == "nonprivate"
+                     else vocabulary)
+  if private is not None:
+    nonzero = [private.run_statistics.result()["nonzero_rows"]]
   return {"trainer": settings["trainer"], "vocab": vocabulary, "xla": settings.get("xla", False),
           "first_step_seconds": first_step, "seconds_per_step": statistics.median(seconds),
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -172,7 +176,7 @@ def pad_rows(batch, extra: int, tf):
 
 
 def _build(settings: dict, tf):
-  """``(compiled model, kind)`` for one trainer."""
+  """``(compiled model, its PrivateTraining)`` for one trainer (``None``: not DP here)."""
   from sparse_dp import DPConfig, make_private  # pylint: disable=import-outside-toplevel
   from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
   from sparse_dp.layers import Embedding  # pylint: disable=import-outside-toplevel
@@ -194,17 +198,17 @@ def _build(settings: dict, tf):
         l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"], use_xla=False,
         layer_registry=layer_registry.make_default_layer_registry(), inputs=ids, outputs=logit)
     model.compile(optimizer=optimizer, loss=loss)
-    return model, "dense"
+    return model, None
   model = keras.Model(ids, logit)
   model.compile(optimizer=optimizer, loss=loss, jit_compile=settings.get("xla", False))
   if trainer == "nonprivate":
-    return model, "none"
+    return model, None
   config = (DPConfig("dpsgd", l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"])
             if trainer == "dpsgd" else
             DPConfig("adafest", l2_norm_clip=settings["clip"], contribution_clip=settings["clip"],
                      sigma1=settings["sigma1"], sigma2=settings["sigma2"], threshold=settings["tau"]))
-  make_private(model, config, num_examples=_NUM_EXAMPLES, batch_size=settings["batch_size"])
-  return model, "dp"
+  return model, make_private(model, config, num_examples=_NUM_EXAMPLES,
+                             batch_size=settings["batch_size"])
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ class ParameterServerTraining:
       steps = min(steps, limit - taken)
     if steps <= 0:
       return {"steps": 0, "epsilon": private.epsilon()}
+    private.run_statistics.reset()
     first_key = int(private.noise_draws.assign_add(steps).numpy()) - steps
     outputs = [self._run(tf.constant(first_key + i, tf.int64)) for i in range(steps)]
     if self.coordinator is not None:

@@ -117,6 +117,9 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
       state.count_step(poisson)
       if scheduled_step is None:  # a scheduled step's key was reserved by its scheduler
         training.noise_draws.assign_add(1)
+      # The run's gradient size so far (run_statistics), in place of this step's alone.
+      stats = {**stats, **training.run_statistics.record(stats["nonzero_rows"],
+                                                         stats["nonzero_coordinates"])}
     if not config.debug_metrics:
       return stats
     logs = {m.name: m.result() for m in self.metrics}

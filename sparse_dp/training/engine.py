@@ -28,6 +28,7 @@ from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import penalty_of
+from sparse_dp.training.run_statistics import RunStatistics
 from sparse_dp.training.sampling import (batch_capacity, derives_from, examples_in_batch,
                                         largest_plausible_batch, poisson_passes,
                                         transformations_from)
@@ -108,6 +109,8 @@ class PrivateTraining:
       # rollback to an earlier checkpoint (steps_taken goes back) never redraws
       # noise already used, which would let two updates subtract it.
       self.noise_draws = tf.Variable(0, dtype=tf.int64, name="dp_noise_draws", **flag)
+      self.run_statistics = RunStatistics(sum(l.vocabulary_size for l in leaves
+                                              if isinstance(l, Embedding)))
     self._update_step_limit()
 
   @property

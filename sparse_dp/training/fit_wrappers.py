@@ -26,7 +26,9 @@ from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import host_guards, mixed_precision, padded_batches, update_guard
+from sparse_dp.training import (host_guards, mixed_precision, padded_batches, run_statistics,
+                                update_guard)
+from sparse_dp.training.callbacks import NOT_POISSON_KEY
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.model_checks import ModelValidationError
 from sparse_dp.training.sampling import head
@@ -168,6 +170,8 @@ def _private_fit(training: PrivateTraining):
         _warn_if_unpadded(x)
       call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
                                      + list(call.arguments.get("callbacks") or []))
+    call.arguments["callbacks"] = _with_run_progress_bar(call.arguments)
+    training.run_statistics.reset()
     training.feeding_poisson = poisson
     training.poisson_input.assign(poisson)
     try:
@@ -177,6 +181,24 @@ def _private_fit(training: PrivateTraining):
       training.poisson_input.assign(False)
 
   return private_fit
+
+
+def _with_run_progress_bar(arguments: dict) -> list:
+  """``fit``'s callbacks with a progress bar that shows the run's values as logged.
+
+  Keras's bar averages every logged value over the epoch's steps, but for
+  ``epsilon`` (spent so far) and the run's gradient size
+  (:data:`~sparse_dp.training.run_statistics.LOGGED`) the last step's value is the
+  run's. It goes last, so that its epoch line shows the exact epsilon
+  :class:`~sparse_dp.training.callbacks.PrivacyCallback` sets at the epoch's end.
+  A progress bar the user passed is kept as it is.
+  """
+  callbacks = list(arguments.get("callbacks") or [])
+  if arguments.get("verbose", "auto") == 0 or any(
+      isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
+    return callbacks
+  stateful = ("epsilon", NOT_POISSON_KEY) + run_statistics.LOGGED
+  return callbacks + [keras.callbacks.ProgbarLogger(count_mode="steps", stateful_metrics=stateful)]
 
 
 def _refuse_engine_tables(training: PrivateTraining) -> None:

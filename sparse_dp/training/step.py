@@ -327,7 +327,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   std = noise.gradient_multiplier * noise.l2_norm_clip
   seeds = mechanisms.split(seed, 2 * len(leaves))
   gradients, signal, noise_squared = {}, [], []
-  nonzero_rows = tf.constant(0, tf.int64)
+  nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
 
   def noised(variable, clipped, draw_seed):
     draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
@@ -348,6 +348,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
         gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
             noisy.values / noise.expected_batch_size, noisy.indices, clipped.dense_shape)
         nonzero_rows += selections[layer].num_selected
+        nonzero_coordinates += selections[layer].num_selected * layer.output_dim
       else:  # DP-SGD: noise on every row; the clipped rows are added to it
         draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
         signal.append(tf.reduce_sum(tf.square(clipped.values)))
@@ -356,6 +357,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
                                          clipped.values)
         gradients[shards.gradient_key(layer.embeddings)] = noisy / noise.expected_batch_size
         nonzero_rows += layer.vocabulary_size
+        nonzero_coordinates += layer.vocabulary_size * layer.output_dim
       continue
     for variable, draw_seed in ((layer.kernel, seeds[2 * i]), (layer.bias, seeds[2 * i + 1])):
       if variable is not None and variable.ref() in sums.dense:
@@ -364,6 +366,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   table_rows = sum(l.vocabulary_size for l in leaves if isinstance(l, Embedding))
   stats = {
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
+      "nonzero_coordinates": tf.cast(nonzero_coordinates, tf.float32),
       "gradient_size_reduction": table_rows / tf.maximum(tf.cast(nonzero_rows, tf.float32), 1.0),
       "noisy_gradient_norm": _norm(gradients.values()),
   }

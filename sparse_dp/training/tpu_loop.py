@@ -183,6 +183,7 @@ class TPUTrainer:
     if self.jit_compile and not poisson:
       dataset = host_guards.checked_batches(private, dataset)
     limit = int(private.step_limit.numpy())
+    private.run_statistics.reset()
     private.feeding_poisson = poisson
     private.poisson_input.assign(poisson)
     history = []

@@ -1,0 +1,79 @@
+"""The gradient size of every DP step of a run, aggregated inside the step.
+
+The size of a step's table update is the number of rows it changes, ``|S_t|``
+(the selected rows of DP-AdaFEST, core paper Algorithm 1; every row ``V`` for
+DP-SGD), and its coordinates ``sum_tables |S_t| d``. The paper's gradient-size
+reduction is the tables' rows over the rows a step updates (§4, Fig. 3).
+Keras cannot give its mean over a run: an epoch's logs hold its last step's
+values, with ``steps_per_execution`` a callback sees only every k-th step, and
+the progress bar averages whatever was logged. :class:`RunStatistics` keeps
+the sums, minimum and maximum in variables the DP step updates (on the first
+replica: every replica selects the same rows), so each step's logs carry the
+run's values so far and the last logs the whole run's:
+
+* ``nonzero_rows``: the mean over the run's steps of ``|S_t|``;
+* ``nonzero_rows_min`` and ``nonzero_rows_max``;
+* ``nonzero_coordinates``: the mean of ``sum |S_t| d``;
+* ``gradient_size_reduction``: ``rows of all tables / nonzero_rows``.
+
+A run is one ``fit`` (or one ``TPUTrainer.fit`` / ``ParameterServerTraining.fit``):
+each resets the statistics when it starts. The progress bar shows these keys
+as logged (:data:`LOGGED`), not averaged again.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+#: The keys of the step's logs that hold the run's values so far.
+LOGGED = ("nonzero_rows", "nonzero_rows_min", "nonzero_rows_max", "nonzero_coordinates",
+          "gradient_size_reduction")
+
+_FIRST_REPLICA = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_WRITE,
+                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+class RunStatistics:
+  """Sums, minimum and maximum of the update size over a run's DP steps.
+
+  ``table_rows``: the rows of all the model's tables. Create under the model's
+  strategy scope.
+  """
+
+  def __init__(self, table_rows: int):
+    self.table_rows = float(table_rows)
+    self._steps = tf.Variable(0.0, dtype=tf.float64, name="run_steps", **_FIRST_REPLICA)
+    self._rows = tf.Variable(0.0, dtype=tf.float64, name="run_nonzero_rows", **_FIRST_REPLICA)
+    self._coordinates = tf.Variable(0.0, dtype=tf.float64, name="run_nonzero_coordinates",
+                                    **_FIRST_REPLICA)
+    self._min = tf.Variable(0.0, dtype=tf.float64, name="run_nonzero_rows_min", **_FIRST_REPLICA)
+    self._max = tf.Variable(0.0, dtype=tf.float64, name="run_nonzero_rows_max", **_FIRST_REPLICA)
+
+  def reset(self) -> None:
+    """Starts a run: no step yet."""
+    for variable in (self._steps, self._rows, self._coordinates, self._min, self._max):
+      variable.assign(0.0)
+
+  def result(self) -> dict:
+    """The run's values (:data:`LOGGED`) as floats, read on the host (``None`` before a step)."""
+    steps = float(self._steps.numpy())
+    if not steps:
+      return dict.fromkeys(LOGGED)
+    mean = float(self._rows.numpy()) / steps
+    return {"nonzero_rows": mean, "nonzero_rows_min": float(self._min.numpy()),
+            "nonzero_rows_max": float(self._max.numpy()),
+            "nonzero_coordinates": float(self._coordinates.numpy()) / steps,
+            "gradient_size_reduction": self.table_rows / max(mean, 1.0)}
+
+  def record(self, rows: tf.Tensor, coordinates: tf.Tensor) -> dict:
+    """Adds one step of ``rows`` updated rows and ``coordinates``; returns the run's logs."""
+    rows, coordinates = tf.cast(rows, tf.float64), tf.cast(coordinates, tf.float64)
+    first = tf.equal(self._steps, 0.0)
+    low = self._min.assign(tf.where(first, rows, tf.minimum(self._min, rows)))
+    high = self._max.assign(tf.where(first, rows, tf.maximum(self._max, rows)))
+    steps = self._steps.assign_add(1.0)
+    mean = self._rows.assign_add(rows) / steps
+    logs = {"nonzero_rows": mean, "nonzero_rows_min": low, "nonzero_rows_max": high,
+            "nonzero_coordinates": self._coordinates.assign_add(coordinates) / steps,
+            "gradient_size_reduction": self.table_rows / tf.maximum(mean, 1.0)}
+    return {key: tf.cast(value, tf.float32) for key, value in logs.items()}
