@@ -188,7 +188,9 @@ class TPUTrainer:
     private.poisson_input.assign(poisson)
     history = []
     try:
-      for data in self.strategy.experimental_distribute_dataset(dataset):
+      # The ids stay on the host, which enqueues them; program A gets them as its inputs.
+      on_host = tf.distribute.InputOptions(experimental_fetch_to_device=False)
+      for data in self.strategy.experimental_distribute_dataset(dataset, on_host):
         if len(history) == steps or 0 <= limit <= int(private.steps_taken.numpy()):
           break
         self._enqueue(tuple(self.input_ids(_features(replica)) for replica in self._local(data)),
