@@ -5,7 +5,9 @@ starts, so ``test_parameter_servers.py`` runs this in a fresh process.
 """
 
 import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -24,7 +26,7 @@ CONFIGS = {"dpsgd": NOISE["dpsgd"], "fest": dict(NOISE["dpsgd"], selection_epsil
            "adafest": NOISE["adafest"], "adafest+": dict(NOISE["adafest"], selection_epsilon=0.5)}
 
 
-def train(strategy, algorithm):
+def trainer(strategy, algorithm, resume_from=None):
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.5, N) % VOCAB).astype("int64")
   labels = rng.integers(0, 2, (N, 1)).astype("float32")
@@ -32,10 +34,60 @@ def train(strategy, algorithm):
     model = tiny_model(VOCAB)
     private = sparse_dp.make_private(
         model, sparse_dp.DPConfig(algorithm=algorithm, noise_seed=1, **CONFIGS[algorithm]),
-        num_examples=N, batch_size=BATCH)
-  logs = ParameterServerTraining(private, ids, labels).fit(steps=STEPS)
-  return {"weights": [w.numpy().tolist() for w in model.trainable_weights],
-          "counted": private.accountant.steps, "logs": logs}
+        num_examples=N, batch_size=BATCH, resume_from=resume_from)
+  return ParameterServerTraining(private, ids, labels)
+
+
+def train(strategy, algorithm):
+  training = trainer(strategy, algorithm)
+  logs = training.fit(steps=STEPS)
+  return {"weights": [w.numpy().tolist() for w in training.model.trainable_weights],
+          "counted": training.private.accountant.steps, "logs": logs}
+
+
+def restarted(strategy, folder):
+  """The keys of two steps, then of two more by a new model restored from the first's
+  checkpoint (the same noise seed, as ``--noise-seed`` after a restart)."""
+  first = trainer(strategy, "dpsgd")
+  keys = first.fit(steps=STEPS)["keys"]
+  first.model.save_weights(os.path.join(folder, "weights"))
+  second = trainer(strategy, "dpsgd", resume_from=os.path.join(folder, "weights"))
+  second.model.load_weights(os.path.join(folder, "weights"))
+  return {"first": keys, "restored": second.fit(steps=STEPS)["keys"]}
+
+
+def writes_after_count(strategy, algorithm):
+  """In the step's graph: the ops that write a trained weight (every replica's copy),
+  and how many of them have an op that counts the step (writes ``steps_taken``) before them."""
+  training = trainer(strategy, algorithm)
+  graph = training._step.get_concrete_function().graph  # pylint: disable=protected-access
+  inside = {id(outer): inner for outer, inner in graph.captures}
+
+  def handles(variables):
+    return {inside[id(copy.handle)].ref() for variable in variables
+            for copy in strategy.experimental_local_results(variable)}
+
+  def writing(variables):
+    refs = handles(variables)
+    return [op for op in graph.get_operations()
+            if any(word in op.type for word in ("Assign", "Apply", "Scatter", "CountUpTo"))
+            and any(tensor.ref() in refs for tensor in op.inputs)]
+
+  counts = set(writing([training.private.steps_taken]))
+  writes = writing(training.model.trainable_weights)
+  return {"writes": len(writes), "after_count": sum(bool(counts & before(op)) for op in writes)}
+
+
+def before(op) -> set:
+  """Every op ``op`` waits for (its inputs' and control inputs' ops, transitively)."""
+  seen, todo = set(), [op]
+  while todo:
+    current = todo.pop()
+    for earlier in [tensor.op for tensor in current.inputs] + list(current.control_inputs):
+      if earlier not in seen:
+        seen.add(earlier)
+        todo.append(earlier)
+  return seen
 
 
 if __name__ == "__main__":
@@ -46,4 +98,7 @@ if __name__ == "__main__":
   for name in CONFIGS:
     print("training", name, file=sys.stderr, flush=True)
     results[name] = {"one": train(one, name), "two": train(two, name)}
+  results["restarted"] = restarted(one, tempfile.mkdtemp())
+  # After the training above: tracing numbers the strategy's collectives too.
+  results["ordered"] = {name: writes_after_count(two, name) for name in ("dpsgd", "adafest")}
   print(json.dumps(results))

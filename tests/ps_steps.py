@@ -63,6 +63,38 @@ def in_order(strategy, config, initial=None):
           "devices": [v.device for v in getattr(table.embeddings, "variables", [])]}
 
 
+# What the coordinator sees when a worker's connection to a parameter server
+# fails: it puts the closure back and re-runs it (cluster_coordinator.py,
+# "transient connectivity failure").
+PS_LOST = ("unknown device: GRPC error information from remote target "
+           "/job:ps/replica:0/task:0 (injected: the worker lost it after the step's update)")
+
+
+def lost_after_update(strategy, steps=4, lost_key=1):
+  """``steps`` steps on both workers; the attempt keyed ``lost_key`` fails after its update."""
+  private, _ = private_model(strategy, CONFIGS["dpsgd"])
+  trainer = ParameterServerTraining(private, IDS, LABELS)
+  step = trainer._step  # pylint: disable=protected-access
+
+  @tf.function
+  def losing_step():
+    logs = step()
+    # Read after the whole step (the step updates it last): the update has landed.
+    updates = private.model.optimizer.iterations.read_value()
+    with tf.control_dependencies([updates]):
+      lost = tf.debugging.Assert(tf.not_equal(logs["key"], lost_key), [PS_LOST])
+    with tf.control_dependencies([lost]):
+      return {name: tf.identity(value) for name, value in logs.items()}
+
+  trainer._step = losing_step  # pylint: disable=protected-access
+  expected = private.epsilon(steps + 1)  # before any step: every attempt counted
+  logs = trainer.fit(steps=steps)
+  return {"keys": logs["keys"], "lost_key": lost_key, "taken": logs["steps"],
+          "attempts": logs["attempts"], "counted": private.accountant.steps,
+          "updates": int(private.model.optimizer.iterations.numpy()),
+          "epsilon": logs["epsilon"], "expected_epsilon": expected}
+
+
 def main():
   strategy = local_cluster.parameter_server_strategy(table_shards=2, min_shard_bytes=1024)
   results = {}
@@ -83,6 +115,8 @@ def main():
   results["async"] = {"keys": logs["keys"], "steps": private.accountant.steps,
                       "epsilon": logs["epsilon"], "expected_epsilon": expected,
                       "taken": logs["steps"]}
+  print("a worker lost after its update", file=sys.stderr, flush=True)
+  results["lost"] = lost_after_update(strategy)
   print(json.dumps(results), flush=True)
   os._exit(0)  # the in-process servers never shut down by themselves
 

@@ -1,4 +1,4 @@
-"""ParameterServerStrategy: sharded tables, keyed steps, accounting, replicas (issues 13, 22)."""
+"""ParameterServerStrategy: sharded tables, keyed steps, accounting, replicas, retries."""
 
 import json
 import pathlib
@@ -50,6 +50,17 @@ def test_asynchronous_steps_have_distinct_noise_keys_and_are_all_counted(cluster
   assert steps["epsilon"] == pytest.approx(steps["expected_epsilon"], rel=1e-9)
 
 
+def test_an_attempt_lost_after_its_update_is_counted_and_rerun_with_a_fresh_key(cluster):
+  lost = cluster["lost"]
+  assert lost["taken"] == 4
+  # The re-run drew another key (a fresh batch, fresh noise); every attempt's key is distinct.
+  assert lost["lost_key"] not in lost["keys"]
+  assert sorted(lost["keys"] + [lost["lost_key"]]) == list(range(5))
+  # The count covers every update that landed, the lost attempt's included.
+  assert lost["attempts"] == lost["counted"] == lost["updates"] == 5
+  assert lost["epsilon"] == pytest.approx(lost["expected_epsilon"], rel=1e-9)
+
+
 def test_keras_fit_is_refused_naming_the_fix(cluster):
   assert "ParameterServerTraining" in cluster["keras_fit"]
 
@@ -71,3 +82,16 @@ def test_two_replicas_split_each_batch_and_equal_one_replica(replicas, algorithm
     # Every replica clipping the whole batch (an update R times the clipped sum
     # under one noise draw) or noise added on both would break this.
     np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_every_update_on_every_replica_waits_for_the_step_count(replicas, algorithm):
+  ordered = replicas["ordered"][algorithm]
+  assert ordered["writes"] == 10  # table, 2 kernels, 2 biases, on each of 2 replicas
+  assert ordered["after_count"] == ordered["writes"]
+
+
+def test_keys_go_on_after_a_restart_with_the_same_noise_seed(replicas):
+  restarted = replicas["restarted"]
+  assert restarted["first"] == [0, 1]
+  assert restarted["restored"] == [2, 3]  # not [0, 1]: that noise was used already

@@ -9,25 +9,34 @@ be the Poisson sample the accountant assumes: ``fit`` of a private model is
 refused under this strategy (:func:`refuse_keras_fit`), and
 :class:`ParameterServerTraining` trains instead.
 
-Its coordinator numbers every step it schedules with a key reserved from the
-model's ``noise_draws`` counter (only the coordinator moves it while it
-trains, so the keys of all steps ever scheduled for the model are distinct).
-Step ``k``, on whichever worker runs it:
+Every attempt of a step, on whichever worker runs it, first counts itself:
+one atomic fetch-and-add of the model's ``steps_taken`` on the parameter
+servers (:meth:`~sparse_dp.training.state.DPState.number_step`) gives it its
+key ``k``, the steps counted before it. No two attempts in a process share a
+key (``steps_taken`` never goes back there), nor do attempts before and after a
+restart from the latest checkpoint (``steps_taken`` is saved with the model).
+The attempt keyed ``k``:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
   probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.PoissonSample`),
   exactly the sample the accountant assumes (core paper §3.3); on a worker
   with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
-  (``scheduled_step_seed`` in :mod:`sparse_dp.training.dp_train_step`), and counts
-  itself in the model's DP state on the parameter servers (an atomic
-  ``assign_add``), so the accountant counts every step every worker took.
+  (``scheduled_step_seed`` in :mod:`sparse_dp.training.dp_train_step`); every
+  op of its update (tables and Dense weights, every replica) has an explicit
+  control dependency on the count.
 
-The coordinator schedules no more steps than the epsilon budget allows.
-Not covered: a worker lost mid-step is re-run by the coordinator with the same
-key; if the lost attempt had already pushed its update, two updates share one
-noise draw (the job then reports more steps taken than scheduled, and
-:meth:`ParameterServerTraining.fit` fails, naming this).
+So an update lands only from a counted attempt. A worker lost mid-step (before,
+during or after its update) is re-run by the coordinator as a new attempt with
+a new key: a fresh Poisson batch and fresh noise. Every attempt that may have
+touched the model is an independent, counted Poisson step; one lost before its
+update is counted too (over-counting is safe). The coordinator schedules no
+more steps than the epsilon budget allows; an attempt re-run past it is counted
+and refused in the step before its update (``fit`` then raises the budget's
+message). The epsilon reported is that of every counted step.
+Not covered: a restart from an *earlier* checkpoint than the latest with the
+same fixed ``noise_seed`` numbers its attempts again from that checkpoint's
+count (a seed from the OS, the default, is fresh each run).
 """
 
 from __future__ import annotations
@@ -102,7 +111,9 @@ class ParameterServerTraining:
     """Trains ``steps`` (or ``epochs`` worth of) Poisson steps on the ``num_examples`` examples.
 
     Stops early at the epsilon budget. Returns the last step's DP statistics
-    with ``steps`` (taken in this call) and ``epsilon`` (every step so far).
+    with ``steps`` (scheduled in this call), ``keys`` (each one's key),
+    ``attempts`` (counted in this call: ``steps`` plus any attempt re-run after a
+    worker failure) and ``epsilon`` (every counted step so far).
     """
     private = self.private
     if (epochs is None) == (steps is None):
@@ -119,28 +130,26 @@ class ParameterServerTraining:
     if steps <= 0:
       return {"steps": 0, "epsilon": private.epsilon()}
     private.run_statistics.reset()
-    first_key = int(private.noise_draws.assign_add(steps).numpy()) - steps
-    outputs = [self._run(tf.constant(first_key + i, tf.int64)) for i in range(steps)]
+    outputs = [self._run() for _ in range(steps)]
     if self.coordinator is not None:
       self.coordinator.join()
       outputs = [output.fetch() for output in outputs]
-    if int(private.steps_taken.numpy()) - taken != steps:
+    counted = int(private.steps_taken.numpy()) - taken
+    if counted < steps:  # every attempt counts itself before it can update
       raise RuntimeError(
-          f"sparse-dp: {steps} steps were scheduled but the model counted "
-          f"{int(private.steps_taken.numpy()) - taken}: a worker step was re-run after a "
-          "failure, and two updates may share a noise draw; the epsilon of this job is not "
-          "proved. Restart from the last checkpoint with a fresh noise seed")
+          f"sparse-dp: {steps} steps ran but the model counted {counted}: the model's DP "
+          "state was replaced while it trained; the epsilon of this job is not proved")
     logs = {name: float(value) for name, value in outputs[-1].items() if name != "key"}
     return {**logs, "keys": [int(output["key"]) for output in outputs], "steps": steps,
-            "epsilon": private.epsilon()}
+            "attempts": counted, "epsilon": private.epsilon()}
 
-  def _run(self, key):
+  def _run(self):
     if self.coordinator is None:
-      return self._step(key)
-    return self.coordinator.schedule(self._step, args=(key,))
+      return self._step()
+    return self.coordinator.schedule(self._step)
 
   def _step_function(self, base):
-    model, sample = self.model, self.sample
+    model, sample, state = self.model, self.sample, self.private.state
     strategy = model.distribute_strategy
 
     def replica_step(seed, key):
@@ -149,7 +158,8 @@ class ParameterServerTraining:
       return model.train_step(part, scheduled_step=key)
 
     @tf.function
-    def step(key):
+    def step():
+      key = state.number_step()  # this attempt's count, before anything else
       stats = strategy.run(replica_step,
                            args=(tf.random.experimental.stateless_fold_in(base, key), key))
       # The first replica's logs, as Keras reports them: the DP statistics are its own.

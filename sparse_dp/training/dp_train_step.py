@@ -37,16 +37,17 @@ def _batch_size(data, in_batch) -> tf.Tensor:
 
 
 def scheduled_step_seed(seed: int, scheduled_step) -> tf.Tensor:
-  """The seed of the step a scheduler numbered ``scheduled_step``.
+  """The seed of the step numbered ``scheduled_step`` when it was counted.
 
   Keras's ``fit`` keys each step by the counters it reads in the step
   (``steps_taken``, ``noise_draws``), which is safe only when one step runs at
   a time. Workers that step asynchronously (``ParameterServerStrategy``) read
-  the same counters at once; their scheduler
-  (:class:`sparse_dp.distribute.ParameterServerTraining`) instead reserves a
-  distinct ``noise_draws`` number for every step it schedules, and passes it
-  here: no two steps share a noise or selection seed. The batch of such a step
-  is the Poisson sample keyed by the same number.
+  the same counters at once; each attempt of their steps
+  (:class:`sparse_dp.distribute.ParameterServerTraining`) instead counts itself
+  first and takes the count's distinct number
+  (:meth:`~sparse_dp.training.state.DPState.number_step`), and passes it
+  here: no two attempts share a noise or selection seed. The batch of such a
+  step is the Poisson sample keyed by the same number.
   """
   base = tf.constant([seed, 0x5CED_57E9], tf.int64)
   return mechanisms.fold_in(base, scheduled_step)
@@ -71,10 +72,12 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
   largest, too_large = largest_batch(training), too_large_message(training)
 
   def train_step(self, data, scheduled_step=None):
-    """One DP step; ``scheduled_step``: see :func:`scheduled_step_seed`."""
+    """One DP step; ``scheduled_step``: its number, counted already (see
+    :func:`scheduled_step_seed`)."""
     data, in_batch = padded_batches.split(data)
+    number = state.steps_taken if scheduled_step is None else scheduled_step
     within_budget = tf.debugging.Assert(
-        tf.logical_or(training.step_limit < 0, state.steps_taken < training.step_limit),
+        tf.logical_or(training.step_limit < 0, number < training.step_limit),
         [budget_message(training)])
     poisson = (tf.convert_to_tensor(training.poisson_input) if scheduled_step is None
                else tf.constant(True))
@@ -104,7 +107,12 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
           debug_metrics=config.debug_metrics, in_batch=in_batch,
           loss_scale=training.loss_scale)
     gradients = add_penalty_gradients(penalty, gradients)
-    with dp_step_update():  # the one update a private model's optimizer applies
+    # A scheduled step was counted when it was numbered: every update op (tables,
+    # Dense weights, on every replica) runs after that count, so an attempt lost
+    # at any point of its update is counted.
+    counted = [] if scheduled_step is None else [scheduled_step]
+    with dp_step_update(), tf.control_dependencies(counted):
+      # the one update a private model's optimizer applies
       fingerprint = training.fingerprint
       read, gradients = (fingerprint.before_update(gradients) if fingerprint is not None
                          else ([], gradients))
@@ -112,10 +120,10 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
                                                  gradients)
       if fingerprint is not None:  # s(w) follows the update (weight_fingerprint)
         fingerprint.after_update(read)
-    # After the batch is read: a call that finds the input exhausted counts nothing.
-    with tf.control_dependencies([step_seed]):
-      state.count_step(poisson)
-      if scheduled_step is None:  # a scheduled step's key was reserved by its scheduler
+    if scheduled_step is None:
+      # After the batch is read: a call that finds the input exhausted counts nothing.
+      with tf.control_dependencies([step_seed]):
+        state.count_step(poisson)
         training.noise_draws.assign_add(1)
       # The run's gradient size so far (run_statistics), in place of this step's alone.
       stats = {**stats, **training.run_statistics.record(stats["nonzero_rows"],

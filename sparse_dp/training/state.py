@@ -134,16 +134,36 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
 
     ``poisson``: whether the batch was one of this run's Poisson samples.
     """
-    non_poisson = tf.cast(tf.logical_not(poisson), tf.int64)
     self.steps_taken.assign_add(1)
-    self.non_poisson_steps.assign_add(non_poisson)
-    _STEPS_RUN_HERE[self._untracked.active_run].assign_add(1)
+    self._count_in_records(tf.cast(tf.logical_not(poisson), tf.int64))
+
+  def number_step(self) -> tf.Tensor:
+    """Counts one Poisson step before it runs and returns its number (the steps before it).
+
+    For steps that run at once (parameter-server workers), in cross-replica
+    context. ``steps_taken`` is read and incremented by one atomic op under the
+    variable's lock (``ResourceCountUpTo``, a fetch-and-add), so no two calls,
+    whichever worker makes them, get the same number, and a call that got a
+    number has been counted whatever happens to its step after. The number
+    returned depends on the count in every record. ``steps_taken`` is saved with
+    the model and never goes back in a process (:meth:`absorb_layers`), so the
+    numbers do not repeat across restarts from the latest checkpoint either.
+    """
+    numbers = self._strategy.extended.update(self.steps_taken, _fetch_and_increment)
+    number = self._strategy.experimental_local_results(numbers)[0]
+    with tf.control_dependencies(self._count_in_records(tf.constant(0, tf.int64))):
+      return tf.identity(number)
+
+  def _count_in_records(self, non_poisson: tf.Tensor) -> list:
+    """Counts one step (``non_poisson``: 1 if its batch was not a Poisson sample) in
+    every record but ``steps_taken``; returns the count ops."""
+    counts = [self.non_poisson_steps.assign_add(non_poisson),
+              _STEPS_RUN_HERE[self._untracked.active_run].assign_add(1)]
     # Each record counts on from what it holds (a record restored since the last
     # merge stays consistent; the next merge charges it and ours both).
     increment = tf.pad(tf.stack([tf.constant(1, tf.int64), non_poisson]),
                        [[0, DP_RECORD_WORDS - 2]])
-    for weight in self._untracked.weights:
-      weight.assign_add(increment)
+    return counts + [weight.assign_add(increment) for weight in self._untracked.weights]
 
   def _steps_run_here(self, record: Record) -> dict[str, int]:
     return {run_id: int(_STEPS_RUN_HERE[run_id].numpy()) for run_id in record.runs_by_id()
@@ -174,6 +194,11 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
 
   def _counters(self) -> tuple[tf.Variable, tf.Variable, tf.Variable]:
     return self.steps_taken, self.non_poisson_steps, self.datasets_made
+
+
+def _fetch_and_increment(counter: tf.Variable) -> tf.Tensor:
+  """``counter``'s value before one atomic increment (raises at the int64 maximum)."""
+  return tf.raw_ops.ResourceCountUpTo(resource=counter.handle, limit=tf.int64.max, T=tf.int64)
 
 
 def record_weights(model: keras.Model) -> list[tf.Variable]:
