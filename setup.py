@@ -31,6 +31,7 @@ INSTALL_REQUIRES = [
     "scipy>=1.11,<2",
     "pandas>=2.1,<4",
     "matplotlib>=3.7,<4",
+    "pyyaml>=6,<7",  # `sparse-dp study --grid FILE`
 ]
 
 EXTRAS = {

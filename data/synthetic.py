@@ -7,8 +7,9 @@ features are log-normal counts. The label of an example is drawn from
 ``sigmoid(bias + sum_f w_f[bucket_f] + u . log(1 + ints))``, so the planted
 model's AUC on the data (``planted_auc``) is the best any model can reach.
 
-Days drift: on each day a share of the most popular ranks is given to other
-buckets, so the popular buckets of day 1 are not those of day 24 (the time
+Days are numbered as the Criteo-1TB files, ``day_0`` to ``day_23``, and drift:
+on each day after day 0 a share of the most popular ranks is given to other
+buckets, so the popular buckets of day 0 are not those of day 23 (the time
 series of §4.3). Everything is a function of ``seed``.
 
 Buckets are written as 8-digit hexadecimal hashes (a bijection of the bucket
@@ -65,17 +66,17 @@ class SyntheticCriteo:
     effects = []
     for f, size in enumerate(self.vocabulary_sizes):
       effect = rng.normal(0.0, _EFFECT_STD, size)
-      # Centred on day 1's traffic, so a popular bucket's draw does not move
+      # Centred on day 0's traffic, so a popular bucket's draw does not move
       # the click rate; it stays ~25% (Criteo's) whatever the seed.
-      effects.append(effect - self._popularity(f) @ effect[self._ranking(f, 1)])
+      effects.append(effect - self._popularity(f) @ effect[self._ranking(f, 0)])
     integer_weights = rng.normal(0.0, 0.3, NUM_INTEGER)
     return effects, integer_weights, -1.45
 
   def _ranking(self, feature: int, day: int) -> np.ndarray:
-    """``ranking[r]`` is the bucket of popularity rank ``r`` on ``day`` (1-based)."""
+    """``ranking[r]`` is the bucket of popularity rank ``r`` on ``day`` (0-based)."""
     size = self.vocabulary_sizes[feature]
     ranking = np.random.default_rng([self.seed, 1, feature]).permutation(size)
-    for d in range(2, day + 1):
+    for d in range(1, day + 1):
       rng = np.random.default_rng([self.seed, 2, feature, d])
       top = min(1000, size)
       moved = rng.choice(top, int(self.drift * top), replace=False)
@@ -89,8 +90,9 @@ class SyntheticCriteo:
     Keys: ``labels``, ``integers`` with ``integer_missing``, ``buckets``
     (-1: missing), and the planted click ``probabilities``.
     """
-    if not 1 <= day <= self.num_days:
-      raise ValueError(f"day must be in 1..{self.num_days}, got {day}")
+    if not 0 <= day < self.num_days:
+      raise ValueError(f"day must be in 0..{self.num_days - 1} (Criteo-1TB's day_0.."
+                       f"day_23), got {day}")
     rng = np.random.default_rng([self.seed, 3, day])
     effects, integer_weights, bias = self._planted()
     buckets = np.empty((count, len(effects)), np.int64)

@@ -28,6 +28,7 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp._keras import keras
 from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_epochs
+from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.distribute import ParameterServerTraining
 from sparse_dp.distribute.local_cluster import strategy_named
 from sparse_dp.distribute.parameter_servers import is_parameter_server
@@ -191,6 +192,40 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "poisson_sampling": report.poisson_sampling if report else None,
   }
   return FitResult(metrics, history, model)
+
+
+def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
+                       vocabulary_sizes, fest_k: int = 300, selection_share: float = 0.1,
+                       observers: Optional[Callable[[Optional[Preselection]], Sequence[
+                           keras.callbacks.Callback]]] = None
+                       ) -> tuple[FitResult, Optional[Preselection]]:
+  """One configuration of ``sparse-dp train``, trained and evaluated at ``settings.epsilon``
+  in all: the command's and the studies' one entry point.
+
+  DP-FEST and DP-AdaFEST+ (core paper §3.1, App. B.1) first spend
+  ``epsilon_1 = selection_share * epsilon`` on a private top-``fest_k`` per table
+  (:func:`preselect`, keyed by ``settings.noise_seed``) and train on the kept
+  buckets at ``epsilon - epsilon_1``; the two compose by basic composition, so the
+  metrics' ``epsilon`` is the whole run's. Other algorithms spend all of it training.
+  ``observers(preselection)`` returns Keras callbacks that watch every step
+  (:func:`fit_and_evaluate`). Returns the fit and the preselection (``None`` when
+  the algorithm makes none).
+  """
+  kind = Algorithm.parse(algorithm)
+  preselection = None
+  if kind.uses_top_k_selection:
+    counted = train if hasattr(train, "num_examples") else train[0]["categorical"]
+    preselection = preselect(counted, vocabulary_sizes, fest_k,
+                             settings.epsilon * selection_share, settings.noise_seed)
+    settings = dataclasses.replace(settings, epsilon=settings.epsilon - preselection.epsilon,
+                                   selection_epsilon=preselection.epsilon)
+  fit = fit_and_evaluate(algorithm, settings, train, held_out, vocabulary_sizes,
+                         preselection=preselection,
+                         observers=observers(preselection) if observers else ())
+  fit.metrics["selection_epsilon"] = preselection.epsilon if preselection is not None else None
+  if fit.metrics["poisson_sampling"] is False:
+    fit.metrics["privacy_caveat"] = NOT_POISSON
+  return fit, preselection
 
 
 def check_hardware(settings: FitSettings) -> None:

@@ -42,8 +42,10 @@ def add_parser(commands) -> None:
                                description=__doc__.splitlines()[0])
   parser.add_argument("--data", default="synthetic",
                       help="'synthetic' (default) or a glob of Criteo-1TB day_N files")
-  parser.add_argument("--train-days", default="1-18", help="e.g. 1-18 or 1,2,5-7")
-  parser.add_argument("--eval-days", default="19-24")
+  parser.add_argument("--train-days", default="0-17",
+                      help="e.g. 0-17 or 0,1,5-7: Criteo-1TB's day_N files (synthetic: "
+                           "days 0-23)")
+  parser.add_argument("--eval-days", default="18-23")
   parser.add_argument("--streaming-period", type=int, default=1, help="days per retrain")
   parser.add_argument("--algorithm", default="adafest", choices=[a.value for a in Algorithm])
   parser.add_argument("--total-epsilon", type=float,
@@ -72,7 +74,7 @@ def parse_days(text: str, flag: str) -> list[int]:
   for part in text.split(","):
     match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
     if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-      raise ValueError(f"{flag} {text!r}: expected days like 1-18 or 1,3,5-7")
+      raise ValueError(f"{flag} {text!r}: expected days like 0-17 or 0,3,5-7")
     days += range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1)
   if len(set(days)) != len(days):
     raise ValueError(f"{flag} {text!r} names a day twice")

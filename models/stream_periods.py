@@ -51,8 +51,8 @@ class StreamData:
 
   def check_days(self, days: list[int]) -> None:
     if self.synthetic is not None:
-      bad = [d for d in days if not 1 <= d <= self.synthetic.num_days]
-      where = f"the synthetic data's days 1..{self.synthetic.num_days}"
+      bad = [d for d in days if not 0 <= d < self.synthetic.num_days]
+      where = f"the synthetic data's days 0..{self.synthetic.num_days - 1}"
     else:
       bad = [d for d in days if d not in self.files]
       where = f"the files of --data (days {sorted(self.files)})"

@@ -18,13 +18,12 @@ tabulate them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import json
 import pathlib
 
 from sparse_dp.accounting import Algorithm
-from sparse_dp.accounting.report import NOT_POISSON, epsilon_caveat
+from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.models import job_flags
 from sparse_dp.sampling import job as sampling_job
 
@@ -151,8 +150,9 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"sparse-dp train: {algorithm} on {_count(train_inputs):,} examples, "
           f"{len(held_out[1]):,} held out", flush=True)
-    fit, preselection = _fit(algorithm, args, settings, train_inputs, held_out,
-                             vocabulary.sizes)
+    fit, preselection = fitting.train_and_evaluate(
+        algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
+        selection_share=args.selection_share)
     metrics = {**fit.metrics, "skipped_lines": skipped, "noise_seed": args.noise_seed}
     fit.model.save(folder / "model")
     vocabulary.save(folder / "vocabulary.json")
@@ -199,31 +199,6 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
   held_out = pctr_data.held_out_inputs(eval_paths, vocabulary, args.on_bad_line,
                                        args.max_eval_examples)
   return train, held_out, vocabulary, train.skipped_lines
-
-
-def _fit(algorithm: str, args, settings, train_inputs, held_out, sizes, observers=None):
-  """One algorithm: DP-FEST / DP-AdaFEST+ spend ``--selection-share`` of epsilon on
-  the top-k first and train on the rest; the two compose by basic composition.
-  The Keras callbacks ``observers(preselection)`` returns watch every step
-  (:func:`fitting.fit_and_evaluate`)."""
-  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
-  kind = Algorithm.parse(algorithm)
-  preselection = None
-  if kind.uses_top_k_selection:
-    selection_epsilon = args.epsilon * args.selection_share
-    counted = train_inputs if hasattr(train_inputs, "num_examples") else (
-        train_inputs[0]["categorical"])
-    preselection = fitting.preselect(counted, sizes, args.fest_k,
-                                     selection_epsilon, args.noise_seed)
-    settings = dataclasses.replace(settings, epsilon=args.epsilon - preselection.epsilon,
-                                   selection_epsilon=preselection.epsilon)
-  fit = fitting.fit_and_evaluate(algorithm, settings, train_inputs, held_out, sizes,
-                                 preselection=preselection,
-                                 observers=observers(preselection) if observers else ())
-  fit.metrics["selection_epsilon"] = preselection.epsilon if preselection is not None else None
-  if fit.metrics["poisson_sampling"] is False:
-    fit.metrics["privacy_caveat"] = NOT_POISSON
-  return fit, preselection
 
 
 _TABLE_COLUMNS = ("algorithm", "auc", "logloss", "epsilon", "gradient_size_reduction",

@@ -1,6 +1,7 @@
 """``sparse-dp stream``: periods under one budget, refusal, and resume after SIGKILL
 (the killed job's lock does not block the rerun)."""
 
+import argparse
 import json
 import os
 import signal
@@ -13,7 +14,10 @@ import pytest
 from conftest import one_stack
 from sparse_dp.cli import main
 from sparse_dp.data.synthetic import SyntheticCriteo
+from sparse_dp.models import stream_job
 from sparse_dp.models.stream_job import parse_days
+from sparse_dp.models.stream_periods import StreamData
+from sparse_dp.study.presets import FULL, SMOKE
 
 # A small stream: 2 one-day periods of 1,500 examples, tables at 5% of Table 3.
 SMALL = ["--train-days", "1-2", "--eval-days", "3", "--examples-per-day", "1500",
@@ -94,7 +98,7 @@ def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):
   assert "share days [3]" in capsys.readouterr().err
   assert main(["stream", "--train-days", "20-30", "--eval-days", "1", "--state",
                str(tmp_path / "s")]) == 2
-  assert "not among the synthetic data's days 1..24" in capsys.readouterr().err
+  assert "not among the synthetic data's days 0..23" in capsys.readouterr().err
   assert not (tmp_path / "s" / "ledger.jsonl").exists()
 
 
@@ -114,3 +118,22 @@ def test_stream_reads_criteo_day_files(tmp_path, capsys):
   assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "3",
                "--eval-days", "2", "--state", str(tmp_path / "other")]) == 2
   assert "days [3] are not among the files of --data (days [0, 1, 2])" in capsys.readouterr().err
+
+
+def test_synthetic_days_are_numbered_as_the_criteo_1tb_files(tmp_path, capsys):
+  commands = argparse.ArgumentParser().add_subparsers()
+  stream_job.add_parser(commands)
+  args = commands.choices["stream"].parse_args(["--examples-per-day", "20", "--synthetic-scale",
+                                                "0.01", "--state", str(tmp_path)])
+  assert (parse_days(args.train_days, "--train-days") + parse_days(args.eval_days, "")
+          == list(range(24)))
+  synthetic = SyntheticCriteo(scale=0.01)
+  assert [len(synthetic.examples(day, 5)["labels"]) for day in (0, 23)] == [5, 5]
+  with pytest.raises(ValueError, match=r"day_0\.\.day_23"):
+    synthetic.examples(24, 5)
+  assert len(StreamData(args, tmp_path).frame([0], 20)) == 20
+  assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["day_0.gz"]
+  assert main(["stream", "--train-days", "0", "--eval-days", "24", "--state",
+               str(tmp_path / "s")]) == 2
+  assert "days [24] are not among the synthetic data's days 0..23" in capsys.readouterr().err
+  assert SMOKE.stream_train_days == "0" and FULL.stream_train_days == "0-1"

@@ -15,14 +15,17 @@ from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.study import plots, tables
+from sparse_dp.data.synthetic import SyntheticCriteo
+from sparse_dp.study.grid import Grid
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.memory import memory_limit_bytes, refusal, resident_bytes_lower_bound
-from sparse_dp.study.presets import FULL, SMOKE
+from sparse_dp.study.presets import FULL, PAPER_SELECTION_SHARE, SMOKE
 from sparse_dp.study.runs import Point, Runner
 from sparse_dp.study.step_time import throughput
 from sparse_dp.study.studies import output_paths, publish
 from sparse_dp.study.sweeps import best_reduction, default_point
 
+from conftest import one_stack
 from study_checks import assert_figure_matches_report
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "study"
@@ -153,3 +156,70 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
   assert f"x0.1 not run: {refused['reason']}" in {t.get_text() for t in figure.axes[1].texts}
   plots._pyplot().close(figure)  # pylint: disable=protected-access
   assert 0 < memory_limit_bytes()
+
+
+@one_stack("tf2.15")
+def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
+  grid = tmp_path / "grid.yaml"
+  grid.write_text("algorithm: [dpsgd, adafest]\ntau-sigmas: [2, 6]\nseeds: 1\n"
+                  "max_examples: 200\n")
+  assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
+  paths = output_paths("tradeoffs", tmp_path)
+  report = json.loads(paths["json"].read_text())
+  # DP-SGD reads no tau: the grid's 2 x 2 combinations are 3 points.
+  assert [p["label"] for p in report["points"]] == [
+      "dpsgd", "adafest tau=2s s1/s2=2", "adafest tau=6s s1/s2=2"]
+  assert report["grid"] == str(grid) and report["source"]["train_examples"] == 180
+  assert report["preset"]["seeds"] == [0] and report["preset"]["name"] == "smoke+grid"
+  assert {r["algorithm"] for r in report["best_reduction"]} == {"adafest"}
+  assert_figure_matches_report(paths["json"], paths["png"])
+  assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid, named", [
+    ({"tau_sigma": [2]}, "tau_sigma"),
+    ({"data": "train.txt"}, "data"),
+    ({"algorithm": ["dpsgd", "sgd"]}, "algorithm: 'sgd'"),
+    ({"tau-sigmas": ["x"]}, "tau_sigmas: 'x'"),
+    ({"selection_share": 1.5}, "selection_share"),
+    ({"hidden_units": "8,0"}, "hidden_units"),
+    ({"fest_k": []}, "fest_k has no value"),
+    ({"seeds": 0}, "seeds 0"),
+    ({"max_examples": 5}, "max_examples 5"),
+    ([1, 2], "mapping"),
+])
+def test_a_bad_grid_is_refused_naming_the_flag(grid, named):
+  with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+    Grid.parse(grid, "--grid g.yaml")
+
+
+def test_a_grid_takes_train_flags_only_where_an_algorithm_reads_them(tmp_path, capsys):
+  grid = Grid.parse({"algorithm": ["none", "dpsgd", "adafest+"], "epsilon": 2,
+                     "selection_share": 0.05, "tau": [0.5], "learning_rate": "1e-3",
+                     "seeds": [3, 5]})
+  assert grid.seeds == (3, 5) and grid.preset(SMOKE).seeds == (3, 5)
+  assert grid.preset(SMOKE).max_examples == SMOKE.max_examples
+  none, dpsgd, plus = grid.points
+  assert none == Point("none", None, flags=(("learning_rate", "1e-3"),))
+  assert dpsgd == Point("dpsgd", 2.0, flags=(("learning_rate", "1e-3"),))
+  assert plus.fest_k == 300 and plus.tau_sigmas is None and plus.flags == (
+      ("learning_rate", "1e-3"), ("selection_share", 0.05), ("tau", 0.5))
+  runner = Runner(StudyInputs.load("synthetic", 30, 0.01, (2,), tmp_path / "data"), SMOKE,
+                  tmp_path)
+  args = runner.arguments(plus, 3)
+  assert (args.selection_share, args.tau, args.learning_rate, args.seed) == (0.05, 0.5, 1e-3, 3)
+  assert runner.arguments(Point("fest", 1.0, fest_k=20), 0).selection_share == 0.01
+  # Two DP-SGD points leave the AUC loss without one baseline.
+  two = tmp_path / "two.json"
+  two.write_text(json.dumps({"algorithm": ["dpsgd", "adafest"], "epsilon": [1, 2]}))
+  assert main(["study", "tradeoffs", "--grid", str(two), "--out", str(tmp_path)]) == 2
+  assert "exactly one" in capsys.readouterr().err
+  assert not list((tmp_path / "runs").glob("*.json"))
+
+
+def test_real_files_are_read_whole_unless_capped(tmp_path):
+  path = SyntheticCriteo(scale=0.01, seed=1).write_day(tmp_path / "day_1.gz", 1, 500)
+  whole = StudyInputs.load(str(path), 60, 0.01, (2,), tmp_path / "data")
+  capped = StudyInputs.load(str(path), 60, 0.01, (2,), tmp_path / "data", max_examples=100)
+  assert whole.source["train_examples"] == 450 and capped.source["train_examples"] == 90
+  assert SMOKE.selection_share == FULL.selection_share == PAPER_SELECTION_SHARE == 0.01

@@ -127,7 +127,7 @@ def _runs(args, preset, algorithms: list[str], noise_scales: list[float],
       epsilon=args.epsilon, delta=preset.delta, epochs=preset.epochs,
       batch_size=preset.batch_size, learning_rate=preset.learning_rate,
       hidden_units=preset.hidden_units, noise_seed=args.noise_seed)
-  flags = AuditFlags(args.epsilon, 0.1, preset.fest_k, args.noise_seed)
+  flags = AuditFlags(args.epsilon, 0.1, preset.fest_k)
   beta = 1 - args.confidence
   runs = [(a, 1.0) for a in algorithms]
   if args.broken_mechanism_for_testing:

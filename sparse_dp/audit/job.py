@@ -1,6 +1,6 @@
 """One audited pCTR training run: canaries in, the job's training, scores, the bound.
 
-The training is ``sparse-dp train``'s (``train_job._fit``: the same
+The training is ``sparse-dp train``'s (``fitting.train_and_evaluate``: the same
 preselection for DP-FEST / DP-AdaFEST+, ``make_private``, Poisson-sampled
 batches, Adam, accountant), on the examples plus the included canaries, with
 every table grown by the canaries' own rows. Its claimed epsilon is the job's
@@ -13,7 +13,6 @@ carries the audit's power (:mod:`sparse_dp.audit.power`) at its claim.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -36,12 +35,11 @@ POWER_TRIALS = 1000
 
 @dataclasses.dataclass(frozen=True)
 class AuditFlags:
-  """What ``train_job._fit`` reads of a job's flags."""
+  """What ``fitting.train_and_evaluate`` reads of a job's flags."""
 
   epsilon: float
   selection_share: float
   fest_k: int
-  noise_seed: Optional[int]
 
 
 def audited_run(algorithm: str, flags: AuditFlags, settings: FitSettings, train, held_out,
@@ -52,7 +50,7 @@ def audited_run(algorithm: str, flags: AuditFlags, settings: FitSettings, train,
   claims the configured epsilon (:func:`noise_scaled_for_testing`): a negative
   control, never a private run.
   """
-  from sparse_dp.models import train_job  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
   broken = noise_scale != 1.0
   observers = []
 
@@ -61,10 +59,10 @@ def audited_run(algorithm: str, flags: AuditFlags, settings: FitSettings, train,
     return observers
 
   with noise_scaled_for_testing(noise_scale) if broken else contextlib.nullcontext():
-    fit, _ = train_job._fit(  # pylint: disable=protected-access
-        algorithm, argparse.Namespace(**dataclasses.asdict(flags)), settings,
-        canaries.insert(train), held_out, canaries.model_vocabulary_sizes,
-        observers=observe)
+    fit, _ = fitting.train_and_evaluate(
+        algorithm, settings, canaries.insert(train), held_out,
+        canaries.model_vocabulary_sizes, fest_k=flags.fest_k,
+        selection_share=flags.selection_share, observers=observe)
   metrics = fit.metrics
   alignment, = observers
   scores = canary_scores(fit.model, alignment.rows, alignment)

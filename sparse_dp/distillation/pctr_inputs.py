@@ -106,8 +106,8 @@ def _paths(args, data: str, day: int, max_examples: int,
     return paths, 1.0
   from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
   synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed)
-  if not 1 <= day <= synthetic.num_days:
-    raise ValueError(f"--public-day must be in 1..{synthetic.num_days}, got {day}")
+  if not 0 <= day < synthetic.num_days:
+    raise ValueError(f"--public-day must be in 0..{synthetic.num_days - 1}, got {day}")
   path = folder / f"synthetic_day_{day}_seed_{args.seed}.gz"
   if not path.exists():
     synthetic.write_day(path, day, max(args.max_examples, args.max_public_examples))

@@ -1,4 +1,4 @@
-"""``sparse-dp study NAME --preset {smoke,full} --data ... --out DIR``."""
+"""``sparse-dp study NAME --preset {smoke,full} --data ... --out DIR [--grid FILE]``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ _STUDIES = {"tradeoffs": "Fig. 3 / 8: reduction vs AUC of DP-SGD, DP-FEST, DP-Ad
             "heatmap": "Fig. 7 / 9: DP-AdaFEST over sigma1/sigma2 x tau",
             "streaming": "Fig. 5: streaming periods, DP-FEST frequency sources",
             "step-time": "Table 4: seconds per step; pCTR throughput by vocabulary scale"}
+
+
+_GRID_HELP = (
+    "a YAML or JSON file of `sparse-dp train` flags, each a value or a list of values, "
+    "e.g. {algorithm: [dpsgd, fest, adafest], tau_sigmas: [2, 4], fest_k: [100, 1000], "
+    "selection_share: 0.01, seeds: 3, max_examples: 100000}: every combination is a point, "
+    "trained at each seed (seeds: a count or a list); a flag an algorithm does not read "
+    "adds none of its points; flags not given take the preset's value, then the "
+    "command's default; max_examples caps the lines read of --data (default: every "
+    "line of real files). Give exactly one dpsgd point: the AUC loss is measured from it")
 
 
 def add_parser(commands) -> None:
@@ -26,13 +36,15 @@ def add_parser(commands) -> None:
                        help="'synthetic' (default) or a path or glob of Criteo files "
                             "(streaming: Criteo-1TB day_N files)")
     study.add_argument("--out", default="study-results", help="output folder")
+    if name == "tradeoffs":
+      study.add_argument("--grid", metavar="FILE", help=_GRID_HELP)
     study.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
   from sparse_dp.study.studies import output_paths, run_study  # pylint: disable=import-outside-toplevel
   from sparse_dp.study.tables import markdown  # pylint: disable=import-outside-toplevel
-  report = run_study(args.study, args.preset, args.data, args.out)
+  report = run_study(args.study, args.preset, args.data, args.out, getattr(args, "grid", None))
   print(markdown(report))
   print("wrote " + ", ".join(str(p) for p in output_paths(args.study, args.out).values()))
   return 0

@@ -32,13 +32,15 @@ class StudyInputs:
 
   @classmethod
   def load(cls, data: str, examples: int, scale: float, features: Optional[Sequence[int]],
-           folder: pathlib.Path, hash_scale: Optional[float] = None) -> "StudyInputs":
-    """``data``: ``synthetic`` (written under ``folder``, tables ``scale`` x Table 3) or a
-    path or glob of Criteo files (hashed into Table-3 sizes x ``hash_scale``, default 1)."""
+           folder: pathlib.Path, hash_scale: Optional[float] = None,
+           max_examples: Optional[int] = None) -> "StudyInputs":
+    """``data``: ``synthetic`` (``examples`` lines written under ``folder``, tables
+    ``scale`` x Table 3) or a path or glob of Criteo files (hashed into Table-3 sizes x
+    ``hash_scale``, default 1), read whole unless ``max_examples`` caps the lines read."""
     paths, table_scale = data_paths(data, examples, scale, folder)
     if data != SYNTHETIC and hash_scale is not None:
       table_scale = hash_scale
-    split = pctr_data.CriteoSplit.read(paths, examples, "error")
+    split = pctr_data.CriteoSplit.read(paths, max_examples, "error")
     vocabulary = pctr_data.hashed_vocabulary(table_scale)
     columns = list(range(len(vocabulary.sizes))) if features is None else list(features)
     bad = [f for f in columns if not 0 <= f < len(vocabulary.sizes)]
@@ -49,7 +51,8 @@ class StudyInputs:
       x, y = pctr_data.model_inputs(frame, vocabulary)
       return {**x, "categorical": np.ascontiguousarray(x["categorical"][:, columns])}, y
 
-    source = {"data": data, "examples": examples, "table_scale": table_scale,
+    source = {"data": data, "examples": examples, "max_examples": max_examples,
+              "table_scale": table_scale,
               "features": columns, "train_examples": len(split.train),
               "held_out_examples": len(split.held_out)}
     return cls(select(split.train), select(split.held_out),

@@ -1,8 +1,10 @@
 """One point of a sweep, trained over the preset's seeds, each run cached on disk.
 
-A run is the training job of ``sparse-dp train`` (:func:`sparse_dp.models.train_job`'s
-``_fit``: DP-FEST and DP-AdaFEST+ spend 10% of epsilon on the private top-k
-first), so a point's numbers are those the command prints for the same flags.
+A run is one configuration of ``sparse-dp train``
+(:func:`sparse_dp.models.fitting.train_and_evaluate`, the command's own entry
+point; DP-FEST and DP-AdaFEST+ spend the preset's ``selection_share`` of epsilon
+on the private top-k first), with the command's flags parsed by the command's
+parser, so a point's numbers are those the command prints for the same flags.
 Each run's metrics are written to ``<folder>/runs/<key>.json`` (and its
 progress to ``<key>.log``); a study that finds them reuses them, so sweeps
 that share points (the epsilon sweep at the trade-off study's epsilon) train
@@ -21,25 +23,26 @@ import hashlib
 import json
 import pathlib
 import statistics
-from typing import Optional
+from typing import Any, Optional
 
-from sparse_dp.models.job_flags import FitSettings
+from sparse_dp.models import job_flags
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
-
-SELECTION_SHARE = 0.1  # of epsilon, on DP-FEST's top-k (the `sparse-dp train` default)
 
 
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One configuration: ``fest_k`` for DP-FEST / DP-AdaFEST+, ``tau_sigmas`` and
-  ``sigma_ratio`` (sigma1 / sigma2) for DP-AdaFEST / DP-AdaFEST+."""
+  ``sigma_ratio`` (sigma1 / sigma2) for DP-AdaFEST / DP-AdaFEST+; ``flags``, other
+  ``sparse-dp train`` flags as ``(name, value)`` pairs (a grid's,
+  :mod:`sparse_dp.study.grid`), over the preset's."""
 
   algorithm: str
   epsilon: Optional[float]
   fest_k: Optional[int] = None
   tau_sigmas: Optional[float] = None
   sigma_ratio: Optional[float] = None
+  flags: tuple[tuple[str, Any], ...] = ()
 
   @property
   def label(self) -> str:
@@ -50,6 +53,7 @@ class Point:
       parts.append(f"tau={self.tau_sigmas:g}s")
     if self.sigma_ratio is not None:
       parts.append(f"s1/s2={self.sigma_ratio:g}")
+    parts += [f"{name}={value}" for name, value in self.flags]
     return " ".join(parts)
 
 
@@ -61,30 +65,37 @@ class Runner:
     self.folder = pathlib.Path(folder) / "runs"
     self.folder.mkdir(parents=True, exist_ok=True)
 
-  def settings(self, point: Point, seed: int) -> FitSettings:
+  def arguments(self, point: Point, seed: int) -> argparse.Namespace:
+    """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model and
+    schedule, then the point's flags."""
+    from sparse_dp.study.grid import train_arguments  # pylint: disable=import-outside-toplevel
     p = self.preset
-    return FitSettings(
-        epsilon=point.epsilon or 1.0, epochs=p.epochs, batch_size=p.batch_size,
-        learning_rate=p.learning_rate, hidden_units=p.hidden_units, seed=seed,
-        noise_seed=7919 * (seed + 1), tau_sigmas=point.tau_sigmas or 4.0,
-        sigma_ratio=point.sigma_ratio or 2.0)
+    flags = {"algorithm": point.algorithm, "epsilon": point.epsilon or 1.0,
+             "epochs": p.epochs, "batch_size": p.batch_size, "learning_rate": p.learning_rate,
+             "hidden_units": ",".join(map(str, p.hidden_units)),
+             "selection_share": p.selection_share, "seed": seed,
+             "noise_seed": 7919 * (seed + 1), "fest_k": point.fest_k,
+             "tau_sigmas": point.tau_sigmas, "sigma_ratio": point.sigma_ratio,
+             **dict(point.flags)}
+    return train_arguments({k: v for k, v in flags.items() if v is not None})
 
   def run(self, point: Point, seed: int) -> dict:
     """The job's metrics for ``point`` at ``seed`` (from the cache when there)."""
-    settings = self.settings(point, seed)
+    args = self.arguments(point, seed)
+    settings = job_flags.fit_settings(args, epsilon=args.epsilon)
     key = {"source": self.inputs.source, "point": dataclasses.asdict(point),
-           "settings": dataclasses.asdict(settings)}
+           "settings": dataclasses.asdict(settings), "fest_k": args.fest_k,
+           "selection_share": args.selection_share}
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
     if path.exists():
       return json.loads(path.read_text())["metrics"]
-    from sparse_dp.models import train_job  # pylint: disable=import-outside-toplevel
-    flags = argparse.Namespace(epsilon=point.epsilon or 1.0, selection_share=SELECTION_SHARE,
-                               fest_k=point.fest_k or 1, noise_seed=settings.noise_seed)
+    from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
     with open(self.folder / f"{name}.log", "w") as log, contextlib.redirect_stdout(log):
-      fit, _ = train_job._fit(point.algorithm, flags, settings,  # pylint: disable=protected-access
-                              self.inputs.train, self.inputs.held_out,
-                              list(self.inputs.vocabulary_sizes))
+      fit, _ = fitting.train_and_evaluate(
+          point.algorithm, settings, self.inputs.train, self.inputs.held_out,
+          list(self.inputs.vocabulary_sizes), fest_k=args.fest_k,
+          selection_share=args.selection_share)
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps({**key, "metrics": fit.metrics}, indent=1))
     partial.rename(path)

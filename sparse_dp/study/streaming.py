@@ -34,7 +34,8 @@ def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, s
            "--synthetic-scale": preset.synthetic_scale, "--batch-size": preset.batch_size,
            "--epochs": preset.epochs, "--learning-rate": preset.learning_rate,
            "--hidden-units": ",".join(map(str, preset.hidden_units)),
-           "--fest-k": preset.fest_ks[0], "--tau-sigmas": preset.tau_sigmas[0],
+           "--fest-k": preset.fest_ks[0], "--selection-share": preset.selection_share,
+           "--tau-sigmas": preset.tau_sigmas[0],
            "--sigma-ratio": preset.sigma_ratios[0], "--seed": seed, "--state": state}
   return [str(part) for item in flags.items() for part in item]
 

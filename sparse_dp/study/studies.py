@@ -6,6 +6,7 @@ import json
 import pathlib
 
 from sparse_dp.study import plots, tables
+from sparse_dp.study.grid import Grid
 from sparse_dp.study.presets import preset as named_preset
 from sparse_dp.study.step_time import step_time
 from sparse_dp.study.streaming import streaming
@@ -21,14 +22,27 @@ def output_paths(study: str, out) -> dict[str, pathlib.Path]:
 
 
 def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
-              out="study-results") -> dict:
+              out="study-results", grid=None) -> dict:
   """Runs ``study`` at ``preset`` on ``data`` (trained runs cached under ``out/runs``),
-  writes its JSON, markdown table and figure under ``out``, and returns the report."""
+  writes its JSON, markdown table and figure under ``out``, and returns the report.
+  ``grid`` (a grid file's path, ``tradeoffs`` only) gives the points instead of the
+  preset's sweep (:mod:`sparse_dp.study.grid`)."""
   if study not in STUDIES:
     raise ValueError(f"unknown study {study!r}; choose from {', '.join(STUDIES)}")
+  sizes = named_preset(preset)
+  points = None
+  if grid is not None:
+    if study != "tradeoffs":
+      raise ValueError(f"--grid: the {study} study runs its preset's sweep; a grid gives the "
+                       "points of the tradeoffs study (`sparse-dp study tradeoffs --grid FILE`)")
+    read = Grid.read(grid)
+    sizes, points = read.preset(sizes), list(read.points)
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  report = STUDIES[study](named_preset(preset), data, out)
+  report = (tradeoffs(sizes, data, out, points) if points is not None
+            else STUDIES[study](sizes, data, out))
+  if grid is not None:
+    report["grid"] = str(grid)
   publish(report, out)
   return report
 

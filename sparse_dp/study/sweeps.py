@@ -13,6 +13,7 @@ Every point is trained over the preset's seeds (:class:`sparse_dp.study.runs.Run
 from __future__ import annotations
 
 import pathlib
+from typing import Optional, Sequence
 
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
@@ -24,7 +25,7 @@ AUC_LOSS_THRESHOLDS = (0.001, 0.005, 0.01, 0.02, 0.05)
 
 def runner(preset: StudyPreset, data: str, out: pathlib.Path) -> Runner:
   inputs = StudyInputs.load(data, preset.examples, preset.synthetic_scale, preset.features,
-                            pathlib.Path(out) / "data")
+                            pathlib.Path(out) / "data", max_examples=preset.max_examples)
   return Runner(inputs, preset, out)
 
 
@@ -44,16 +45,26 @@ def _report(study: str, runs: Runner, points: list[dict], **extra) -> dict:
           "table_rows": runs.inputs.rows, "points": points, **extra}
 
 
-def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
+def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path,
+              points: Optional[Sequence[Point]] = None) -> dict:
+  """``points`` (a grid's, :mod:`sparse_dp.study.grid`; default: the preset's sweep)
+  over the preset's seeds, and the best reduction of each algorithm within an AUC loss
+  of the one DP-SGD point's AUC."""
+  if points is None:
+    eps, ratio = preset.epsilon, preset.sigma_ratios[0]
+    points = [Point("none", None), Point("dpsgd", eps)]
+    points += [Point("fest", eps, fest_k=k) for k in preset.fest_ks]
+    points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio)
+               for t in preset.tau_sigmas]
+    points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
+               for k, t in preset.adafest_plus]
+  baselines = [p for p in points if p.algorithm == "dpsgd"]
+  if len(baselines) != 1:
+    raise ValueError(f"the tradeoffs study compares every point with one DP-SGD point; "
+                     f"give exactly one (got {[p.label for p in baselines]})")
   runs = runner(preset, data, out)
-  eps, ratio = preset.epsilon, preset.sigma_ratios[0]
-  points = [Point("none", None), Point("dpsgd", eps)]
-  points += [Point("fest", eps, fest_k=k) for k in preset.fest_ks]
-  points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio) for t in preset.tau_sigmas]
-  points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
-             for k, t in preset.adafest_plus]
   summaries = [runs.summary(p) for p in points]
-  return _report("tradeoffs", runs, summaries, epsilon=eps,
+  return _report("tradeoffs", runs, summaries, epsilon=baselines[0].epsilon,
                  best_reduction=best_reduction(summaries, AUC_LOSS_THRESHOLDS))
 
 
