@@ -124,7 +124,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     steps = steps_for_epochs(settings.epochs, batch_size / num_examples)
     # Probed on held-out rows: no sampled batch is spent on the separability probe.
     private.check_separable(head(held_out, min(64, len(y_eval))))
-    batches = private.presampled_dataset(train.dataset(steps), num_examples,
+    batches = private.presampled_dataset(train.dataset(steps, strategy), num_examples,
                                          batch_size / num_examples, train.manifest.max_batch_size)
     history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
   elif streamed:
@@ -230,8 +230,9 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
 
 def check_hardware(settings: FitSettings) -> None:
   """Refuses, before any data is read, a ``--strategy tpu`` without a TPU and an
-  ``--embedding`` the hardware cannot run (the strategies built once per process)."""
-  if settings.strategy in ("default", "tpu"):
+  ``--embedding`` the hardware cannot run, and joins a ``multi-worker`` cluster before
+  any op runs (the strategies built once per process)."""
+  if settings.strategy in ("default", "tpu", "multi-worker"):
     embedding_backends.choose_backend(settings.embedding,
                                       strategy_named(settings.strategy, settings.tpu))
 

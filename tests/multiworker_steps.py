@@ -6,8 +6,9 @@ run's Poisson batches (each global batch split across the workers), each
 worker with its own TensorFlow global seed (which the batches must not depend
 on). Worker 0 then trains the same model in this process alone, with that
 seed, hence the same global batches. Last, worker 1 makes one Poisson dataset
-more than worker 0 before both fit: ``fit`` must refuse on both. Prints the
-results as one JSON line.
+more than worker 0 before both fit: ``fit`` must refuse on both; and both
+must refuse Poisson batches whose auto-shard policy was set to ``OFF``.
+Prints the results as one JSON line.
 """
 
 import json
@@ -72,6 +73,15 @@ def main():
     results["extra_dataset"] = {"steps": private.accountant.steps}
   except ValueError as error:
     results["extra_dataset"] = {"refused": str(error), "steps": private.accountant.steps}
+  model, private = private_model(strategy, CONFIGS["dpsgd"], None)
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+  try:  # every worker would take the same slices of each batch
+    model.fit(private.poisson_dataset(ids, labels, epochs=BATCH / N).with_options(options),
+              verbose=0)
+    results["unsliced"] = {"steps": private.accountant.steps}
+  except ValueError as error:
+    results["unsliced"] = {"refused": str(error), "steps": private.accountant.steps}
   print(json.dumps(results))
 
 

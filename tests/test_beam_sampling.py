@@ -5,7 +5,10 @@ that a correct sampler would fail them for a random seed.
 """
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -333,6 +336,64 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   (unwritable / claims.CLAIMS).write_text("a file where the claims folder goes")
   with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
     SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
+
+
+@one_stack("tf2.15")
+def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
+  """``train --reader batches --strategy multi-worker`` on two localhost workers: each step's
+  batch is split between them, the chief alone claims the steps, and the model is the one
+  a single process trains on the same batches (a fresh copy of the sample)."""
+  import tensorflow as tf
+  from sparse_dp.sampling import claims
+  from test_multi_worker import free_ports
+  vocabulary = tmp_path / "vocabulary.json"
+  Vocabulary.hashed([50] * 26).save(vocabulary)
+
+  def train(sample: pathlib.Path, out: pathlib.Path, strategy: str) -> list[str]:
+    return ["train", "--reader", "batches", "--data", str(_copy(small_sample / "sample", sample)),
+            "--eval-data", str(small_sample / "data" / "day_0"), "--algorithm", "dpsgd",
+            "--hidden-units", "4", "--vocabulary", str(vocabulary), "--seed-file",
+            str(small_sample / "seed"), "--epochs", "0.06", "--noise-seed", "3",
+            "--strategy", strategy, "--out", str(out), "--json"]
+
+  addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
+  cluster = train(tmp_path / "cluster_sample", tmp_path / "cluster", "multi-worker")
+  environments = [dict(os.environ, TF_CONFIG=json.dumps(
+      {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
+                  for index in range(2)]
+  environments.append({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+  commands = [cluster, cluster, train(tmp_path / "alone_sample", tmp_path / "alone", "default")]
+  processes = [subprocess.Popen([sys.executable, "-m", "sparse_dp", *argv], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+               for argv, env in zip(commands, environments)]
+  try:
+    for process in processes:
+      out, err = process.communicate(timeout=600)
+      assert process.returncode == 0, err[-3000:]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  alone = json.loads(out.strip().splitlines()[-1])
+  runs = [tmp_path / "cluster", tmp_path / "cluster" / "workers" / "worker_1"]
+  # q = 20 / 1,000: 3 steps; each counted once, claimed once (by the chief).
+  assert [(c.first, c.end) for c in claims.claims(str(tmp_path / "cluster_sample"))] == [(0, 3)]
+  for run in runs:
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == alone["steps"] == 3 and metrics["poisson_sampling"] is True
+    assert metrics["epsilon"] == pytest.approx(alone["epsilon"], rel=1e-12)
+  weights = [tf.train.load_checkpoint(str(run / "model" / "variables" / "variables"))
+             for run in [tmp_path / "alone", *runs]]
+  names = [n for n in weights[0].get_variable_to_shape_map()
+           if np.asarray(weights[0].get_tensor(n)).dtype.kind == "f"]
+  assert len(names) > 10
+  for name in names:
+    for worker in weights[1:]:
+      # Workers reading other shards (tf.data's file sharding: batches of other steps in a
+      # step) move the Dense layers and their Adam moments by up to 16% of their size.
+      np.testing.assert_allclose(worker.get_tensor(name), weights[0].get_tensor(name),
+                                 rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_path, capsys):

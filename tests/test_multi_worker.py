@@ -69,3 +69,10 @@ def test_workers_about_to_draw_different_poisson_batches_are_refused_before_a_st
   for worker in workers:
     assert "different Poisson batches" in worker["extra_dataset"]["refused"]
     assert worker["extra_dataset"]["steps"] == 0
+
+
+def test_poisson_batches_that_fit_would_not_slice_exactly_are_refused_before_a_step(workers):
+  # AutoShardPolicy.OFF: every worker would train the same slices of each batch.
+  for worker in workers:
+    assert "AutoShardPolicy.OFF" in worker["unsliced"]["refused"]
+    assert worker["unsliced"]["steps"] == 0

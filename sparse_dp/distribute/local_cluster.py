@@ -101,6 +101,17 @@ def tpu_strategy(tpu: str = "local") -> tf.distribute.TPUStrategy:
   return tf.distribute.TPUStrategy(resolver)
 
 
+@functools.lru_cache(maxsize=None)
+def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+  """The ``MultiWorkerMirroredStrategy`` of ``TF_CONFIG``'s workers, made once per process.
+
+  It configures the collective ops, which TensorFlow allows only before the
+  process's first op: a job makes it before it reads any data (a sample's
+  cursor is a variable), and every later call gets the same strategy.
+  """
+  return tf.distribute.MultiWorkerMirroredStrategy()
+
+
 STRATEGIES = ("default", "mirrored", "multi-worker", "ps", "tpu")
 
 
@@ -119,7 +130,7 @@ def strategy_named(name: str, tpu: str = "local") -> tf.distribute.Strategy:
   if name == "mirrored":
     return tf.distribute.MirroredStrategy()
   if name == "multi-worker":
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return multi_worker_strategy()
   if name == "ps":
     return parameter_server_strategy()
   if name == "tpu":

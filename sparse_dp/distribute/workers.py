@@ -15,6 +15,10 @@ its own slice of it, so the workers must draw the same batches: their keys
 depend only on the seed, the dataset's number and its pass count
 (:mod:`sparse_dp.training.sampling`), and ``fit`` compares a fingerprint of
 its first batch across the workers before it trains (:func:`refuse_different_batches`).
+Each batch reaches ``fit`` whole and is split exactly among the replicas
+(:func:`sliced_per_replica`), which ``fit`` checks (:func:`refuse_unsliced_batches`).
+Training on the batches of ``sparse-dp sample`` takes the chief's first step
+(:func:`chiefs_value`) instead of a pass key.
 """
 
 from __future__ import annotations
@@ -29,15 +33,23 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
   return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
-def shared_seed(strategy: tf.distribute.Strategy, seed: int) -> int:
-  """Worker 0's ``seed`` on every worker of a multi-worker ``strategy``; else ``seed``.
+def chiefs_value(strategy: tf.distribute.Strategy, value: int) -> int:
+  """Worker 0's (the chief's) ``value`` on every worker of a multi-worker ``strategy``;
+  else ``value``: the secret seed (``make_private``), the first step of a pre-sampled run
+  (:meth:`sparse_dp.sampling.SampledBatches.dataset`).
 
-  Every worker must call this at the same point (``make_private`` does): it
-  runs one collective all-gather across the workers.
+  Every worker must call this at the same point: it runs one collective
+  all-gather across the workers.
   """
   if not is_multi_worker(strategy):
-    return seed
-  return _gathered(strategy, seed)[0]
+    return value
+  return _gathered(strategy, value)[0]
+
+
+def all_agree(strategy: tf.distribute.Strategy, value: int) -> bool:
+  """Whether every worker of a multi-worker ``strategy`` gives the same ``value`` (True
+  otherwise). Every worker must call this at the same point (one collective all-gather)."""
+  return not is_multi_worker(strategy) or len(set(_gathered(strategy, value))) == 1
 
 
 def refuse_different_batches(strategy: tf.distribute.Strategy, fingerprint: int) -> None:
@@ -55,15 +67,44 @@ def refuse_different_batches(strategy: tf.distribute.Strategy, fingerprint: int)
   Every worker must call this at the same point (``fit`` does, on every call):
   it runs one collective all-gather.
   """
-  if not is_multi_worker(strategy):
-    return
-  if len(set(_gathered(strategy, fingerprint))) > 1:
+  if not all_agree(strategy, fingerprint):
     raise ValueError(
         "sparse-dp: the workers of this multi-worker fit would draw different Poisson batches, "
         "so a step's global batch would not be one Poisson sample and the epsilon would not "
         "hold. Run the same program on every worker: the same training data (all "
         "num_examples examples on each worker), the same private.poisson_dataset(...) calls "
         "in the same order, each dataset iterated only by fit")
+
+
+def sliced_per_replica(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """``dataset`` of whole global batches, set so that a multi-worker ``fit`` splits each
+  batch exactly among the replicas: ``AutoShardPolicy.DATA``.
+
+  ``fit`` (``experimental_distribute_dataset``) splits each batch of unknown
+  size into one contiguous slice per replica of the cluster (tf.data's legacy
+  rebatching: ``ceil(b / R)`` rows each, the last ones shorter or empty) and,
+  under ``DATA``, hands worker ``w`` the slices of its replicas: every worker
+  runs the whole pipeline, and a step's slices are exactly its batch, each
+  example on one replica. tf.data's default (``AUTO``) shards a pipeline that
+  reads files by file (the workers would train batches of other steps in one
+  step), and ``OFF`` gives every worker the first slices.
+  """
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+  return dataset.with_options(options)
+
+
+def refuse_unsliced_batches(dataset: tf.data.Dataset) -> None:
+  """Refuses a multi-worker ``fit`` on Poisson batches whose ``AutoShardPolicy`` is not
+  :func:`sliced_per_replica`'s ``DATA`` (a user's ``with_options`` changed it)."""
+  policy = dataset.options().experimental_distribute.auto_shard_policy
+  if policy != tf.data.experimental.AutoShardPolicy.DATA:
+    raise ValueError(
+        f"sparse-dp: the Poisson batches of this multi-worker fit have AutoShardPolicy."
+        f"{policy.name}, but only DATA splits each batch exactly among the workers' replicas "
+        "(OFF gives every worker the same slices, FILE batches of other steps), so a step "
+        "would not be one Poisson sample: leave the dataset's auto_shard_policy as "
+        "poisson_dataset (or the sample's batches) set it")
 
 
 def _gathered(strategy: tf.distribute.Strategy, value: int) -> list[int]:

@@ -11,25 +11,35 @@ out (to a ``fit``, a second epoch, a ``repeat``, the separability probe), and
 each call first claims its steps in the sample's folder
 (:mod:`sparse_dp.sampling.claims`), so no batch is ever trained on twice, by
 this run or a later one, which would not be a Poisson sample. A run accounts
-the batches it actually trained on.
+the batches it actually trained on. Under ``MultiWorkerMirroredStrategy`` the
+chief alone claims, and every worker reads every batch and trains on its slice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import posixpath
+from typing import Optional
 
 import tensorflow as tf
 
 from sparse_dp.data.criteo_format import NUM_FIELDS
 from sparse_dp.data.criteo_stream import CriteoStream
 from sparse_dp.data.vocabulary import Vocabulary
+from sparse_dp.distribute import roles, workers
 from sparse_dp.sampling import claims
 from sparse_dp.sampling.draws import SecretSeed
 from sparse_dp.sampling.manifest import MANIFEST_NAME, Manifest, file_digest
 
 #: The refusal of a shard that is not the one the manifest describes (checked as it is read).
 SHARD_CHANGED = "sparse-dp: a sample shard does not match the manifest"
+
+
+def _fingerprint(mac: str, first: int, steps: int) -> int:
+  """A signed 64-bit fingerprint of the steps ``first .. first + steps - 1`` of one sample."""
+  digest = hashlib.sha256(f"{mac}:{first}:{steps}".encode()).digest()
+  return int.from_bytes(digest[:8], "big", signed=True)
 
 
 @dataclasses.dataclass
@@ -70,18 +80,28 @@ class SampledBatches:
     taken = max(int(self.cursor.numpy()), claims.steps_taken(self.folder))
     return max(0, self.manifest.steps - taken)
 
-  def dataset(self, steps: int) -> tf.data.Dataset:
+  def dataset(self, steps: int,
+              strategy: Optional[tf.distribute.Strategy] = None) -> tf.data.Dataset:
     """The next ``steps`` unread batches, ``({"integers", "categorical"}, label)`` each,
-    claimed for this run before any is read."""
-    left = self.batches_left
-    first = self.manifest.steps - left
-    if not 1 <= steps <= left:
-      raise ValueError(f"{steps} steps asked of a sample with {left} unread batches of "
-                       f"{self.manifest.steps} ({first} taken by this or earlier runs, see "
-                       f"{posixpath.join(self.folder, claims.CLAIMS)}; a batch used twice is "
-                       "not a Poisson sample): train for fewer steps, or sample again with "
-                       "`sparse-dp sample` (a fresh salt: new batches)")
-    claims.claim(self.folder, first, first + steps)
+    claimed for this run before any is read.
+
+    Under a multi-worker ``strategy`` (``MultiWorkerMirroredStrategy``; every
+    worker calls this at the same point) the workers train together on each
+    step's one batch: the chief alone claims the steps, every worker starts at
+    the chief's first step (the others' view of the claims may already hold the
+    chief's), the workers check that they read the same sample for the same
+    steps, and every worker reads every record and trains on its replicas'
+    slices of each batch (:func:`sparse_dp.distribute.workers.sliced_per_replica`:
+    a step's slices are exactly its batch; tf.data's default for files, file
+    sharding, would put batches of other steps into one step).
+    """
+    first = self._claim(steps, strategy)
+    if not workers.all_agree(strategy, _fingerprint(self.manifest.mac, first, steps)):
+      raise ValueError(f"sparse-dp: the workers of this multi-worker job would train on "
+                       f"different batches (--data {self.folder!r}, steps {first}.."
+                       f"{first + steps - 1} here), and a step would not be one Poisson "
+                       "sample: give every worker the same --data sample (a copy of the "
+                       "folder is the same sample), --seed-file and --epochs")
     self.cursor.assign(first)
     end = first + steps
     shards = [s for s in self.manifest.shards if s.steps.start < end and s.steps.stop > first]
@@ -107,7 +127,38 @@ class SampledBatches:
       return ({"integers": tf.transpose(features["integers"]),
                "categorical": tf.transpose(features["categorical"])}, tf.transpose(label))
 
-    return self._records(shards).filter(unread).map(batch).take(steps)
+    return workers.sliced_per_replica(self._records(shards).filter(unread).map(batch).take(steps))
+
+  def _claim(self, steps: int, strategy: Optional[tf.distribute.Strategy]) -> int:
+    """The first of ``steps`` unread batches, claimed for this run (by the chief alone under
+    a multi-worker ``strategy``, whose first step every worker takes)."""
+    claimed, refusal = -1, None
+    if not workers.is_multi_worker(strategy) or roles.is_chief():
+      try:
+        claimed = self._claim_here(steps)
+      except ValueError as error:
+        refusal = error  # raised once the other workers know, so that none waits for it
+    first = workers.chiefs_value(strategy, claimed)
+    if refusal is not None:
+      raise refusal
+    if first < 0:
+      raise ValueError(f"sparse-dp: the chief of this multi-worker job could not claim "
+                       f"batches of --data {self.folder!r} (its error says why), so no "
+                       "worker trains on them")
+    return first
+
+  def _claim_here(self, steps: int) -> int:
+    """Claims the next ``steps`` unread batches in the sample's folder; their first step."""
+    left = self.batches_left
+    first = self.manifest.steps - left
+    if not 1 <= steps <= left:
+      raise ValueError(f"{steps} steps asked of a sample with {left} unread batches of "
+                       f"{self.manifest.steps} ({first} taken by this or earlier runs, see "
+                       f"{posixpath.join(self.folder, claims.CLAIMS)}; a batch used twice is "
+                       "not a Poisson sample): train for fewer steps, or sample again with "
+                       "`sparse-dp sample` (a fresh salt: new batches)")
+    claims.claim(self.folder, first, first + steps)
+    return first
 
   def _records(self, shards: list) -> tf.data.Dataset:
     """``(step, record)`` of ``shards``, each shard checked against the manifest as it is opened.

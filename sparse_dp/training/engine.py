@@ -74,7 +74,7 @@ class PrivateTraining:
     # The noise and the sample must be unpredictable: without a seed from the
     # user, one from the OS's cryptographic source. Never saved in the state.
     # Under a multi-worker strategy every worker takes worker 0's seed.
-    self.seed = workers.shared_seed(
+    self.seed = workers.chiefs_value(
         model.distribute_strategy,
         config.noise_seed if config.noise_seed is not None else secrets.randbits(62))
     self.epsilon_budget = _epsilon_budget(config)

@@ -138,7 +138,8 @@ def _private_fit(training: PrivateTraining):
   Poisson": its steps are counted in ``non_poisson_steps`` and checked against
   the expected batch size. The first batch is probed for separability before
   the first step. Under a multi-worker strategy, every worker must be about to
-  draw the same first Poisson batch (:func:`workers.refuse_different_batches`).
+  draw the same first Poisson batch (:func:`workers.refuse_different_batches`),
+  which ``fit`` must split exactly among the replicas (:func:`workers.refuse_unsliced_batches`).
   """
   fit = type(training.model).fit
   signature = inspect.signature(fit)
@@ -163,6 +164,8 @@ def _private_fit(training: PrivateTraining):
     if workers.is_multi_worker(self.distribute_strategy):  # after the probe's pass
       workers.refuse_different_batches(self.distribute_strategy,
                                        training.next_batch_fingerprint(x))
+      if poisson:
+        workers.refuse_unsliced_batches(x)
     if compiled:
       if not poisson:
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)

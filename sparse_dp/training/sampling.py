@@ -98,9 +98,10 @@ class PoissonPasses:
                                         name="poisson_passes")
 
   def dataset(self) -> tf.data.Dataset:
-    """The batches of one new pass per iteration."""
-    return (tf.data.Dataset.range(1).flat_map(self._next_pass)
-            .apply(tf.data.experimental.assert_cardinality(self.steps)))
+    """The batches of one new pass per iteration (each split exactly among the replicas of a
+    multi-worker ``fit``: :func:`~sparse_dp.distribute.workers.sliced_per_replica`)."""
+    return workers.sliced_per_replica(tf.data.Dataset.range(1).flat_map(self._next_pass)
+                                      .apply(tf.data.experimental.assert_cardinality(self.steps)))
 
   def batch(self, pass_index, step) -> tf.Tensor:
     """The batch of ``step`` in pass ``pass_index``."""
