@@ -170,6 +170,8 @@ def _private_fit(training: PrivateTraining):
         _warn_if_unpadded(x)
       call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
                                      + list(call.arguments.get("callbacks") or []))
+    call.arguments["callbacks"] = ([_EngineTablesCopy(training.embedding_backend)]
+                                   + list(call.arguments.get("callbacks") or []))
     call.arguments["callbacks"] = _with_run_progress_bar(call.arguments)
     training.run_statistics.reset()
     training.feeding_poisson = poisson
@@ -179,8 +181,25 @@ def _private_fit(training: PrivateTraining):
     finally:
       training.feeding_poisson = False
       training.poisson_input.assign(False)
+      training.embedding_backend.sync_tables()
 
   return private_fit
+
+
+class _EngineTablesCopy(keras.callbacks.Callback):
+  """Copies the tables an embedding engine trains into the Keras tables (``sync_tables``)
+  before a validation pass and at each epoch's end (``ModelCheckpoint`` saves them then);
+  ``fit`` copies them again when it ends, also on an error. The step never reads them."""
+
+  def __init__(self, backend):
+    super().__init__()
+    self.backend = backend
+
+  def on_test_begin(self, logs=None):
+    self.backend.sync_tables()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.backend.sync_tables()
 
 
 def _with_run_progress_bar(arguments: dict) -> list:
