@@ -296,6 +296,10 @@ def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypat
   model.fit(data.take(3), verbose=0)
   for a, b in zip(cpu.trainable_weights, model.trainable_weights):
     np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+  ids, labels = synthetic_data(seed=1)
+  model.train_on_batch(ids[:128], labels[:128])  # the host table is the engine's after it
+  layer = model.get_layer("ids")
+  np.testing.assert_array_equal(private.embedding_backend.table_rows(layer), layer.embeddings)
   with pytest.raises(ValueError, match="TPUTrainer trains tables in the V1 TPU embedding "
                                        "engine; this is a TPU with the SparseCore"):
     TPUTrainer(private)
