@@ -93,9 +93,9 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      "tfdata/batches or --algorithm none")
   strategy = strategy_named(settings.strategy, settings.tpu)
   on_ps = is_parameter_server(strategy)
-  # Tables the TPU embedding engine trains keep their Keras copy on the host, not in HBM.
-  in_engine = (kind.is_private and
-               embedding_backends.choose_backend(settings.embedding, strategy).name == "tpu")
+  # Tables a TPU embedding engine (V1, SparseCore) trains keep their Keras copy on the host.
+  in_engine = (kind.is_private and embedding_backends.choose_backend(
+      settings.embedding, strategy).name in ("tpu", "sparsecore"))
   with strategy.scope():
     model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
                              embedding_dims=[embedding_dim(v) for v in vocabulary_sizes],

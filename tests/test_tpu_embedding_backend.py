@@ -40,7 +40,8 @@ OPTIMIZERS = {"sgd": (lambda: keras.optimizers.legacy.SGD(0.5), 1e-6),
 
 
 class _EngineRows(keras.callbacks.Callback):
-  """After each step: rows of the engine table and slots that changed, and ``nonzero_rows``."""
+  """After each step: rows of the engine table and slots that changed, and the step's
+  ``nonzero_rows`` (the logs hold the run's mean so far: run_statistics)."""
 
   def __init__(self, backend):
     super().__init__()
@@ -53,7 +54,8 @@ class _EngineRows(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     state = self._state()
     self.changed.append(np.flatnonzero(np.any(state != self.last, axis=1)))
-    self.selected.append(int(logs["nonzero_rows"]))
+    run_rows = round(logs["nonzero_rows"] * (len(self.selected) + 1))
+    self.selected.append(run_rows - sum(self.selected))
     self.last = state
 
 

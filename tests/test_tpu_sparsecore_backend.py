@@ -3,10 +3,11 @@
 :class:`TPUEmbeddingV2APIDouble` takes ``embedding_lookup``/``apply_gradients``
 with the rules of TF 2.21's ``tpu_embedding_v3.py``; :class:`SparseCoreBackend`
 applies the DP step's update inside the step ``fit`` traces (a lookup of the
-selected rows, ``apply_gradients`` with its preserved outputs, a lookup that
-reads the updated rows back). DP-AdaFEST steps give the CPU backend's tables
-(tolerances as in ``test_tpu_embedding_backend.py``) and change exactly the
-selected rows of the engine. The double's tables are in the SparseCore layout,
+batch's ids for the forward pass, a lookup of the selected rows,
+``apply_gradients`` with its preserved outputs). DP-AdaFEST steps with host
+tables give the CPU backend's tables (tolerances as in
+``test_tpu_embedding_backend.py``), read and write no Keras table, and change
+exactly the selected rows of the engine. The double's tables are in the SparseCore layout,
 made by TF's own stacker and initialization code: the engine's initial table is
 TF's CPU -> SparseCore conversion of the layer's rows, and the host copy and a
 checkpoint restored into ``TPUEmbeddingForServing`` give the rows back.
@@ -27,21 +28,24 @@ from tensorflow.python.trackable.base import ShardInfo
 
 import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
+from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
 from sparse_dp.layers.embedding_backends.sparsecore_api_double import TPUEmbeddingV2APIDouble
 from sparse_dp.training.engine import _update_bounds
+from sparse_dp.training.input_ids import functional_input_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
 from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
+from test_tpu_two_program_loop import _variables_used
 
 API = tf.tpu.experimental.embedding
 D = 4
 
 
 def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", embedding="cpu",
-             **settings):
+             table_placement="default_device", **settings):
   ids, labels = synthetic_data()
-  model = functional_model(optimizer=optimizer())
+  model = functional_model(optimizer=optimizer(), table_placement=table_placement)
   noise = ADAFEST if algorithm == "adafest" else dict(noise_multiplier=0.8)
   private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=4, **noise),
                                    num_examples=N, batch_size=128, embedding=embedding)
@@ -49,17 +53,21 @@ def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", emb
     layer = model.get_layer("ids")
     bounds = _update_bounds([layer], private.step_noise, N, 128)
     private.use_embedding_backend(SparseCoreBackend(
-        [layer], model.optimizer, bounds, api_factory=TPUEmbeddingV2APIDouble, **settings))
+        [layer], model.optimizer, bounds, {layer: private.largest_batch},
+        functional_input_ids(model, [layer]), api_factory=TPUEmbeddingV2APIDouble, **settings))
   model._jit_compile = jit_compile  # pylint: disable=protected-access
   return model, private, private.poisson_dataset(ids, labels)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
+  """The Keras table on the host (``table_placement='host'``): the step looks the batch up
+  in the engine and reads and writes no table variable; ``fit`` copies the engine's rows
+  into the Keras table when it ends."""
   optimizer, tolerance = OPTIMIZERS[name]
   cpu, _, data = _private(optimizer, engine=False)
   cpu.fit(data.take(4), verbose=0)
-  model, private, data = _private(optimizer)
+  model, private, data = _private(optimizer, table_placement="host")
   backend = private.embedding_backend
   rows = _EngineRows(backend)
   model.fit(data.take(4), verbose=0, callbacks=[rows])
@@ -68,6 +76,9 @@ def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
     np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
   layer = model.get_layer("ids")
   np.testing.assert_array_equal(backend.table_rows(layer), layer.embeddings)
+  used = _variables_used(model.train_function)
+  assert layer.embeddings.ref() not in used
+  assert model.layers[-1].kernel.ref() in used
   assert [len(c) for c in rows.changed] == rows.selected and all(rows.selected)
   assert all(VOCAB not in c for c in rows.changed)  # the dummy row never moves
 
@@ -164,7 +175,8 @@ def test_the_backend_sizes_the_sparse_cores_and_refuses_settings_that_break_dp()
   layer, engine = model.get_layer("ids"), private.embedding_backend.engine
   update = private.embedding_backend.update_bounds[layer]
   # Every feature a multiple of 4 SparseCores; each lookup's ids fit one SparseCore.
-  assert engine.input_bounds == {"ids": 4, "ids/dp_update": -(-update // 4) * 4}
+  assert engine.input_bounds == {"ids": -(-private.largest_batch // 4) * 4,
+                                 "ids/dp_update": -(-update // 4) * 4}
   assert engine.api._table_to_max_ids_per_sparse_core == {"ids": sum(engine.input_bounds.values())}
   with pytest.raises(ValueError, match=r"allow_id_dropping=True\): a dropped id .* pass "
                                        r"allow_id_dropping=False"):
@@ -274,13 +286,20 @@ def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypat
   cpu.fit(data.take(3), verbose=0)
   monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V2)
   monkeypatch.setattr(API, "TPUEmbeddingV2", TPUEmbeddingV2APIDouble)
-  model, private, data = _private(optimizer, engine=False, embedding="auto")
+  # On a TPU (a double here) host tables are what the SparseCore backend takes.
+  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+  model, private, data = _private(optimizer, engine=False, embedding="auto",
+                                  table_placement="host")
   assert private.embedding_choice.describe("auto").startswith(
       "embedding auto -> sparsecore: TPU with the SparseCore (V2) embedding engine")
   assert private.embedding_backend.name == "tpu-sparsecore-api-double"
   model.fit(data.take(3), verbose=0)
   for a, b in zip(cpu.trainable_weights, model.trainable_weights):
     np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
+  ids, labels = synthetic_data(seed=1)
+  model.train_on_batch(ids[:128], labels[:128])  # the host table is the engine's after it
+  layer = model.get_layer("ids")
+  np.testing.assert_array_equal(private.embedding_backend.table_rows(layer), layer.embeddings)
   with pytest.raises(ValueError, match="TPUTrainer trains tables in the V1 TPU embedding "
                                        "engine; this is a TPU with the SparseCore"):
     TPUTrainer(private)

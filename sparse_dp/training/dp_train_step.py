@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 
 from sparse_dp import mechanisms
+from sparse_dp._keras import keras
 
 from sparse_dp.training import padded_batches
 from sparse_dp.training.losses import per_example_loss_fn
@@ -100,7 +101,8 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
       self.compiled_loss(y, y_pred, loss_weights, regularization_losses=self.losses)
       self.compiled_metrics.update_state(y, y_pred, in_batch_weights)
 
-    with training.embedding_backend.training_step():
+    features, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    with training.embedding_backend.training_step(features):
       gradients, losses, stats = private_gradients(
           leaves, per_example_loss_fn(self), data, noise, step_seed, config.microbatch_size,
           on_outputs=update_metrics if config.debug_metrics else None,

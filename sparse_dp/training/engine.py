@@ -26,6 +26,7 @@ from sparse_dp.training import (dense_layers, fit_wrappers, mixed_precision, upd
                                 validation)
 from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
 from sparse_dp.training.dp_train_step import dp_train_step
+from sparse_dp.training.input_ids import functional_input_ids, ids_per_example
 from sparse_dp.training.losses import per_example_loss_fn
 from sparse_dp.training.penalties import penalty_of
 from sparse_dp.training.run_statistics import RunStatistics
@@ -126,6 +127,13 @@ class PrivateTraining:
     if self._accountant[0] != key:
       self._accountant = (key, self.state.accountant())
     return self._accountant[1]
+
+  @property
+  def largest_batch(self) -> int:
+    """The most examples one step's batch holds: ``max_batch_size``, else the capacity of a
+    padded Poisson batch (:func:`~sparse_dp.training.sampling.batch_capacity`), which bounds
+    an unpadded one too and any replica's slice of it (a TPU engine's static bound)."""
+    return self.max_batch_size or batch_capacity(self.num_examples, self.sampling_rate)
 
   @property
   def is_private(self) -> bool:
@@ -477,7 +485,9 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   elif choice.name == "sparsecore":
     with model.distribute_strategy.scope():
       training.use_embedding_backend(embedding_backends.SparseCoreBackend(
-          tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size)))
+          tables, model.optimizer, _update_bounds(tables, noise, num_examples, batch_size),
+          {layer: training.largest_batch * ids_per_example(layer) for layer in tables},
+          functional_input_ids(model, tables)))
   else:
     training.track_weights()
   fit_wrappers.install(training)
@@ -489,11 +499,12 @@ def _refuse_host_tables_on_tpu_cores(model: keras.Model,
                                      choice: embedding_backends.BackendChoice) -> None:
   """Refuses host tables (``table_placement='host'``) that TPU programs would read.
 
-  Only the V1 engine's loop (``TPUTrainer``) trains such tables on a TPU: with
-  the ``cpu`` backend every step is a TPU program gathering from the table,
-  and the ``sparsecore`` backend's step copies the updated rows into it.
+  The engines train such tables on a TPU (V1's loop ``TPUTrainer``, V2's step
+  reads the engine and copies its rows to the host table when ``fit`` ends);
+  with the ``cpu`` backend every step is a TPU program gathering from the table.
   """
-  if choice.name == "tpu" or not embedding_backends.on_tpu(model.distribute_strategy):
+  if (choice.name in ("tpu", "sparsecore")
+      or not embedding_backends.on_tpu(model.distribute_strategy)):
     return
   on_host = [layer.name for layer in model.submodules
              if isinstance(layer, Embedding) and layer.table_placement == "host"]
@@ -502,7 +513,7 @@ def _refuse_host_tables_on_tpu_cores(model: keras.Model,
         f"the tables of {', '.join(on_host)} are on the host (table_placement='host'), which "
         f"TPU programs cannot read, and embedding {choice.name!r} trains them in Keras steps "
         "on the TPU cores: build these layers with table_placement='default_device', or, on "
-        "V1 hardware, train them in the TPU embedding engine (embedding 'tpu', TPUTrainer)")
+        "a TPU with an embedding engine (V1 or SparseCore), train them there (embedding 'tpu')")
 
 
 def _update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:

@@ -173,6 +173,8 @@ def _private_fit(training: PrivateTraining):
         _warn_if_unpadded(x)
       call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
                                      + list(call.arguments.get("callbacks") or []))
+    call.arguments["callbacks"] = ([_EngineTablesCopy(training.embedding_backend)]
+                                   + list(call.arguments.get("callbacks") or []))
     call.arguments["callbacks"] = _with_run_progress_bar(call.arguments)
     training.run_statistics.reset()
     training.feeding_poisson = poisson
@@ -182,8 +184,26 @@ def _private_fit(training: PrivateTraining):
     finally:
       training.feeding_poisson = False
       training.poisson_input.assign(False)
+      training.embedding_backend.sync_tables()
 
   return private_fit
+
+
+class _EngineTablesCopy(keras.callbacks.Callback):
+  """Copies the tables an embedding engine trains into the Keras tables (``sync_tables``)
+  before a validation pass and at each epoch's end (``ModelCheckpoint`` saves them then);
+  ``fit`` copies them again when it ends, also on an error. The SparseCore backend's step
+  never touches them; the engine double's keeps them equal (the copy changes nothing)."""
+
+  def __init__(self, backend):
+    super().__init__()
+    self.backend = backend
+
+  def on_test_begin(self, logs=None):
+    self.backend.sync_tables()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.backend.sync_tables()
 
 
 def _with_run_progress_bar(arguments: dict) -> list:
@@ -301,7 +321,8 @@ def _warn_if_transformed(transformations: Optional[list[str]]) -> None:
 
 
 def _private_train_on_batch(training: PrivateTraining):
-  """``train_on_batch``: never Poisson-sampled by us; its batch is probed first."""
+  """``train_on_batch``: never Poisson-sampled by us; its batch is probed first. An
+  engine's tables are copied into the Keras tables after it (``sync_tables``)."""
   train_on_batch = type(training.model).train_on_batch
 
   def private_train_on_batch(self, x, y=None, sample_weight=None, *args, **kwargs):
@@ -312,7 +333,10 @@ def _private_train_on_batch(training: PrivateTraining):
       host_guards.refuse_past_budget(training)
       host_guards.refuse_batch_size(training, _leading_size(x))
     training.check_separable(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
-    return train_on_batch(self, x, y, sample_weight, *args, **kwargs)
+    try:
+      return train_on_batch(self, x, y, sample_weight, *args, **kwargs)
+    finally:
+      training.embedding_backend.sync_tables()
 
   return private_train_on_batch
 

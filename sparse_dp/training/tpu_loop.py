@@ -47,7 +47,6 @@ and the programs run off TPU as ``tf.function``s.
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -58,9 +57,7 @@ from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
 from sparse_dp.training import fit_wrappers, host_guards, padded_batches
 from sparse_dp.training.engine import PrivateTraining, _update_bounds
-from sparse_dp.training.sampling import batch_capacity
-
-InputIds = Callable[[object], dict]  # x -> {embedding layer name: its ids in the batch}
+from sparse_dp.training.input_ids import InputIds, functional_input_ids, ids_per_example
 
 
 class TPUTrainer:
@@ -122,15 +119,11 @@ class TPUTrainer:
           "(table_placement='default_device') beside the embedding engine's copy, which is the "
           "one that trains: build these Embedding layers with table_placement='host'")
     self.input_ids = input_ids or functional_input_ids(model, tables)
-    # Room for a padded batch (batch_capacity), which bounds an unpadded one too, and any
-    # replica's slice of it.
-    batch = private.max_batch_size or batch_capacity(private.num_examples,
-                                                     private.sampling_rate)
     with self.strategy.scope():
       self.backend = TwoProgramBackend(
           tables, model.optimizer,
           _update_bounds(tables, private.step_noise, private.num_examples, private.batch_size),
-          {layer: batch * _ids_per_example(layer) for layer in tables}, api_factory,
+          {layer: private.largest_batch * ids_per_example(layer) for layer in tables}, api_factory,
           sum_inside_sqrt)
     private.use_embedding_backend(self.backend)
     self.engine = self.backend.engine
@@ -215,35 +208,3 @@ def _features(data):
   examples, _ = padded_batches.split(data)
   x, _, _ = keras.utils.unpack_x_y_sample_weight(examples)
   return x
-
-
-def _ids_per_example(layer) -> int:
-  shape = tf.TensorShape(getattr(layer, "_build_input_shape", None))
-  if shape.rank is None or not shape[1:].is_fully_defined():
-    raise ValueError(f"TPUTrainer: embedding layer {layer.name} has no static number of ids "
-                     f"per example (input shape {shape}); the engine needs a static bound")
-  return math.prod(shape[1:])
-
-
-def functional_input_ids(model: keras.Model, tables: list) -> InputIds:
-  """``input_ids`` of a functional model whose every table is called once on a model input."""
-  positions = {}
-  for layer in tables:
-    nodes = getattr(layer, "inbound_nodes", [])
-    inputs = [t for node in nodes for t in tf.nest.flatten(node.input_tensors)]
-    found = [i for i, t in enumerate(getattr(model, "inputs", None) or []) if
-             any(t is s for s in inputs)]
-    if len(nodes) != 1 or len(found) != 1:
-      raise ValueError(
-          f"TPUTrainer: embedding layer {layer.name} is not called once directly on a model "
-          "input; pass input_ids=lambda x: {layer name: that layer's ids in x}")
-    positions[layer.name] = found[0]
-  names = model.input_names
-
-  def input_ids(x) -> dict:
-    if isinstance(x, dict):
-      return {layer: x[names[i]] for layer, i in positions.items()}
-    flat = tf.nest.flatten(x)
-    return {layer: flat[i] for layer, i in positions.items()}
-
-  return input_ids

@@ -52,9 +52,13 @@ class EmbeddingBackend(abc.ABC):
       layer.embedding_backend = self
 
   @contextlib.contextmanager
-  def training_step(self):
-    """The scope of one DP step's forward passes (when it is traced)."""
+  def training_step(self, features):
+    """The scope of one DP step's forward passes on the batch's ``features`` (when traced)."""
+    del features
     yield
+
+  def sync_tables(self) -> None:
+    """Copies the tables an engine trains into the layers' Keras variables (none here)."""
 
   @abc.abstractmethod
   def lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:

@@ -13,20 +13,23 @@ the update inside the step Keras ``fit`` runs, as
 the dummy row ``V``, the features ``<layer>`` and ``<layer>/dp_update``), in
 the steps of the review (``shared/reviews``, Part 1 (d)):
 
-1. the forward pass reads the layer's Keras table, which every step keeps
-   equal to the engine's rows (step 5) [the review's step (i) looks the batch
-   up in the engine instead; not done here: the Keras tables stay in
-   TensorCore memory];
+1. at the start of the step, one ``embedding_lookup`` of every id the batch
+   sends each table (feature ``<layer>``, padded to its static bound: the
+   largest batch times the ids per example); each example's forward pass
+   gathers its rows from those activations (ids checked to be among them);
 2. the mechanisms run as on CPU (:mod:`sparse_dp.mechanisms`) and give, per
    table, the noisy update on the selected rows (``M`` at most);
 3. ``_, preserved = embedding_lookup({<layer>: dummy, <layer>/dp_update: the
    selected rows padded to M with the dummy})``;
 4. ``apply_gradients({<layer>: zeros, <layer>/dp_update: the noisy rows, zeros
    on the padding}, preserved)``: the engine sums each row's gradients and its
-   optimizer moves the selected rows and the dummy (zero gradient: unchanged);
-5. ``embedding_lookup`` of the same rows again: their updated values, written
-   into the Keras table (a lookup, not a read of the engine's variable, whose
-   rows the SparseCore layout orders its own way).
+   optimizer moves the selected rows and the dummy (zero gradient: unchanged).
+
+The step neither reads nor writes the layer's Keras table, so it may stay off
+the TensorCores (``Embedding(table_placement="host")``, what ``make_private``
+allows and the train CLI builds): ``fit`` copies the engine's rows into it
+(:meth:`~.tpu.TPUEmbeddingBackend.sync_tables`) when it ends, before a
+validation pass and at each epoch's end, for predict, evaluate and save.
 
 The backend computes no DP quantity. Its settings (:func:`dp_sparse_core_config`):
 
@@ -35,7 +38,7 @@ The backend computes no DP quantity. Its settings (:func:`dp_sparse_core_config`
   SparseCore, so one example could change another row's update, which the
   clipping bound ``C2`` does not cover;
 * ``max_ids_per_table`` and ``max_unique_ids_per_table`` of each table at
-  least the ids of one lookup (``M`` plus the masked model feature): rows are
+  least the ids of one lookup (``M`` plus the model feature's bound): rows are
   sharded ``mod`` the SparseCores, so all of a lookup's ids may land on one;
   no lookup can then exceed them (by construction, no overflow probability);
   a smaller value given is refused;
@@ -67,6 +70,7 @@ tested through :class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable, Optional
@@ -77,8 +81,8 @@ from sparse_dp._keras import keras
 from sparse_dp.layers.embedding_backends import sparse_core_layout
 from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
 from sparse_dp.layers.embedding_backends.live_engine import StaticFeatureEngine
-from sparse_dp.layers.embedding_backends.tpu import (UPDATE_SUFFIX, TPUEmbeddingBackend,
-                                                     _initial_rows)
+from sparse_dp.layers.embedding_backends.tpu import (TPUEmbeddingBackend, _initial_rows,
+                                                     feature_bounds)
 
 _API = tf.tpu.experimental.embedding
 
@@ -172,20 +176,24 @@ class SparseCoreBackend(TPUEmbeddingBackend):
   ``update_bounds[layer]``: the static length ``M`` of the layer's update
   feature (``sparse_dp.training.engine._update_bounds``: the most rows one step
   selects but with probability ``<= 2e-9``; a step past it fails, as on V1).
+  ``input_bounds[layer]``: the most ids the layer looks up per step (its model
+  feature's static length); ``input_ids(x)``: each table's ids in a batch's
+  features, by layer name (:mod:`sparse_dp.training.input_ids`).
   ``sparse_core_config``: a ``SparseCoreEmbeddingConfig`` whose other settings
   to keep (:func:`dp_sparse_core_config` gives the rules). ``api_factory``: see
   :class:`SparseCoreEngine`. Create under the strategy's scope.
   """
 
+  reads_engine_in_step = True  # the lookup training_step makes
+
   def __init__(self, tables: list, optimizer: keras.optimizers.Optimizer,
-               update_bounds: dict, sum_inside_sqrt: bool = False,
-               sparse_core_config=None, api_factory: Optional[Callable] = None):
-    bounds = {}
-    for layer in tables:
-      bounds[layer.name] = 1  # the model feature: masked to the dummy row in every lookup
-      bounds[layer.name + UPDATE_SUFFIX] = int(update_bounds[layer])
+               update_bounds: dict, input_bounds: dict, input_ids: Callable[[object], dict],
+               sum_inside_sqrt: bool = False, sparse_core_config=None,
+               api_factory: Optional[Callable] = None):
+    self.input_ids = input_ids
     super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
-        functools.partial(SparseCoreEngine, input_bounds=bounds,
+        functools.partial(SparseCoreEngine, input_bounds=feature_bounds(input_bounds,
+                                                                        update_bounds),
                           sparse_core_config=sparse_core_config, api_factory=api_factory)))
 
   def _table_initializer(self, layer) -> Callable:
@@ -197,7 +205,20 @@ class SparseCoreBackend(TPUEmbeddingBackend):
         lambda dtype: rows(dtype=dtype),
         strategy.num_replicas_in_sync * sparse_cores_per_chip(strategy), layer.name)
 
-  def _engine_rows(self, layer, rows: tf.Tensor) -> tf.Tensor:
-    """Step 5: the updated ``rows``, looked up again (the copy into the Keras table reads them)."""
-    name = layer.name + UPDATE_SUFFIX
-    return self.engine.lookup({name: rows})[name]
+  @contextlib.contextmanager
+  def training_step(self, features):
+    """Step 1: one engine lookup of the ids each table looks up in the batch's ``features``."""
+    ids = {name: tf.reshape(tf.cast(ids, tf.int64), [-1])
+           for name, ids in self.input_ids(features).items()}
+    activations = self.engine.lookup(ids)
+    self._tracing.round = {name: (ids[name], activations[name]) for name in ids}
+    try:
+      with super().training_step(features):
+        yield
+    finally:
+      self._tracing.round = None
+
+  def apply_table_updates(self, optimizer, updates):
+    """Steps 3 and 4: the engine's update of the selected rows; no Keras table is written."""
+    del optimizer
+    return [self.engine.apply_gradients(*self.training_round(updates))]

@@ -58,6 +58,7 @@ from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
+from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.mechanisms.padding import is_valid
 from sparse_dp.optimizers import LazyAdam
 
@@ -89,6 +90,16 @@ def update_feature(update, vocabulary_size: int, bound: int):
     ids = tf.concat([rows, tf.fill([bound], vocabulary_size)], 0)[:bound]
   gradients = tf.concat([values, tf.zeros([bound, values.shape[1]], values.dtype)], 0)[:bound]
   return ids, gradients
+
+
+def feature_bounds(input_bounds: dict, update_bounds: dict) -> dict:
+  """The static length of each table's two features, by name: ``<layer>`` takes the most ids
+  the layer looks up per step (``input_bounds[layer]``), ``<layer>/dp_update`` ``M``."""
+  bounds = {}
+  for layer, bound in input_bounds.items():
+    bounds[layer.name] = int(bound)
+    bounds[layer.name + UPDATE_SUFFIX] = int(update_bounds[layer])
+  return bounds
 
 
 def step_learning_rate(optimizer: keras.optimizers.Optimizer) -> Callable[[], tf.Tensor]:
@@ -172,7 +183,8 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     self.name = self.engine.backend_name
 
   @contextlib.contextmanager
-  def training_step(self):
+  def training_step(self, features):
+    del features
     self._tracing.in_step = True
     try:
       yield
@@ -189,15 +201,42 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     """The engine's tables and slots (on a TPU, a save retrieves them first)."""
     return self.engine.checkpointable
 
-  def lookup(self, layer, flat_ids):
-    """The layer's ``embeddings``, which every step keeps equal to the engine's rows ``[0, V)``.
+  #: Whether a DP step's lookups read the engine's lookup of the batch (:meth:`_round_lookup`).
+  reads_engine_in_step = False
 
-    Also in a DP step: the step runs each example's forward pass alone
-    (:mod:`sparse_dp.training.per_example`), and an engine round per example
-    is no lookup the API allows; the rows read are the engine's, and the
-    step's update still goes through the engine.
+  def lookup(self, layer, flat_ids):
+    """In a DP step of an engine read in the step (:attr:`reads_engine_in_step`), the rows of
+    its lookup of the batch; else the layer's ``embeddings``.
+
+    Without one, every step keeps the layer's ``embeddings`` equal to the
+    engine's rows ``[0, V)`` (:meth:`_copy_rows`), and the step reads them:
+    its update still goes through the engine.
     """
+    if self._in_step and self.reads_engine_in_step:
+      return self._round_lookup(layer, flat_ids)
     return gather_rows(layer.embeddings, flat_ids)
+
+  def _round_lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:
+    """The rows of ``flat_ids`` from the step's engine lookup of the batch's ids.
+
+    ``self._tracing.round[layer.name]``: ``(ids, activations)`` of that lookup
+    (one engine lookup per step, before the per-example forward passes of
+    :mod:`sparse_dp.training.per_example`): each example's lookup gathers its
+    rows there, which are the engine's, the same whichever example asked;
+    its ids are checked to be among the ones looked up.
+    """
+    round_ = getattr(self._tracing, "round", None)
+    if round_ is None:
+      raise RuntimeError(TRAINER_ONLY)
+    looked_up, activations = round_[layer.name]
+    flat_ids = tf.cast(flat_ids, tf.int64)
+    matches = tf.equal(flat_ids[:, None], looked_up[None, :])
+    found = tf.debugging.Assert(
+        tf.reduce_all(tf.reduce_any(matches, axis=1)),
+        [f"sparse-dp: layer {layer.name} looked up ids the engine did not look up for the "
+         "step (the input_ids of the TPU engine give each table's ids of a batch)"])
+    with tf.control_dependencies([found]):
+      return tf.gather(activations, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
   def _table_initializer(self, layer) -> Callable:
     """The engine table's initializer: the layer's rows and the dummy row (:func:`_initial_rows`)."""
@@ -247,6 +286,11 @@ class TPUEmbeddingBackend(EmbeddingBackend):
   def table_rows(self, layer) -> tf.Tensor:
     """Rows ``[0, V)`` of the layer's engine table (the dummy row left out)."""
     return self.engine.slots(layer.name)["parameters"][:layer.vocabulary_size]
+
+  def sync_tables(self) -> None:
+    """Copies the engine's rows ``[0, V)`` into the layers (predict, evaluate, save)."""
+    for layer in self.tables:
+      layer.embeddings.assign(self.table_rows(layer))
 
   def export_for_serving(self) -> _API.TPUEmbeddingForServing:
     """The trained tables and slots as a ``TPUEmbeddingForServing`` of ``V``-row tables.

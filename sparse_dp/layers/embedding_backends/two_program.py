@@ -30,9 +30,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
-from sparse_dp.layers.embedding_backends.tpu import (UPDATE_SUFFIX, TPUEmbeddingBackend,
+from sparse_dp.layers.embedding_backends.tpu import (TPUEmbeddingBackend, feature_bounds,
                                                      step_learning_rate)
 
 
@@ -45,6 +44,8 @@ class TwoProgramBackend(TPUEmbeddingBackend):
   :class:`~.api_double.TPUEmbeddingAPIDouble`). Create under the strategy's scope.
   """
 
+  reads_engine_in_step = True  # the round inference_round dequeues
+
   def __init__(self, tables: list, optimizer, update_bounds: dict, input_bounds: dict,
                api_factory: Optional[Callable] = None, sum_inside_sqrt: bool = False):
     with tf.init_scope():  # reading the rate makes the optimizer's hyperparameter variables
@@ -53,12 +54,9 @@ class TwoProgramBackend(TPUEmbeddingBackend):
           step_learning_rate(optimizer)(), trainable=False, name="engine_learning_rate",
           synchronization=tf.VariableSynchronization.ON_WRITE,
           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    bounds = {}
-    for layer in tables:
-      bounds[layer.name] = int(input_bounds[layer])
-      bounds[layer.name + UPDATE_SUFFIX] = int(update_bounds[layer])
     super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
-        functools.partial(LiveEngine, input_bounds=bounds, api_factory=api_factory)))
+        functools.partial(LiveEngine, input_bounds=feature_bounds(input_bounds, update_bounds),
+                          api_factory=api_factory)))
 
   def _engine_learning_rate(self, optimizer):
     del optimizer
@@ -76,7 +74,7 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     activations = self.engine.dequeue_round(
         {l.name: self.engine.input_bounds[l.name] for l in self.tables})
     self._tracing.round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]),
-                                  activations[name]) for name in ids}
+                                  activations[name]) for name in ids}  # _round_lookup reads it
     self._tracing.pending = None
     try:
       yield
@@ -87,22 +85,6 @@ class TwoProgramBackend(TPUEmbeddingBackend):
   def pending(self) -> Optional[tuple]:
     """The training round (ids, activation gradients) of the step this replica traced last."""
     return getattr(self._tracing, "pending", None)
-
-  def lookup(self, layer, flat_ids):
-    if not self._in_step:
-      return super().lookup(layer, flat_ids)
-    round_ = getattr(self._tracing, "round", None)
-    if round_ is None:
-      raise RuntimeError(TRAINER_ONLY)
-    enqueued, activations = round_[layer.name]
-    flat_ids = tf.cast(flat_ids, tf.int64)
-    matches = tf.equal(flat_ids[:, None], enqueued[None, :])
-    found = tf.debugging.Assert(
-        tf.reduce_all(tf.reduce_any(matches, axis=1)),
-        [f"sparse-dp: layer {layer.name} looked up ids the host did not enqueue for it "
-         "(TPUTrainer's input_ids gives each table's ids of a batch)"])
-    with tf.control_dependencies([found]):
-      return tf.gather(activations, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
   def apply_table_updates(self, optimizer, updates):
     """Holds the training round in ``pending``; reads the engine's learning rate of the step."""
@@ -123,5 +105,4 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     retrieve = getattr(self.engine.api, "_retrieve_variables", None)
     if retrieve is not None:
       retrieve()
-    for layer in self.tables:
-      layer.embeddings.assign(self.table_rows(layer))
+    super().sync_tables()
