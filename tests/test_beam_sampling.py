@@ -365,7 +365,9 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   commands = [cluster, cluster, train(tmp_path / "alone_sample", tmp_path / "alone", "default")]
   processes = [subprocess.Popen([sys.executable, "-m", "sparse_dp", *argv], text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                                # Outside the checkout: its sparse_dp/ has no models/
+                                # (installed as sparse_dp.models) and would shadow the package.
+                                cwd=tmp_path, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
                for argv, env in zip(commands, environments)]
   try:
     for process in processes:

@@ -43,11 +43,15 @@ def optimizer_for(policy: str, dynamic: bool = False):
 
 
 def model_under(policy: str, optimizer=None) -> keras.Model:
-  """Embedding -> Dense(16, relu) -> Dense(1), built under ``policy``, compiled for XLA."""
+  """Embedding -> Dense(16, tanh) -> Dense(1), built under ``policy``, compiled for XLA.
+
+  tanh, not ReLU: 16-bit rounding moves a pre-activation near a ReLU kink across it,
+  a jump of that unit's gradient, not the rounding this test bounds.
+  """
   with global_policy(policy):
     keras.utils.set_random_seed(3)
     ids = keras.Input(shape=(), dtype=tf.int64)
-    hidden = keras.layers.Dense(16, activation="relu")(Embedding(VOCAB, 8, name="ids")(ids))
+    hidden = keras.layers.Dense(16, activation="tanh")(Embedding(VOCAB, 8, name="ids")(ids))
     model = keras.Model(ids, keras.layers.Dense(1, name="logit")(hidden))
     model.compile(optimizer=optimizer or optimizer_for(policy), loss=BCE, jit_compile=True)
   return model
@@ -80,7 +84,7 @@ def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(polic
   # float32; only the clipped per-example gradients differ, by 16-bit rounding
   # of the forward and backward pass (relative rounding: bfloat16 2^-8,
   # float16 2^-11). The weights must be within 1% of the float32 steps'
-  # movement of the float32 weights (measured: 0.2% bfloat16, 0.05% float16);
+  # movement of the float32 weights;
   # a loss scale left in the gradients (128x) would change every unclipped
   # example's clipped gradient.
   initial, reference, epsilon = trained("float32", algorithm)

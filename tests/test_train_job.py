@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import one_stack
+from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.cli import main
 from sparse_dp.data import training_examples
 from sparse_dp.data.synthetic import SyntheticCriteo
@@ -102,9 +103,9 @@ def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, 
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert metrics["train_examples"] == 2400 and metrics["eval_examples"] == 500
   assert metrics["poisson_sampling"] is False and 0.9 < metrics["epsilon"] <= 1.0 + 1e-9
-  assert metrics["privacy_caveat"] == train_job.NOT_POISSON  # in the line of the JSON epsilon
-  assert train_job.NOT_POISSON in train_job._with_caveat("epsilon", metrics["epsilon"], metrics)
-  assert train_job.NOT_POISSON in train_job._markdown_table([metrics]).splitlines()[-1]
+  assert metrics["privacy_caveat"] == NOT_POISSON  # in the line of the JSON epsilon
+  assert NOT_POISSON in train_job._with_caveat("epsilon", metrics["epsilon"], metrics)
+  assert NOT_POISSON in train_job._markdown_table([metrics]).splitlines()[-1]
   assert metrics["gradient_size_reduction"] > 1 and len(train_days) == 2
   lines = held_out.read_text().splitlines()
   lines[41] = "0\tx" + lines[41][1:]

@@ -477,6 +477,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   training.step_noise = noise
   training.loss_scale = loss_scale
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
+  if model.distribute_reduction_method == "auto":
+    # The step's logs are the same on every replica (one selection, the run's statistics)
+    # or replica 0's (the noise): Keras's "auto" would sum them over the replicas off TPU.
+    model.distribute_reduction_method = "first"
   training.embedding_choice = choice
   tables = [l for l in leaves if isinstance(l, Embedding)]
   if choice.name == "engine-double":

@@ -37,12 +37,21 @@ def not_per_example(weighted, plain, weights, example) -> bool:
 
 
 def close(a, b) -> bool:
+  """Equal up to :data:`TOLERANCE`, with non-finite entries where both are non-finite.
+
+  A non-finite entry is an example the DP step drops (its loss or gradient is
+  not finite, so it adds nothing): e.g. the mean of an empty history, 0/0.
+  """
   a, b = tf.convert_to_tensor(a), tf.convert_to_tensor(b)
   if a.shape != b.shape:
     return False
   if tf.size(a) == 0:
     return True
   a, b = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
+  finite = tf.math.is_finite(a)
+  if not bool(tf.reduce_all(tf.equal(finite, tf.math.is_finite(b)))):
+    return False
+  a, b = tf.where(finite, a, 0.0), tf.where(finite, b, 0.0)
   largest = tf.maximum(tf.reduce_max(tf.abs(a)), tf.reduce_max(tf.abs(b)))
   return bool(tf.reduce_max(tf.abs(a - b)) <= TOLERANCE * largest)
 
