@@ -171,11 +171,11 @@ def _private_fit(training: PrivateTraining):
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)
       else:
         _warn_if_unpadded(x)
-      call.arguments["callbacks"] = ([host_guards.HostGuards(training)]
-                                     + list(call.arguments.get("callbacks") or []))
-    call.arguments["callbacks"] = ([_EngineTablesCopy(training.embedding_backend)]
-                                   + list(call.arguments.get("callbacks") or []))
-    call.arguments["callbacks"] = _with_run_progress_bar(call.arguments)
+    guards = [host_guards.HostGuards(training)] if compiled else []
+    call.arguments["callbacks"] = _with_run_progress_bar(
+        [_EngineTablesCopy(training.embedding_backend), *guards,
+         *(call.arguments.get("callbacks") or [])],
+        call.arguments.get("verbose", "auto"))
     training.run_statistics.reset()
     training.feeding_poisson = poisson
     training.poisson_input.assign(poisson)
@@ -206,8 +206,8 @@ class _EngineTablesCopy(keras.callbacks.Callback):
     self.backend.sync_tables()
 
 
-def _with_run_progress_bar(arguments: dict) -> list:
-  """``fit``'s callbacks with a progress bar that shows the run's values as logged.
+def _with_run_progress_bar(callbacks: list, verbose) -> list:
+  """``callbacks`` with a progress bar that shows the run's values as logged.
 
   Keras's bar averages every logged value over the epoch's steps, but for
   ``epsilon`` (spent so far) and the run's gradient size
@@ -216,8 +216,7 @@ def _with_run_progress_bar(arguments: dict) -> list:
   :class:`~sparse_dp.training.callbacks.PrivacyCallback` sets at the epoch's end.
   A progress bar the user passed is kept as it is.
   """
-  callbacks = list(arguments.get("callbacks") or [])
-  if arguments.get("verbose", "auto") == 0 or any(
+  if verbose == 0 or any(
       isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
     return callbacks
   stateful = ("epsilon", NOT_POISSON_KEY) + run_statistics.LOGGED
