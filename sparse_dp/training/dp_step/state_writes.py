@@ -9,7 +9,7 @@ example's forward pass inside :func:`forward_without_state_writes`, which
 reads the operations that pass created (and the functions they call) when the
 step is traced, before it runs, and refuses any that writes. Random number
 generators' state (data-independent) and reads are allowed; the metrics a
-model holds are not updated in a DP step (:mod:`sparse_dp.training.losses`).
+model holds are not updated in a DP step (:mod:`sparse_dp.training.dp_step.losses`).
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ per-example program is, per example ``i``:
 * for each ``Dense`` layer, its inputs ``X_i`` (``[T, k]``, every row the
   layer saw while computing ``l_i``) and output gradients ``D_i = dl_i/dz``
   (``[T, n]``): its gradient ``X_i^T D_i`` without forming it
-  (:mod:`sparse_dp.training.dense_layers`).
+  (:mod:`sparse_dp.training.dp_step.dense_layers`).
 
 Every lookup and every ``Dense`` call made while computing ``l_i`` is charged
 to example ``i``, whatever the shape of the tensor it was made on (a constant
 candidate set, ids reshaped within the example). Norms, clipping, the
 contribution map and the noise are then computed from these per-example
-values (:mod:`sparse_dp.training.step`).
+values (:mod:`sparse_dp.training.dp_step.step`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.recording import recording
 from sparse_dp.mechanisms import padding, per_example_row_gradients
 
-from sparse_dp.training import dense_layers
-from sparse_dp.training.state_writes import forward_without_state_writes
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
 
 LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
 
@@ -72,11 +72,11 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
   per-example losses; it is only ever called on a batch of one example.
   Tables and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not
   use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
-  mask, :mod:`sparse_dp.training.padded_batches`): the rows where it is false
+  mask, :mod:`sparse_dp.training.sampling.padded_batches`): the rows where it is false
   get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
 
   Under mixed precision the layers compute in 16 bits and what this returns
-  is float32. ``loss_scale`` ``S`` (fixed; :mod:`sparse_dp.training.mixed_precision`):
+  is float32. ``loss_scale`` ``S`` (fixed; :mod:`sparse_dp.training.dp_step.mixed_precision`):
   the backward pass starts from ``S l_i`` and its gradients are divided by
   ``S`` in float32, so they are ``l_i``'s; one that overflowed float16 stays
   non-finite, and the step zeroes that example.

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.layers.recording import recording
-from sparse_dp.training import dense_layers
-from sparse_dp.training.probe_tensors import flatten_with_paths, rows
+from sparse_dp.training.checks.probe_tensors import flatten_with_paths, rows
+from sparse_dp.training.dp_step import dense_layers
 
 LossesOf = Callable[[object], tuple]  # batch -> (per-example losses [B], y, y_pred)
 

@@ -14,8 +14,8 @@ bound only when
 
 The DP step makes the first point hold by construction: it computes each
 example's loss and gradients with that example alone
-(:mod:`sparse_dp.training.per_example`), and refuses a forward pass that
-writes state (:mod:`sparse_dp.training.state_writes`). A model whose layers
+(:mod:`sparse_dp.training.dp_step.per_example`), and refuses a forward pass that
+writes state (:mod:`sparse_dp.training.dp_step.state_writes`). A model whose layers
 mix examples then no longer breaks the bound, but it does not train as
 written: its ``BatchNormalization`` normalises one example, its in-batch
 softmax has no negatives. (Over the whole batch, as DP steps that are not
@@ -54,7 +54,7 @@ its example::
 (``tests/keras_models.py`` has a runnable one.)
 """
 
-from sparse_dp.training.model_checks import ModelValidationError, check_model
-from sparse_dp.training.separability import PROBE_SIZE, check_separable
+from sparse_dp.training.checks.model_checks import ModelValidationError, check_model
+from sparse_dp.training.checks.separability import PROBE_SIZE, check_separable
 
 __all__ = ["ModelValidationError", "PROBE_SIZE", "check_model", "check_separable"]

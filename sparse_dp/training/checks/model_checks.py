@@ -1,7 +1,7 @@
 """Static refusals at ``make_private``: layers known to break per-example clipping, by name.
 
-Part of the model validator (:mod:`sparse_dp.training.validation`); the
-separability probe (:mod:`sparse_dp.training.separability`) covers the rest.
+Part of the model validator (:mod:`sparse_dp.training.checks.validation`); the
+separability probe (:mod:`sparse_dp.training.checks.separability`) covers the rest.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from sparse_dp._keras import keras
-from sparse_dp.training.mixed_precision import loss_scaling_problems
-from sparse_dp.training.preprocessing_checks import statistics_problems
+from sparse_dp.training.checks.preprocessing_checks import statistics_problems
+from sparse_dp.training.dp_step.mixed_precision import loss_scaling_problems
 
 _BATCH_NORMALIZATION = (keras.layers.BatchNormalization,
                         keras.layers.experimental.SyncBatchNormalization)
@@ -21,7 +21,7 @@ _RETRIEVAL_FIX = (
     "ids), look them up per example with the candidate tower (Embedding(combiner=None) on "
     "[batch, 1 + K] ids, the positive in column 0) and train on "
     "keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=NONE) with "
-    "label 0; see the docstring of sparse_dp.training.validation")
+    "label 0; see the docstring of sparse_dp.training.checks.validation")
 
 
 class ModelValidationError(ValueError):
@@ -45,11 +45,11 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
     for the public-negatives pattern.
   * any layer with an ``activity_regularizer``: a penalty computed from the
     batch's activations, added to the loss outside the per-example clipping.
-  * a dynamic loss scale (:func:`~sparse_dp.training.mixed_precision.loss_scaling_problems`;
+  * a dynamic loss scale (:func:`~sparse_dp.training.dp_step.mixed_precision.loss_scaling_problems`;
     mixed precision with a fixed one trains) and ``TimeDistributed`` around a
     trainable layer (:func:`time_distributed_problems`);
   * preprocessing layers holding statistics of data, unless named in
-    ``public_layers`` (:mod:`sparse_dp.training.preprocessing_checks`).
+    ``public_layers`` (:mod:`sparse_dp.training.checks.preprocessing_checks`).
   """
   problems = []
   for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access

@@ -6,7 +6,8 @@
 * ``non_poisson_steps``: those whose batch was not one of the package's
   Poisson samples (their epsilon is not proved, see ``POISSON_CAVEAT``);
 * ``datasets_made``: Poisson datasets made for it so far (keys each one's sample);
-* ``runs``: JSON of every ``make_private`` run (:class:`~sparse_dp.training.dp_record.Run`).
+* ``runs``: JSON of every ``make_private`` run
+  (:class:`~sparse_dp.training.dp_state.dp_record.Run`).
 
 **The state follows the weights.** Each DP step also writes the state into the
 ``dp_record`` weight of every layer that holds trained weights (each
@@ -14,7 +15,7 @@
 ``Dense``), so every Keras format carries it (``.h5``, ``.keras``,
 ``get_weights``/``set_weights``, TF checkpoints, SavedModel) and a layer shared
 by two models brings its history into both. Attaching merges ``model.dp_state``
-with every layer's record (:func:`~sparse_dp.training.dp_record.merge`): a
+with every layer's record (:func:`~sparse_dp.training.dp_state.dp_record.merge`): a
 model restored by any path, or built on trained layers, starts from what they
 spent.
 
@@ -43,7 +44,7 @@ from sparse_dp._keras import keras
 from sparse_dp.accounting import PrivacyAccountant
 from sparse_dp.distribute import workers
 from sparse_dp.layers.embedding import DP_RECORD_WORDS, add_dp_record
-from sparse_dp.training.dp_record import Record, Run, decode, encode, merge
+from sparse_dp.training.dp_state.dp_record import Record, Run, decode, encode, merge
 
 __all__ = ["DPState", "Run", "attach", "record_weights", "saved_state"]
 
@@ -74,7 +75,7 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
       self.non_poisson_steps = tf.Variable(0, dtype=tf.int64, name="non_poisson_steps",
                                            **_FIRST_REPLICA)
       self.datasets_made = tf.Variable(0, dtype=tf.int64, name="datasets_made", **_FIRST_REPLICA)
-      # s(w) of the weights the DP step last left (sparse_dp.training.weight_fingerprint).
+      # s(w) of the weights the DP step last left (sparse_dp.training.dp_state.weight_fingerprint).
       self.weight_fingerprint = tf.Variable(0.0, dtype=tf.float64, name="weight_fingerprint",
                                             **_FIRST_REPLICA)
     self.runs_json = workers.worker_local_variable(strategy, "[]", dtype=tf.string,

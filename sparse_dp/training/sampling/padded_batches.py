@@ -6,15 +6,16 @@ compiles a program for each input shape it sees, so a compiled DP step fed
 Poisson batches as they are compiles anew for almost every step. A padded
 batch has instead ``capacity`` rows: the sampled examples, then copies of the
 data's first example, with ``in_batch[i]`` true on the sampled rows only. The
-DP step (:mod:`sparse_dp.training.per_example`) gives every row where
+DP step (:mod:`sparse_dp.training.dp_step.per_example`) gives every row where
 ``in_batch`` is false the loss 0, no lookups and a zero gradient, with
 ``tf.where`` (never a multiplication, which a non-finite value would survive):
 the clipped sums, the contribution map and the logged loss are exactly those of
 the sampled examples, so the step releases the same update as on the unpadded
 batch, which the tests check for every algorithm.
 
-The capacity is :func:`sparse_dp.training.sampling.batch_capacity`, a size a Poisson batch of rate ``q``
-exceeds with probability at most :data:`CAPACITY_OVERFLOW` (:data:`~sparse_dp.training.sampling.CAPACITY_OVERFLOW`, ``1e-18``). A
+The capacity is :func:`sparse_dp.training.sampling.poisson.batch_capacity`, a size a
+Poisson batch of rate ``q`` exceeds with probability at most
+:data:`~sparse_dp.training.sampling.poisson.CAPACITY_OVERFLOW` (``1e-18``). A
 batch larger than it is refused in the input pipeline, which runs on the host
 and is never compiled, so the refusal holds under XLA; nothing is dropped. The
 refusal is an event of probability ``<= 1e-18`` per step under any data set, so

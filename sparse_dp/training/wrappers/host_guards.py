@@ -23,24 +23,14 @@ outside the compiled program, before each step of a compiled model:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.training import padded_batches
-from sparse_dp.training.callbacks import BudgetExhaustedError
-from sparse_dp.training.sampling import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
-
-if TYPE_CHECKING:
-  from sparse_dp.training.engine import PrivateTraining
-
-
-# Log key prefix of a compiled step's count of ids outside a table's vocabulary.
-IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
-# Log key of a compiled step's count of tables whose false positives overflowed
-# their room (mechanisms.row_selection.false_positive_capacity).
-OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
+from sparse_dp.training.dp_step.step import IDS_OUTSIDE, OVER_CAPACITY, OVER_CAPACITY_MESSAGE
+from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.sampling.poisson import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
+from sparse_dp.training.wrappers.callbacks import BudgetExhaustedError
+from sparse_dp.training.wrappers.private_training import PrivateTraining
 
 
 def budget_message(training: PrivateTraining) -> str:
@@ -92,13 +82,6 @@ def refuse_compiled_step_flags(logs) -> None:
   """Raises on what a compiled step flagged in ``logs``; removes the flags from ``logs``."""
   _refuse_over_capacity(logs.pop(OVER_CAPACITY, 0) if logs else 0)
   _refuse_ids_outside(logs)
-
-
-# Why a step whose false positives overflowed their room is refused (graph mode and XLA).
-OVER_CAPACITY_MESSAGE = (
-    "sparse-dp: a table's false positives overflowed the room made for them (an event of "
-    "probability <= 1e-18 per table and step, mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); "
-    "training stops rather than go on from a selection that is not the accounted mechanism's")
 
 
 def _refuse_over_capacity(tables: float) -> None:

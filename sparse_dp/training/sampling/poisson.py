@@ -21,7 +21,7 @@ and ``tf.SparseTensor`` sharing their first dimension; pandas columns are
 taken as their NumPy values. With ``q = 1`` every batch is the whole data; a
 batch may be empty, and then has every component with 0 rows. With a
 ``capacity`` every batch has that many rows and an example mask
-(:mod:`sparse_dp.training.padded_batches`), for steps compiled with XLA.
+(:mod:`sparse_dp.training.sampling.padded_batches`), for steps compiled with XLA.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from sparse_dp.distribute import workers
 from sparse_dp.mechanisms import bernoulli_positions
-from sparse_dp.training import padded_batches
+from sparse_dp.training.sampling import padded_batches
 
 _SAMPLE_SALT = 0x5DEECE66D
 

@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.training.model_checks import describe_layer
+from sparse_dp.training.checks.model_checks import describe_layer
 
 
 class _Snapshot(NamedTuple):

@@ -12,11 +12,11 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from sparse_dp._keras import keras
-from sparse_dp.training.model_checks import describe_layer
-from sparse_dp.training.probe_tensors import (close, is_batch, not_per_example, per_example,
-                                              probe_weights, take)
-from sparse_dp.training.probe_trace import LayerCall, Trace
+from sparse_dp.training.checks.model_checks import describe_layer
+from sparse_dp.training.checks.probe_tensors import (close, is_batch, not_per_example, per_example,
+                                                     probe_weights, take)
+from sparse_dp.training.checks.probe_trace import LayerCall, Trace
+from sparse_dp.training.dp_step.losses import loss_name
 
 
 def gradient_culprits(model, trace: Trace, n: int) -> list:
@@ -115,7 +115,3 @@ def _innermost(layers: list) -> list:
       inner.append(layer)
   return inner
 
-
-def loss_name(model: keras.Model) -> str:
-  loss = getattr(model, "loss", None)
-  return getattr(loss, "name", None) or getattr(loss, "__name__", None) or repr(loss)

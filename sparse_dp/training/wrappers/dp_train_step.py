@@ -1,23 +1,20 @@
-"""The DP ``train_step`` that :func:`~sparse_dp.training.engine.make_private` installs."""
+"""The DP ``train_step`` that
+:func:`~sparse_dp.training.wrappers.entry_point.make_private` installs."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from sparse_dp import mechanisms
 from sparse_dp._keras import keras
 
-from sparse_dp.training import padded_batches
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.penalties import add_penalty_gradients
-from sparse_dp.training.host_guards import budget_message, largest_batch, too_large_message
-from sparse_dp.training.step import StepNoise, private_gradients
-from sparse_dp.training.update_guard import dp_step_update
-
-if TYPE_CHECKING:
-  from sparse_dp.training.engine import PrivateTraining
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.penalties import add_penalty_gradients
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
+from sparse_dp.training.dp_step.update_guard import dp_step_update
+from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.wrappers.host_guards import budget_message, largest_batch, too_large_message
+from sparse_dp.training.wrappers.private_training import PrivateTraining
 
 
 def _batch_size(data, in_batch) -> tf.Tensor:
@@ -46,7 +43,7 @@ def scheduled_step_seed(seed: int, scheduled_step) -> tf.Tensor:
   the same counters at once; each attempt of their steps
   (:class:`sparse_dp.distribute.ParameterServerTraining`) instead counts itself
   first and takes the count's distinct number
-  (:meth:`~sparse_dp.training.state.DPState.number_step`), and passes it
+  (:meth:`~sparse_dp.training.dp_state.state.DPState.number_step`), and passes it
   here: no two attempts share a noise or selection seed. The batch of such a
   step is the Poisson sample keyed by the same number.
   """
@@ -61,11 +58,11 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
   not exceed :func:`largest_plausible_batch` of the declared rate (a Poisson
   batch exceeds it with probability ``1e-9``): a larger batch means the real
   sampling rate, hence the real epsilon, is larger than the accountant's.
-  Both asserts are checked again on the host (:mod:`~sparse_dp.training.host_guards`),
+  Both asserts are checked again on the host (:mod:`~sparse_dp.training.wrappers.host_guards`),
   where XLA cannot compile them away.
   Logs hold only DP statistics unless ``config.debug_metrics``: then also the
   un-noised loss and compiled metrics, which the epsilon does not cover.
-  ``penalty`` (weight regularizers, :mod:`sparse_dp.training.penalties`) adds
+  ``penalty`` (weight regularizers, :mod:`sparse_dp.training.dp_step.penalties`) adds
   its gradient after the noise.
   """
   base_seed = tf.constant([training.seed, 0x2545F491], tf.int64)

@@ -6,7 +6,7 @@ gradients through the private model's optimizer (``tf.GradientTape`` then
 weights without clipping or noise while the accountant counts nothing.
 :func:`guard` makes the optimizer refuse every ``apply_gradients`` made
 outside :func:`dp_step_update`, the scope the DP step
-(:mod:`sparse_dp.training.dp_train_step`) opens around its own update. The
+(:mod:`sparse_dp.training.wrappers.dp_train_step`) opens around its own update. The
 check runs in Python, when a step is traced or run eagerly, so it holds in
 ``tf.function`` and under XLA alike.
 """

@@ -1,7 +1,7 @@
 """The separability probe: each example's loss must not change when another example is removed.
 
 Run once on the first batch of the first ``fit``, before any DP step; the
-model validator's dynamic half (:mod:`sparse_dp.training.validation`).
+model validator's dynamic half (:mod:`sparse_dp.training.checks.validation`).
 """
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.training.mixed_precision import float32_compute
-from sparse_dp.training.model_checks import ModelValidationError
-from sparse_dp.training.probe_culprits import gradient_culprits, loss_name, removal_culprits
-from sparse_dp.training.probe_noise import FixedPasses, fixed_noise
-from sparse_dp.training.probe_state import ProbeState, restored_state
-from sparse_dp.training.probe_tensors import (as_tensor, batch_size, close, not_per_example,
-                                              probe_weights, rows, take)
-from sparse_dp.training.probe_trace import LossesOf, PerExample, Trace, trace
+from sparse_dp.training.checks.model_checks import ModelValidationError
+from sparse_dp.training.checks.probe_culprits import gradient_culprits, removal_culprits
+from sparse_dp.training.checks.probe_noise import FixedPasses, fixed_noise
+from sparse_dp.training.checks.probe_state import ProbeState, restored_state
+from sparse_dp.training.checks.probe_tensors import (as_tensor, batch_size, close, not_per_example,
+                                                     probe_weights, rows, take)
+from sparse_dp.training.checks.probe_trace import LossesOf, PerExample, Trace, trace
+from sparse_dp.training.dp_step.losses import loss_name
+from sparse_dp.training.dp_step.mixed_precision import float32_compute
 
 # Examples of the first batch the probe looks at: enough for a batch mean or
 # an in-batch softmax to show, few enough that the n + 2 forward passes of the
@@ -32,17 +33,17 @@ def check_separable(model: keras.Model, leaves: list, losses_of: LossesOf, batch
   Run eagerly, once, on the first batch, before the first DP step; it looks
   at the first ``min(batch size, probe_size)`` examples (``n``) with the
   step's own training-mode forward pass ``losses_of`` (``batch -> (losses
-  [B], y, y_pred)``, :func:`sparse_dp.training.losses.per_example_loss_fn`)
+  [B], y, y_pred)``, :func:`sparse_dp.training.dp_step.losses.per_example_loss_fn`)
   and the step's recording of ``leaves``
-  (:func:`sparse_dp.training.dense_layers.trainable_leaf_layers`). A batch is
+  (:func:`sparse_dp.training.dp_step.dense_layers.trainable_leaf_layers`). A batch is
   ``(x, y)``, ``(x, y, sample_weight)`` or a features dict, with dense, ragged
   or sparse tensors. Random layers draw fixed noise per example in every
-  pass (:mod:`sparse_dp.training.probe_noise`). It refuses with a
+  pass (:mod:`sparse_dp.training.checks.probe_noise`). It refuses with a
   :class:`ModelValidationError` naming the layer or loss when
 
   1. **state**: a variable reachable from the model (on a layer, a
      ``tf.Module`` attribute, in a list or dict; metrics and the DP-trained
-     weights aside, :mod:`sparse_dp.training.probe_state`) changes in the
+     weights aside, :mod:`sparse_dp.training.checks.probe_state`) changes in the
      forward pass; every such variable is restored afterwards;
   2. **attribution**: an embedding lookup's batch is not the examples', or a
      lookup's example index is ``>= n`` (ids reshaped ``[B, L] -> [B L]``,
@@ -67,7 +68,7 @@ def check_separable(model: keras.Model, leaves: list, losses_of: LossesOf, batch
   of the batch is printed. Returns ``False`` without checking when the batch
   has fewer than 2 examples (nothing can depend on another example): call it
   again on a later batch. Layers of a mixed policy compute in float32 here
-  (:func:`~sparse_dp.training.mixed_precision.float32_compute`): 16-bit
+  (:func:`~sparse_dp.training.dp_step.mixed_precision.float32_compute`): 16-bit
   rounding is not coupling, and the float32 tolerance keeps the probe's
   power. Cost: ``n + 2`` forward passes of ``n`` examples, plus per-layer
   calls when a check fails.

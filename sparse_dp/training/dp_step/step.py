@@ -40,10 +40,23 @@ from sparse_dp import mechanisms
 from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms.scans import compiling_with_xla
-from sparse_dp.training import dense_layers
-from sparse_dp.training.host_guards import IDS_OUTSIDE, OVER_CAPACITY, OVER_CAPACITY_MESSAGE
-from sparse_dp.training.per_example import (LossesOf, PerExampleGradients, per_example_gradients,
-                                            per_example_rows)
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradients,
+                                                    per_example_gradients, per_example_rows)
+
+
+# The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
+# refuse outside the compiled program.
+# Log key prefix of a compiled step's count of ids outside a table's vocabulary.
+IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
+# Log key of a compiled step's count of tables whose false positives overflowed
+# their room (mechanisms.row_selection.false_positive_capacity).
+OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
+# Why a step whose false positives overflowed their room is refused (graph mode and XLA).
+OVER_CAPACITY_MESSAGE = (
+    "sparse-dp: a table's false positives overflowed the room made for them (an event of "
+    "probability <= 1e-18 per table and step, mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); "
+    "training stops rather than go on from a selection that is not the accounted mechanism's")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +93,15 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
 
   ``losses_of(batch)`` runs the model forward on a batch and returns its
   per-example losses ``[B]``, with labels and predictions (or ``None``s). The
-  gradients come from :func:`~sparse_dp.training.per_example.per_example_gradients`,
+  gradients come from :func:`~sparse_dp.training.dp_step.per_example.per_example_gradients`,
   which calls ``losses_of`` on each example alone, so each example's clipped
   gradient depends on that example only, whatever the model does.
   ``on_outputs(labels, predictions, weights)`` (Keras metric updates, with
   ``debug_metrics`` only) is called once with a plain forward pass of the
   whole batch. ``in_batch``: the example mask of a padded batch
-  (:mod:`sparse_dp.training.padded_batches`); its padding rows weigh nothing
+  (:mod:`sparse_dp.training.sampling.padded_batches`); its padding rows weigh nothing
   anywhere. ``loss_scale``: the fixed loss scale of mixed precision
-  (:mod:`sparse_dp.training.mixed_precision`). Returns ``(gradients by
+  (:mod:`sparse_dp.training.dp_step.mixed_precision`). Returns ``(gradients by
   variable ref, per-example losses, statistics)``.
 
   The statistics are DP by default (see :func:`_add_noise`); with
@@ -132,7 +145,7 @@ def _refuse_over_capacity(selections: dict) -> list:
   The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
   table and step; the selection past it would not be the accounted mechanism's.
   XLA compiles the assert away: a compiled step logs the overflow instead
-  (:data:`~sparse_dp.training.host_guards.OVER_CAPACITY`) for the host to refuse.
+  (:data:`~sparse_dp.training.wrappers.host_guards.OVER_CAPACITY`) for the host to refuse.
   """
   if not selections:
     return []
@@ -230,7 +243,7 @@ class _Chunks:
   Under XLA every shape must be static: the batch (a padded one, of static
   size ``C``) is padded on to ``ceil(C / m) m`` rows with copies of its first
   example outside ``in_batch`` (loss 0, no lookups, a zero gradient, as in
-  :mod:`~sparse_dp.training.padded_batches`), so that every micro-batch has
+  :mod:`~sparse_dp.training.sampling.padded_batches`), so that every micro-batch has
   ``m`` rows and there are ``ceil(C / m)`` of them.
   """
 

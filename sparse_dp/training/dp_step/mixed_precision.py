@@ -2,9 +2,9 @@
 
 Under a Keras mixed policy (``mixed_bfloat16``, the TPU default, or
 ``mixed_float16``) the variables are float32 and the layers compute in 16 bits.
-The DP step (:mod:`sparse_dp.training.step`) runs each example's forward and
+The DP step (:mod:`sparse_dp.training.dp_step.step`) runs each example's forward and
 backward pass in the layers' precision, and casts what leaves that per-example
-program to float32 (:mod:`sparse_dp.training.per_example`): ``l_i``, the
+program to float32 (:mod:`sparse_dp.training.dp_step.per_example`): ``l_i``, the
 gradients ``dl_i/d(looked-up vector)`` and ``dl_i/dz`` and the ``Dense``
 inputs. The norms ``||g_i||``, the contribution map, the clipping to ``C2``,
 the selection and the noise ``N(0, sigma^2 C2^2)`` are then float32, as in a
@@ -19,7 +19,7 @@ its backward pass and its gradients are divided by ``S`` in float32, before
 the norms: clipping ``S g_i`` instead would clip ``g_i`` to ``C2 / S``. A
 gradient that overflows float16 (``inf``) makes that example's gradient
 non-finite, and the step zeroes it before clipping as it zeroes any
-non-finite example (:func:`sparse_dp.training.step._clipped_sums`): the
+non-finite example (:func:`sparse_dp.training.dp_step.step._clipped_sums`): the
 update is the one without that example.
 
 ``S`` must be **fixed**: Keras's dynamic loss scale halves ``S`` when the
@@ -35,7 +35,7 @@ not divided by the batch size ``B``, so its gradients are ``B`` times a mean
 loss's: the scale that kept a mean loss from underflowing, divided by ``B``,
 does the same here.
 
-**The separability probe** (:mod:`sparse_dp.training.separability`) compares
+**The separability probe** (:mod:`sparse_dp.training.checks.separability`) compares
 losses and gradients to a relative ``1e-4``; float16 rounds at ``1e-3`` and
 bfloat16 at ``8e-3``, which made it see examples mix where none did, and a
 tolerance that wide would lose power against a batch mean over its 13

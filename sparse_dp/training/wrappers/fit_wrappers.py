@@ -18,7 +18,7 @@ import inspect
 import itertools
 import types
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import tensorflow as tf
 
@@ -26,15 +26,15 @@ from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.training import (host_guards, mixed_precision, padded_batches, run_statistics,
-                                update_guard)
-from sparse_dp.training.callbacks import NOT_POISSON_KEY
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.model_checks import ModelValidationError
-from sparse_dp.training.sampling import head
+from sparse_dp.training.checks.model_checks import ModelValidationError
+from sparse_dp.training.dp_step import mixed_precision, run_statistics, update_guard
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.sampling.poisson import head
+from sparse_dp.training.wrappers import host_guards
+from sparse_dp.training.wrappers.callbacks import NOT_POISSON_KEY
+from sparse_dp.training.wrappers.private_training import PrivateTraining
 
-if TYPE_CHECKING:
-  from sparse_dp.training.engine import PrivateTraining
 
 # Batches of a non-Poisson input the separability probe tries before giving up
 # for this fit (a batch of fewer than 2 examples cannot show a coupling).
@@ -55,8 +55,8 @@ def _restoring(training: PrivateTraining, name: str):
   """``load_weights``/``set_weights`` that take the loaded weights as the DP step's.
 
   They bring the layers' DP records with the weights (the state follows the
-  weights, :mod:`sparse_dp.training.state`); the fingerprint
-  (:mod:`sparse_dp.training.weight_fingerprint`) restarts from them.
+  weights, :mod:`sparse_dp.training.dp_state.state`); the fingerprint
+  (:mod:`sparse_dp.training.dp_state.weight_fingerprint`) restarts from them.
   """
   method = getattr(type(training.model), name)
 
@@ -99,7 +99,7 @@ def _private_compile(training: PrivateTraining):
   Keras's ``compile`` replaces the optimizer and the loss. Before it runs, the
   new optimizer is made sparse (:func:`sparse_optimizer`, refusing one with no
   sparse form), its fixed loss scale taken for the step and a dynamic one
-  refused (:mod:`~sparse_dp.training.mixed_precision`), and
+  refused (:mod:`~sparse_dp.training.dp_step.mixed_precision`), and
   ``steps_per_execution`` is checked; after it, the new loss is derived per
   example (refusing a reduced or multi-output loss), and the separability
   probe is reset: the next ``fit`` or ``train_on_batch`` probes
@@ -211,9 +211,9 @@ def _with_run_progress_bar(callbacks: list, verbose) -> list:
 
   Keras's bar averages every logged value over the epoch's steps, but for
   ``epsilon`` (spent so far) and the run's gradient size
-  (:data:`~sparse_dp.training.run_statistics.LOGGED`) the last step's value is the
+  (:data:`~sparse_dp.training.dp_step.run_statistics.LOGGED`) the last step's value is the
   run's. It goes last, so that its epoch line shows the exact epsilon
-  :class:`~sparse_dp.training.callbacks.PrivacyCallback` sets at the epoch's end.
+  :class:`~sparse_dp.training.wrappers.callbacks.PrivacyCallback` sets at the epoch's end.
   A progress bar the user passed is kept as it is.
   """
   if verbose == 0 or any(

@@ -8,8 +8,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.layers.recording import is_recording
-from sparse_dp.training.penalties import check_no_data_dependent_losses
-from sparse_dp.training.probe_culprits import loss_name
+from sparse_dp.training.dp_step.penalties import check_no_data_dependent_losses
 
 _NONE = "reduction=keras.losses.Reduction.NONE"
 
@@ -33,7 +32,7 @@ def per_example_loss_fn(model: keras.Model):
     route (:data:`MULTI_TASK_FIX`).
 
   A loss tensor added during the forward pass (``add_loss`` in ``call``) is
-  refused (:mod:`sparse_dp.training.penalties`); so is a loss whose first
+  refused (:mod:`sparse_dp.training.dp_step.penalties`); so is a loss whose first
   dimension is not the batch's (a loss reduced to shape ``[1]``, say). Inside
   the DP step (a :func:`~sparse_dp.layers.recording.recording` scope) the
   metrics the model holds (a TFRS task's) are not updated: their totals are
@@ -152,3 +151,9 @@ def _is_tfrs(model) -> bool:
   except ImportError:
     return False
   return isinstance(model, tfrs.Model)
+
+
+def loss_name(model: keras.Model) -> str:
+  """The name of ``model``'s loss, as errors and the separability probe cite it."""
+  loss = getattr(model, "loss", None)
+  return getattr(loss, "name", None) or getattr(loss, "__name__", None) or repr(loss)
