@@ -7,9 +7,9 @@ student data: alone (the seed's oracle "Student Model"), by plain KD, and by
 Swing distillation (and, with ``--swing-ablations``, Swing without the dynamic
 temperature and without the soft target protection, §4.5). The report gives
 each model's top-1 / top-10 next-item accuracy on held-out data and its canary
-exposure (:mod:`sparse_dp.distillation.swing_metrics`), the parameter counts,
+exposure (:mod:`sparse_dp.distillation.swing.metrics`), the parameter counts,
 compression ratio, measured inference speed-up, and epsilon: ``null``, with the
-reason (:data:`sparse_dp.distillation.swing.NO_EPSILON_REASON`).
+reason (:data:`sparse_dp.distillation.swing.temperature.NO_EPSILON_REASON`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from sparse_dp.distillation import swing_metrics
-from sparse_dp.distillation.swing import NO_EPSILON_REASON, SwingTargets
-from sparse_dp.distillation.swing_data import Canaries, MarkovItemChain
 from sparse_dp.distillation.report import size_and_speed
-from sparse_dp.distillation.swing_model import (NextItemModelSpec, TrainSettings, fit,
+from sparse_dp.distillation.swing import metrics as swing_metrics
+from sparse_dp.distillation.swing.data import Canaries, MarkovItemChain
+from sparse_dp.distillation.swing.model import (NextItemModelSpec, TrainSettings, fit,
                                                 predict_logits, predict_probabilities,
                                                 teacher_targets)
+from sparse_dp.distillation.swing.temperature import NO_EPSILON_REASON, SwingTargets
 
 ACCURACY_METRIC = ("top-1 and top-10 next-item accuracy on held-out synthetic examples "
                    "(softmax at T = 1)")

@@ -4,7 +4,7 @@ Each example's answer (its hint vector, or its logit) is clipped to L2 norm
 ``C``; Gaussian noise ``N(0, (sigma C)^2)`` is added to every coordinate. RONA
 clips the whole batch response to ``B`` and argues its sensitivity is ``B``;
 here each example is clipped (the batch then has norm at most ``C sqrt(S)``),
-and the accounting (:mod:`sparse_dp.distillation.rona_privacy`) uses the true
+and the accounting (:mod:`sparse_dp.distillation.rona.privacy`) uses the true
 sensitivity of a batch answer to one private training example.
 """
 

@@ -16,8 +16,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from sparse_dp import keras
-from sparse_dp.distillation.swing import SwingTargets, distillation_loss
+from sparse_dp._keras import keras
+from sparse_dp.distillation.swing.temperature import SwingTargets, distillation_loss
 from sparse_dp.layers import Embedding
 
 

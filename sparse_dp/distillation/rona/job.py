@@ -10,15 +10,15 @@ learns on public data only (Algorithm 1):
 2. ``R`` rounds of: self learning, ``T_s`` epochs of cross-entropy on every
    public sample's own label (eq. 5; no privacy cost); then distillation,
    ``T_d`` epochs on ``N_q`` queries chosen by Algorithm 3
-   (:mod:`~sparse_dp.distillation.query_selection`) from the student's
+   (:mod:`~sparse_dp.distillation.rona.query_selection`) from the student's
    predictions, fitting the teacher's soft targets ``sigmoid(z_t / tau)`` (eq. 4).
 
-Every teacher answer goes through :class:`~sparse_dp.distillation.rona_answers.NoisyAnswers`
+Every teacher answer goes through :class:`~sparse_dp.distillation.rona.answers.NoisyAnswers`
 in batches of ``S`` queries: per-example clip ``C`` (fixed, or RONA's adaptive
 bound: the mean answer norm, on the same queries, of an auxiliary teacher
 trained on public data), Gaussian noise ``sigma C``. The epsilon is the PLD
 composition of one Gaussian mechanism per answered batch at its true
-sensitivity (:mod:`~sparse_dp.distillation.rona_privacy`); sigma is calibrated
+sensitivity (:mod:`~sparse_dp.distillation.rona.privacy`); sigma is calibrated
 to ``--epsilon`` unless ``--noise-multiplier`` is given. Where this departs from
 the paper: the teacher's answers (hints, logits) are noised rather than the
 batch loss (the loss also depends on the public student; noising the teacher's
@@ -35,10 +35,11 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.distillation import pctr_inputs, privacy_fields, report, rona_privacy, student
-from sparse_dp.distillation.query_selection import select_queries
-from sparse_dp.distillation.rona_answers import NoisyAnswers
-from sparse_dp.distillation.rona_privacy import RonaSchedule
+from sparse_dp.distillation import pctr_inputs, privacy_fields, report, student
+from sparse_dp.distillation.rona import privacy as rona_privacy
+from sparse_dp.distillation.rona.answers import NoisyAnswers
+from sparse_dp.distillation.rona.privacy import RonaSchedule
+from sparse_dp.distillation.rona.query_selection import select_queries
 
 NOT_COVERED = ("teacher_auc", "teacher_logloss", "auc_loss", "teacher_examples_per_second")
 

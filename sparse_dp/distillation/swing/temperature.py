@@ -14,7 +14,7 @@ student trained on its own data ``D_S``, changing two things in Hinton's KD:
 
 Here the model predicts the next item of a user's history, so a "token" is the
 next item, the sequence is the history, and clue words are clue items
-(:mod:`sparse_dp.distillation.swing_data`).
+(:mod:`sparse_dp.distillation.swing.data`).
 
 The stored text of the seed lost the bodies of its equations; the formulas
 below are rebuilt from its prose, and where the prose leaves a choice it is
