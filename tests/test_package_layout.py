@@ -7,7 +7,9 @@ under ``if TYPE_CHECKING:`` alike, since each is a dependency a reader follows.
 the names ``setup.py`` installs them under.
 
 An edge ``a -> b`` is drawn to the module ``b`` names: ``from p import m`` to
-``p.m`` when ``m`` is a module, else to ``p`` (its ``__init__``).
+``p.m`` when ``m`` is a module, else to ``p`` (its ``__init__``). Importing
+``p.q.m`` runs ``p/__init__.py`` and ``p/q/__init__.py`` first, so edges go to
+those packages too, except the ones ``a`` lies in (they are already running).
 """
 
 from __future__ import annotations
@@ -30,25 +32,23 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sparse_dp", "sparse_dp._tensorflow_import", "sparse_dp.accounting", "sparse_dp.data"),
     ("sparse_dp._keras",),
     # TensorFlow building blocks.
-    ("sparse_dp.mechanisms", "sparse_dp.optimizers", "sparse_dp.preprocessing",
-     "sparse_dp.distribute.local_cluster", "sparse_dp.distribute.roles",
-     "sparse_dp.distribute.shards", "sparse_dp.distribute.workers"),
+    ("sparse_dp.distribute", "sparse_dp.mechanisms", "sparse_dp.optimizers",
+     "sparse_dp.preprocessing"),
     ("sparse_dp.layers",),
-    # Training, bottom up: what a run keeps and how it samples, ...
+    # Training, bottom up: what a run keeps and how it samples, the DP step, the
+    # checks that refuse a model, make_private and the Keras wrappers, the TPU
+    # loop and the public names.
     ("sparse_dp.training.config", "sparse_dp.training.dp_state", "sparse_dp.training.sampling"),
-    # ... parameter-server training (it runs on the Poisson sampler), ...
-    ("sparse_dp.distribute",),
-    # ... the DP step, the checks that refuse a model, ...
     ("sparse_dp.training.dp_step",),
     ("sparse_dp.training.checks",),
-    # ... make_private and the Keras wrappers, the TPU loop and the public names.
     ("sparse_dp.training.wrappers",),
     ("sparse_dp.training",),
-    # The pCTR model and its flags and data, which the sampling job reads, ...
-    ("sparse_dp.models.job_flags", "sparse_dp.models.pctr", "sparse_dp.models.pctr_data"),
-    ("sparse_dp.sampling",),
-    # ... and the jobs that train it.
+    # The pCTR model, its flags and data, which the sampling job reads; then the
+    # jobs that train it.
     ("sparse_dp.models",),
+    ("sparse_dp.sampling",),
+    ("sparse_dp.models.fitting", "sparse_dp.models.stream_job", "sparse_dp.models.stream_periods",
+     "sparse_dp.models.train_job"),
     ("sparse_dp.bench", "sparse_dp.distillation", "sparse_dp.study"),
     ("sparse_dp.audit",),
     ("sparse_dp.__main__", "sparse_dp.cli"),
@@ -86,9 +86,16 @@ def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
           base = ".".join(parent + [base] if base else parent)
         targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
                        for alias in node.names)
-    graph[name] = {module for module in map(lambda t: _enclosing_module(t, files), targets)
-                   if module is not None and module != name}
+    modules = {_enclosing_module(target, files) for target in targets} - {None}
+    graph[name] = {package for module in modules for package in _packages_run(module, files)
+                   if package not in _packages_run(name, files)}
   return graph
+
+
+def _packages_run(module: str, files) -> set[str]:
+  """``module`` and the packages whose ``__init__`` importing it runs (``p.q.m``: ``p``, ``p.q``)."""
+  parts = module.split(".")
+  return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(files)
 
 
 def _enclosing_module(target: str, files) -> Optional[str]:
@@ -167,7 +174,14 @@ def test_graph_counts_every_import(tmp_path):
   (package / "inner" / "low.py").write_text("def f():\n  from sparse_dp.inner import high\n")
   (package / "inner" / "high.py").write_text(
       "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from .low import f\n")
+  (package / "other").mkdir()
+  (package / "other" / "__init__.py").write_text("from sparse_dp.other import sub\n")
+  (package / "other" / "sub.py").write_text("")
+  (package / "user.py").write_text("import sparse_dp.other.sub\n")
   graph = import_graph(tmp_path)
   assert graph["sparse_dp.inner.low"] == {"sparse_dp.inner.high"}
   assert graph["sparse_dp.inner.high"] == {"sparse_dp.inner.low"}
   assert cycles(graph) == [frozenset({"sparse_dp.inner.low", "sparse_dp.inner.high"})]
+  # Importing a submodule runs its package's __init__ (not the importer's own package's).
+  assert graph["sparse_dp.user"] == {"sparse_dp.other", "sparse_dp.other.sub"}
+  assert graph["sparse_dp.other"] == {"sparse_dp.other.sub"}

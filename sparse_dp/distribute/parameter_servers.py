@@ -47,7 +47,6 @@ import tensorflow as tf
 
 from sparse_dp.accounting import steps_for_epochs
 from sparse_dp.distribute import shards
-from sparse_dp.training.sampling.poisson import PoissonSample
 
 _SAMPLE_SALT = 0x5A3F_1E55
 
@@ -88,7 +87,7 @@ class ParameterServerTraining:
       raise ValueError("ParameterServerTraining trains a DP model; algorithm 'none' has no "
                        "noise to schedule: use model.fit")
     self.private = private
-    self.sample = PoissonSample(x if y is None else (x, y), private.sampling_rate)
+    self.sample = private.poisson_sample(x if y is None else (x, y))
     if self.sample.rows != private.num_examples:
       raise ValueError(f"the data has {self.sample.rows:,} rows but make_private was told "
                        f"num_examples={private.num_examples:,}; give all the examples")

@@ -145,7 +145,7 @@ def _refuse_over_capacity(selections: dict) -> list:
   The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
   table and step; the selection past it would not be the accounted mechanism's.
   XLA compiles the assert away: a compiled step logs the overflow instead
-  (:data:`~sparse_dp.training.wrappers.host_guards.OVER_CAPACITY`) for the host to refuse.
+  (:data:`OVER_CAPACITY`) for the host guards to refuse.
   """
   if not selections:
     return []

@@ -25,8 +25,9 @@ from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint, WeightsM
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.run_statistics import RunStatistics
 from sparse_dp.training.dp_step.step import StepNoise
-from sparse_dp.training.sampling.poisson import (batch_capacity, derives_from, examples_in_batch,
-                                                 poisson_passes, transformations_from)
+from sparse_dp.training.sampling.poisson import (PoissonSample, batch_capacity, derives_from,
+                                                 examples_in_batch, poisson_passes,
+                                                 transformations_from)
 from sparse_dp.training.wrappers.callbacks import PrivacyCallback
 
 
@@ -230,6 +231,11 @@ class PrivateTraining:
         spec, self.delta, num_examples=self.num_examples, ledger=accountant,
         poisson_sampling=self.poisson_sampling,
         debug_metrics=any(run.debug_metrics for run in self.state.runs))
+
+  def poisson_sample(self, data) -> PoissonSample:
+    """The Poisson sampler of ``data``'s rows at this run's rate ``q`` (each step's batch
+    keyed by its step, as :class:`~sparse_dp.distribute.ParameterServerTraining` draws it)."""
+    return PoissonSample(data, self.sampling_rate)
 
   def poisson_dataset(self, x, y=None, sample_weight=None, epochs: float = 1.0,
                       padded: Optional[bool] = None) -> tf.data.Dataset:
