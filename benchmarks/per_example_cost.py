@@ -2,7 +2,7 @@
 
 Times the DP step of two source trees in one run: this repository (the
 per-example step: ``tf.vectorized_map`` over the examples of a dense batch,
-``sparse_dp/training/per_example.py``) and a baseline revision
+``sparse_dp/training/dp_step/per_example.py``) and a baseline revision
 (``--baseline-rev``, default ``e069d01``: one forward and backward pass over the
 whole batch, the same clipping, noise and update), checked out with
 ``git worktree add --detach`` into a temporary folder and removed at the end.
@@ -290,8 +290,8 @@ def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
       ({"integers": integers, "categorical": ids}, labels)).batch(batch)
   if jit_compile and algorithm != "none":
     from sparse_dp.bench.step_time import pad_rows  # pylint: disable=import-outside-toplevel
-    from sparse_dp.training import padded_batches  # pylint: disable=import-outside-toplevel
-    from sparse_dp.training.sampling import batch_capacity  # pylint: disable=import-outside-toplevel
+    from sparse_dp.training.sampling import padded_batches  # pylint: disable=import-outside-toplevel
+    from sparse_dp.training.sampling.poisson import batch_capacity  # pylint: disable=import-outside-toplevel
     capacity = batch_capacity(num_examples, batch / num_examples)
     dataset = dataset.map(lambda x, y: padded_batches.padded(
         pad_rows((x, y), capacity - batch, tf), tf.range(capacity) < batch))

@@ -25,7 +25,6 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-import sparse_dp
 from sparse_dp._keras import keras
 from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_epochs
 from sparse_dp.accounting.report import NOT_POISSON
@@ -36,11 +35,12 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
 from sparse_dp.models.job_flags import FitSettings
-from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
+from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.sampling.batches import SampledBatches
+from sparse_dp.training import DPConfig, make_private
+from sparse_dp.training.sampling.poisson import head
 from sparse_dp.training.tpu_loop import TPUTrainer
-from sparse_dp.training.sampling import head
 
 
 @dataclasses.dataclass
@@ -109,7 +109,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     # A run that paid for its preselection charges it under its own name.
     charged_as = kind if settings.selection_epsilon > 0 else trained_as
     config = _dp_config(charged_as, settings, num_examples, batch_size)
-    private = sparse_dp.make_private(
+    private = make_private(
         model, config, num_examples=num_examples, batch_size=batch_size, epochs=settings.epochs,
         embedding=settings.embedding,
         max_batch_size=train.manifest.max_batch_size if sampled else None)
@@ -272,11 +272,11 @@ def preselect(ids, vocabulary_sizes, k: int, epsilon: float,
 
 
 def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
-               batch_size: int) -> sparse_dp.DPConfig:
+               batch_size: int) -> DPConfig:
   common = dict(l2_norm_clip=settings.l2_norm_clip, contribution_clip=settings.contribution_clip,
                 delta=settings.delta, noise_seed=settings.noise_seed)
   if not kind.is_private:
-    return sparse_dp.DPConfig(kind.value, **common)
+    return DPConfig(kind.value, **common)
   q = batch_size / num_examples
   budget = settings.epsilon + settings.selection_epsilon + settings.earlier_epsilon
   delta = settings.delta if settings.delta is not None else 1.0 / num_examples
@@ -284,13 +284,13 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
                    BatchSchedule.constant(q, steps_for_epochs(settings.epochs, q)),
                    sigma_ratio=settings.sigma_ratio)
   if not kind.uses_contribution_map:
-    return sparse_dp.DPConfig(kind.value, noise_multiplier=spec.noise_multiplier,
-                              selection_epsilon=settings.selection_epsilon,
-                              epsilon_budget=budget, **common)
-  return sparse_dp.DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
-                            threshold=settings.tau, threshold_sigmas=settings.tau_sigmas,
-                            selection_epsilon=settings.selection_epsilon,
-                            epsilon_budget=budget, **common)
+    return DPConfig(kind.value, noise_multiplier=spec.noise_multiplier,
+                    selection_epsilon=settings.selection_epsilon,
+                    epsilon_budget=budget, **common)
+  return DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
+                  threshold=settings.tau, threshold_sigmas=settings.tau_sigmas,
+                  selection_epsilon=settings.selection_epsilon,
+                  epsilon_budget=budget, **common)
 
 
 def _noise_multipliers(private) -> Optional[dict]:

@@ -16,6 +16,14 @@ to TF 2.15, ``tf_keras`` from TF 2.16, where ``tf.keras`` is Keras 3). On
 TF 2.16+, importing the package sets ``TF_USE_LEGACY_KERAS=1`` unless the user
 set it, so that ``tf.keras`` and TensorFlow Recommenders are Keras 2 as well,
 provided ``tf.keras`` has not been used yet (``sparse_dp/_keras.py``).
+
+The package's parts: ``sparse_dp.training`` (``make_private``: its entry point and
+Keras wrappers, the DP step, the model checks and separability probe, the DP state,
+Poisson sampling), ``sparse_dp.mechanisms``, ``sparse_dp.accounting``,
+``sparse_dp.layers``, and the jobs behind the ``sparse-dp`` commands.
+``sparse_dp.models`` (the pCTR model and its jobs) and ``sparse_dp.data`` (the Criteo
+readers) are the repository's top-level ``models/`` and ``data/`` folders, installed
+under this package by ``setup.py``.
 """
 
 from __future__ import annotations

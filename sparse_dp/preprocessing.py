@@ -3,7 +3,7 @@
 A ``Normalization`` adapted on the training data holds its exact mean and
 variance, a ``Discretization`` its quantiles, an ``IntegerLookup`` the ids
 that occur: released with the model, outside the training epsilon, so
-``make_private`` refuses them (:mod:`sparse_dp.training.preprocessing_checks`).
+``make_private`` refuses them (:mod:`sparse_dp.training.checks.preprocessing_checks`).
 These functions compute the statistics with pure ``epsilon``-DP mechanisms
 (add/remove adjacency, the number of examples ``N`` public as the accountant
 takes it) and return the layer with its epsilon, a :class:`PrivateStatistic`.

@@ -15,8 +15,8 @@ from sparse_dp.audit.scores import SCORES, CanaryRows, StepAlignment, canary_sco
 from sparse_dp.audit.testing import noise_scaled_for_testing
 from sparse_dp.cli import build_parser, main
 from sparse_dp.models.pctr import build_pctr_model
-from sparse_dp.training import engine
-from sparse_dp.training.step import StepNoise
+from sparse_dp.training.dp_step.step import StepNoise
+from sparse_dp.training.wrappers import entry_point
 
 
 def test_canaries_have_fresh_ids_random_labels_and_secret_inclusion():
@@ -79,22 +79,22 @@ def test_step_alignment_reads_each_steps_update_along_each_canarys_gradient():
 
 
 def test_the_broken_mechanism_switch_scales_the_noise_and_is_scoped():
-  assert engine.StepNoise is StepNoise
+  assert entry_point.StepNoise is StepNoise
   fields = dict(gradient_multiplier=1.5, contribution_multiplier=2.0, l2_norm_clip=1.0,
                 contribution_clip=1.0, threshold=3.0, expected_batch_size=8.0)
   with pytest.raises(RuntimeError, match="boom"):
     with noise_scaled_for_testing(0.25):
-      noise = engine.StepNoise(**fields)
+      noise = entry_point.StepNoise(**fields)
       assert (noise.gradient_multiplier, noise.contribution_multiplier) == (0.375, 0.5)
-      assert engine.StepNoise(**{**fields, "contribution_multiplier": None}
+      assert entry_point.StepNoise(**{**fields, "contribution_multiplier": None}
                               ).contribution_multiplier is None
       with pytest.raises(RuntimeError, match="already active"):
         with noise_scaled_for_testing(0.0):
           pass
       raise RuntimeError("boom")
-  assert engine.StepNoise is StepNoise  # restored after an error
+  assert entry_point.StepNoise is StepNoise  # restored after an error
   with noise_scaled_for_testing(0.0):
-    assert engine.StepNoise(**fields).gradient_multiplier == 0.0
+    assert entry_point.StepNoise(**fields).gradient_multiplier == 0.0
   for scale in (1.0, -0.5):
     with pytest.raises(ValueError, match="in \\[0, 1\\)"):
       with noise_scaled_for_testing(scale):

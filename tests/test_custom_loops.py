@@ -14,7 +14,7 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training.update_guard import UpdateOutsideDPStepError
+from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
 
 N, B, VOCAB = 64, 16, 20
 

@@ -15,9 +15,10 @@ from scipy import stats
 
 from conftest import ALPHA, one_stack
 from sparse_dp.cli import main
-from sparse_dp.distillation import dp_teacher, rona_privacy
-from sparse_dp.distillation.query_selection import bernoulli_kl, select_queries
-from sparse_dp.distillation.rona_answers import NoisyAnswers, clip_rows
+from sparse_dp.distillation import dp_teacher
+from sparse_dp.distillation.rona import privacy as rona_privacy
+from sparse_dp.distillation.rona.answers import NoisyAnswers, clip_rows
+from sparse_dp.distillation.rona.query_selection import bernoulli_kl, select_queries
 
 # Teacher: 96-unit tower; student: a tenth of the rows, 8-unit tower.
 TINY = ["--synthetic-scale", "0.01", "--max-examples", "300", "--max-public-examples", "300",
@@ -70,7 +71,7 @@ def dp_teacher_folder(tmp_path_factory):
 def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_folder, tmp_path,
                                                                    capsys):
   from sparse_dp._keras import keras
-  from sparse_dp.training import dp_record
+  from sparse_dp.training.dp_state import dp_record
   folder, trained_epsilon = dp_teacher_folder
   out, saved = tmp_path / "r.json", tmp_path / "models"
   # --noise-seed fixes nothing of a loaded teacher: refused.

@@ -7,8 +7,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 
 from sparse_dp.cli import build_parser
 from sparse_dp.distillation import dp_teacher, privacy_fields
-from sparse_dp.training.dp_record import Record, Run
-from sparse_dp.training.state import attach
+from sparse_dp.training.dp_state.dp_record import Record, Run
+from sparse_dp.training.dp_state.state import attach
 
 
 def _gaussian_epsilon(sigma: float, sensitivity: float, delta: float) -> float:

@@ -8,10 +8,10 @@ import tensorflow as tf
 from scipy import stats
 
 from conftest import ALPHA
-from sparse_dp.distillation import swing_metrics
-from sparse_dp.distillation.swing import SwingTargets, as_distribution, clue_distance
-from sparse_dp.distillation.swing_data import Canaries, MarkovItemChain
-from sparse_dp.distillation.swing_model import NextItemModelSpec
+from sparse_dp.distillation.swing import metrics as swing_metrics
+from sparse_dp.distillation.swing.data import Canaries, MarkovItemChain
+from sparse_dp.distillation.swing.model import NextItemModelSpec
+from sparse_dp.distillation.swing.temperature import SwingTargets, as_distribution, clue_distance
 
 CLUES = (7, 9)
 

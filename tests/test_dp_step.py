@@ -10,8 +10,8 @@ from conftest import ALPHA
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.padding import ordinary_slices
-from sparse_dp.training import dense_layers
-from sparse_dp.training.step import StepNoise, private_gradients
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 VOCAB_A, VOCAB_B = 50, 30
 

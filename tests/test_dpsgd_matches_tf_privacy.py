@@ -13,8 +13,8 @@ from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_
 
 from sparse_dp import keras  # noqa: E402
 from sparse_dp.layers import Embedding  # noqa: E402
-from sparse_dp.training import dense_layers  # noqa: E402
-from sparse_dp.training.step import StepNoise, private_gradients  # noqa: E402
+from sparse_dp.training.dp_step import dense_layers  # noqa: E402
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients  # noqa: E402
 
 VOCAB, BATCH, CLIP = 40, 16, 0.3
 
@@ -31,7 +31,7 @@ def test_clipped_gradient_equals_tf_privacy():
   labels = tf.constant(rng.integers(0, 2, (BATCH, 1)), tf.float32)
   theirs = model_with(keras.layers.Embedding(VOCAB, 5))
   ours = model_with(Embedding(VOCAB, 5))
-  # Ours also carries a non-trainable DP record (sparse_dp.training.dp_record).
+  # Ours also carries a non-trainable DP record (sparse_dp.training.dp_state.dp_record).
   for mine, reference in zip(ours.trainable_variables, theirs.trainable_variables, strict=True):
     mine.assign(reference)
 

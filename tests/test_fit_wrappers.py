@@ -8,7 +8,7 @@ from dp_accounting import pld
 import sparse_dp
 from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
-from sparse_dp.training.validation import ModelValidationError
+from sparse_dp.training.checks.validation import ModelValidationError
 
 SIGMA, BATCH = 1.0, 256  # q = 1/16: 16 steps per epoch
 

@@ -13,10 +13,10 @@ from keras_models import N, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.padding import ordinary_slices
-from sparse_dp.training import dense_layers
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.step import StepNoise, private_gradients
-from sparse_dp.training.validation import ModelValidationError
+from sparse_dp.training.checks.validation import ModelValidationError
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 VOCAB, B = 50, 12
 NOISE = {"dpsgd": dict(noise_multiplier=0.8),

@@ -1,7 +1,7 @@
 """Each example's clipped gradient depends on that example alone, whatever the model does.
 
 The DP step computes each example's loss and gradients on a batch of that one
-example (sparse_dp/training/per_example.py), so the clipped sum of a batch is
+example (sparse_dp/training/dp_step/per_example.py), so the clipped sum of a batch is
 the sum of its examples' clipped gradients (``G(D) = sum_k G({k})``) and one
 example moves it by at most ``C2``, for models that mix examples in their
 forward pass too. The models below mix examples in ways a probe on a few
@@ -17,9 +17,9 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.padding import ordinary_slices
-from sparse_dp.training import dense_layers
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.step import StepNoise, private_gradients
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 VOCAB, B, L, C2 = 30, 6, 3, 1.0
 # DP-SGD without noise: the step returns the clipped sum divided by B.

@@ -13,8 +13,8 @@ from conftest import ALPHA
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training.sampling import (PoissonSample, largest_plausible_batch, poisson_batches,
-                                        poisson_passes)
+from sparse_dp.training.sampling.poisson import (PoissonSample, largest_plausible_batch,
+                                                 poisson_batches, poisson_passes)
 
 SIGMA = 1.0
 

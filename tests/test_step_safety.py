@@ -6,11 +6,11 @@ import tensorflow as tf
 
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training import dense_layers
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.penalties import (DataDependentLossError, add_penalty_gradients,
-                                          penalty_of)
-from sparse_dp.training.step import StepNoise, private_gradients
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.penalties import (DataDependentLossError, add_penalty_gradients,
+                                                  penalty_of)
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 VOCAB, B, L = 40, 8, 3
 ADAFEST = StepNoise(gradient_multiplier=0.7, contribution_multiplier=1.0, l2_norm_clip=1.0,

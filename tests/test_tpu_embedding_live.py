@@ -24,7 +24,7 @@ from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers.embedding_backends import LiveEngine, TPUEmbeddingBackend
 from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
-from sparse_dp.training.sampling import largest_plausible_batch
+from sparse_dp.training.sampling.poisson import largest_plausible_batch
 
 API = tf.tpu.experimental.embedding
 D = 4

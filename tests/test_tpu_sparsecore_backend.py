@@ -32,9 +32,9 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
 from sparse_dp.layers.embedding_backends.sparsecore_api_double import TPUEmbeddingV2APIDouble
-from sparse_dp.training.engine import _update_bounds
-from sparse_dp.training.input_ids import functional_input_ids
+from sparse_dp.training.dp_step.input_ids import functional_input_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
+from sparse_dp.training.wrappers.entry_point import update_bounds
 from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
 from test_tpu_two_program_loop import _variables_used
 
@@ -51,7 +51,7 @@ def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", emb
                                    num_examples=N, batch_size=128, embedding=embedding)
   if engine:
     layer = model.get_layer("ids")
-    bounds = _update_bounds([layer], private.step_noise, N, 128)
+    bounds = update_bounds([layer], private.step_noise, N, 128)
     private.use_embedding_backend(SparseCoreBackend(
         [layer], model.optimizer, bounds, {layer: private.largest_batch},
         functional_input_ids(model, [layer]), api_factory=TPUEmbeddingV2APIDouble, **settings))

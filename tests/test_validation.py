@@ -9,11 +9,11 @@ from keras_models import (VOCAB, InBatchRetrieval, PublicNegativesRetrieval, Sub
                           TwoTowers, functional_model, synthetic_data)
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training import dense_layers
-from sparse_dp.training.losses import per_example_loss_fn
-from sparse_dp.training.probe_noise import fixed_noise
-from sparse_dp.training.step import StepNoise, private_gradients
-from sparse_dp.training.validation import ModelValidationError, check_model, check_separable
+from sparse_dp.training.checks.probe_noise import fixed_noise
+from sparse_dp.training.checks.validation import ModelValidationError, check_model, check_separable
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 from test_step_safety import batch as small_vocabulary_batch
 from test_tfrs_model import RankingModel
 
@@ -381,8 +381,9 @@ def test_a_batch_of_one_cannot_be_probed():
   assert not probe(over_ids(centre("centre_hidden")), id_batch(rows=1))
 
 
-# The step computes each example's gradient alone (sparse_dp/training/per_example.py), so even
-# a model the probe refuses keeps the bound: one added example moves the clipped sum by <= C2.
+# The step computes each example's gradient alone
+# (sparse_dp/training/dp_step/per_example.py), so even a model the probe refuses keeps the
+# bound: one added example moves the clipped sum by <= C2.
 # The probe refuses it because the model would not train as written (its batch statistic is
 # taken over one example).
 

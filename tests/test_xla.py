@@ -16,8 +16,10 @@ from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms import row_selection
 from sparse_dp.optimizers import LazyAdam
-from sparse_dp.training import BudgetExhaustedError, padded_batches
-from sparse_dp.training.sampling import PoissonSample, batch_capacity, largest_plausible_batch
+from sparse_dp.training import BudgetExhaustedError
+from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.sampling.poisson import (PoissonSample, batch_capacity,
+                                                 largest_plausible_batch)
 
 NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
 CONFIGS = {

@@ -19,8 +19,8 @@ import contextlib
 import dataclasses
 from typing import Iterator
 
-from sparse_dp.training import engine
-from sparse_dp.training.step import StepNoise
+from sparse_dp.training.dp_step.step import StepNoise
+from sparse_dp.training.wrappers import entry_point
 
 
 @contextlib.contextmanager
@@ -28,7 +28,7 @@ def noise_scaled_for_testing(scale: float) -> Iterator[None]:
   """``make_private`` calls inside add ``scale`` x the noise but account for all of it."""
   if not 0 <= scale < 1:
     raise ValueError(f"a broken mechanism's noise scale must be in [0, 1), got {scale}")
-  if engine.StepNoise is not StepNoise:
+  if entry_point.StepNoise is not StepNoise:
     raise RuntimeError("noise_scaled_for_testing is already active")
 
   def scaled(**fields) -> StepNoise:
@@ -38,8 +38,8 @@ def noise_scaled_for_testing(scale: float) -> Iterator[None]:
         contribution_multiplier=(None if noise.contribution_multiplier is None
                                  else noise.contribution_multiplier * scale))
 
-  engine.StepNoise = scaled
+  entry_point.StepNoise = scaled
   try:
     yield
   finally:
-    engine.StepNoise = StepNoise
+    entry_point.StepNoise = StepNoise

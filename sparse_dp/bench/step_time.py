@@ -157,11 +157,12 @@ def _padded(ids, labels, batch: int, tf):
   """A batch of ``batch`` examples as the DP step meets it under XLA: padded to its capacity.
 
   The capacity of a Poisson batch of expected size ``batch`` of the
-  ``_NUM_EXAMPLES`` the trainers account (:func:`sparse_dp.training.sampling.batch_capacity`;
-  1,329 rows for 1,024), the padding rows masked out.
+  ``_NUM_EXAMPLES`` the trainers account
+  (:func:`sparse_dp.training.sampling.poisson.batch_capacity`; 1,329 rows for 1,024), the
+  padding rows masked out.
   """
-  from sparse_dp.training import padded_batches  # pylint: disable=import-outside-toplevel
-  from sparse_dp.training.sampling import batch_capacity  # pylint: disable=import-outside-toplevel
+  from sparse_dp.training.sampling import padded_batches  # pylint: disable=import-outside-toplevel
+  from sparse_dp.training.sampling.poisson import batch_capacity  # pylint: disable=import-outside-toplevel
 
   capacity = batch_capacity(_NUM_EXAMPLES, batch / _NUM_EXAMPLES)
   extra = capacity - batch
@@ -177,7 +178,7 @@ def pad_rows(batch, extra: int, tf):
 
 def _build(settings: dict, tf):
   """``(compiled model, its PrivateTraining)`` for one trainer (``None``: not DP here)."""
-  from sparse_dp import DPConfig, make_private  # pylint: disable=import-outside-toplevel
+  from sparse_dp.training import DPConfig, make_private  # pylint: disable=import-outside-toplevel
   from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
   from sparse_dp.layers import Embedding  # pylint: disable=import-outside-toplevel
   from sparse_dp.optimizers import sparse_optimizer  # pylint: disable=import-outside-toplevel

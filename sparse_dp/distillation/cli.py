@@ -40,12 +40,12 @@ METHODS: dict[str, Method] = {
         "RONA (seed 001): non-private teacher, clipped Gaussian-noised batch answers to "
         "selected public queries; hint, distillation and self learning",
         "sparse_dp.distillation.pctr_flags:add_rona_arguments",
-        "sparse_dp.distillation.rona:run"),
+        "sparse_dp.distillation.rona.job:run"),
     "swing": Method(
         "Swing (seed 003): next-item softmax model; per-example dynamic temperature and "
         "Laplace noise on the top-K soft targets; canary exposure (no epsilon: not DP)",
-        "sparse_dp.distillation.swing_flags:add_swing_arguments",
-        "sparse_dp.distillation.swing_job:run"),
+        "sparse_dp.distillation.swing.flags:add_swing_arguments",
+        "sparse_dp.distillation.swing.job:run"),
 }
 
 

@@ -23,7 +23,7 @@ import tempfile
 from sparse_dp._keras import keras
 from sparse_dp.data import training_examples
 from sparse_dp.distillation import pctr_inputs, privacy_fields, report, student
-from sparse_dp.training.state import attach
+from sparse_dp.training.dp_state.state import attach
 
 POST_PROCESSING = (
     "the student is post-processing of the DP teacher (it saw only the teacher and "

@@ -4,7 +4,7 @@
 overwriting another); an epsilon that is not proved is never printed under the
 bare name ``epsilon``: it is ``null`` and the number goes under
 ``epsilon_not_poisson``, as the training callbacks log it
-(:data:`sparse_dp.training.callbacks.NOT_POISSON_KEY`).
+(:data:`sparse_dp.training.wrappers.callbacks.NOT_POISSON_KEY`).
 """
 
 from __future__ import annotations

@@ -11,18 +11,18 @@ refused under this strategy (:func:`refuse_keras_fit`), and
 
 Every attempt of a step, on whichever worker runs it, first counts itself:
 one atomic fetch-and-add of the model's ``steps_taken`` on the parameter
-servers (:meth:`~sparse_dp.training.state.DPState.number_step`) gives it its
+servers (:meth:`~sparse_dp.training.dp_state.state.DPState.number_step`) gives it its
 key ``k``, the steps counted before it. No two attempts in a process share a
 key (``steps_taken`` never goes back there), nor do attempts before and after a
 restart from the latest checkpoint (``steps_taken`` is saved with the model).
 The attempt keyed ``k``:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
-  probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.PoissonSample`),
+  probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.poisson.PoissonSample`),
   exactly the sample the accountant assumes (core paper §3.3); on a worker
   with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
-  (``scheduled_step_seed`` in :mod:`sparse_dp.training.dp_train_step`); every
+  (``scheduled_step_seed`` in :mod:`sparse_dp.training.wrappers.dp_train_step`); every
   op of its update (tables and Dense weights, every replica) has an explicit
   control dependency on the count.
 
@@ -47,7 +47,6 @@ import tensorflow as tf
 
 from sparse_dp.accounting import steps_for_epochs
 from sparse_dp.distribute import shards
-from sparse_dp.training.sampling import PoissonSample
 
 _SAMPLE_SALT = 0x5A3F_1E55
 
@@ -76,9 +75,9 @@ class ParameterServerTraining:
 
   On several replicas per step (a worker's GPUs, a ``MirroredStrategy``'s
   devices) each replica draws the step's Poisson batch from its key and takes
-  its own disjoint part of it (:class:`~sparse_dp.training.sampling.PoissonSample`),
+  its own disjoint part of it (:class:`~sparse_dp.training.sampling.poisson.PoissonSample`),
   so the replicas together clip each sampled example once; the DP step then
-  works as under Keras ``fit`` on such a strategy (:mod:`sparse_dp.training.step`):
+  works as under Keras ``fit`` on such a strategy (:mod:`sparse_dp.training.dp_step.step`):
   the selection is the whole batch's, the noise is added on the first replica
   only, and the sum over replicas is the one-replica update.
   """
@@ -88,7 +87,7 @@ class ParameterServerTraining:
       raise ValueError("ParameterServerTraining trains a DP model; algorithm 'none' has no "
                        "noise to schedule: use model.fit")
     self.private = private
-    self.sample = PoissonSample(x if y is None else (x, y), private.sampling_rate)
+    self.sample = private.poisson_sample(x if y is None else (x, y))
     if self.sample.rows != private.num_examples:
       raise ValueError(f"the data has {self.sample.rows:,} rows but make_private was told "
                        f"num_examples={private.num_examples:,}; give all the examples")

@@ -57,7 +57,7 @@ class _SameNameWarningFilter(logging.Filter):
 logging.getLogger("absl").addFilter(_SameNameWarningFilter())
 
 # Words of the ``dp_record`` weight: the DP history of the runs that trained a
-# layer (sparse_dp.training.dp_record), about 32 KB.
+# layer (sparse_dp.training.dp_state.dp_record), about 32 KB.
 DP_RECORD_WORDS = 4096
 
 
@@ -212,7 +212,7 @@ class Embedding(keras.layers.Layer):
     XLA compile the step again for every new batch). Here
     its vectors are NaN, so the DP step zeroes that example's gradient (the
     update does not depend on it) and reports the count, which ``fit``
-    refuses on the host (:mod:`sparse_dp.training.host_guards`).
+    refuses on the host (:mod:`sparse_dp.training.wrappers.host_guards`).
     """
     outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
     return tf.where(outside, tf.zeros_like(flat_ids), flat_ids), outside

@@ -1,7 +1,7 @@
 """Rows of a table gathered inside ``tf.vectorized_map``, one program for all examples.
 
 The DP step runs each example's forward pass alone under ``tf.vectorized_map``
-(:mod:`sparse_dp.training.per_example`), whose parallel-for converter has no
+(:mod:`sparse_dp.training.dp_step.per_example`), whose parallel-for converter has no
 rule for ``ResourceGather`` (a gather from a variable) and would run it in a
 loop over the examples. :func:`gather_from_variable` gives the op that rule:
 a gather of a loop-invariant table with per-example ids ``[n, ...]`` is one

@@ -45,7 +45,7 @@ MAX_POSITIONS = 2 ** 31
 _MAX_LENGTH = 2 ** 53
 # Probability that one table's false positives in one step exceed the room
 # made for them (false_positive_capacity): flagged as RowSelection.over_capacity,
-# which the DP step refuses (sparse_dp.training.step, host_guards under XLA).
+# which the DP step refuses (sparse_dp.training.dp_step.step, host_guards under XLA).
 FALSE_POSITIVE_OVERFLOW = 1e-18
 
 

@@ -1,12 +1,13 @@
 """DP training of Keras models: ``make_private`` and its parts."""
 
-from sparse_dp.training.callbacks import BudgetExhaustedError, PrivacyCallback
 from sparse_dp.training.config import DPConfig
-from sparse_dp.training.dense_layers import UnsupportedLayerError
-from sparse_dp.training.engine import PrivateTraining, make_private
-from sparse_dp.training.sampling import poisson_batches
-from sparse_dp.training.update_guard import UpdateOutsideDPStepError
-from sparse_dp.training.weight_fingerprint import WeightsMovedOutsideDPError
+from sparse_dp.training.dp_state.weight_fingerprint import WeightsMovedOutsideDPError
+from sparse_dp.training.dp_step.dense_layers import UnsupportedLayerError
+from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
+from sparse_dp.training.sampling.poisson import poisson_batches
+from sparse_dp.training.wrappers.callbacks import BudgetExhaustedError, PrivacyCallback
+from sparse_dp.training.wrappers.entry_point import make_private
+from sparse_dp.training.wrappers.private_training import PrivateTraining
 
 __all__ = ["BudgetExhaustedError", "DPConfig", "PrivacyCallback", "PrivateTraining",
            "UnsupportedLayerError", "UpdateOutsideDPStepError", "WeightsMovedOutsideDPError",

@@ -9,7 +9,7 @@ DP-SGD and DP-FEST alike) as:
 
 1. host: ``enqueue(training=False)`` of every table's ids of ``B_t``;
 2. program A (``strategy.run``): ``dequeue``; the model's DP ``train_step``
-   (:mod:`sparse_dp.training.dp_train_step`, the step ``fit`` takes): per-example
+   (:mod:`sparse_dp.training.wrappers.dp_train_step`, the step ``fit`` takes): per-example
    gradients with respect to the activations, contribution map clipped to
    ``C1`` plus ``N(0, sigma1^2 C1^2)`` thresholded at ``tau`` (the selection
    ``S_t``), joint clipping to ``C2``, ``N(0, sigma2^2 C2^2)`` on ``S_t`` and the
@@ -27,7 +27,7 @@ DP-SGD and DP-FEST alike) as:
 into one slice per replica (``experimental_distribute_dataset``), and the
 host enqueues each replica's ids on its core (``enqueue(..., device=)``). In
 program A every replica runs the step on its slice as ``fit`` does under a
-``tf.distribute`` strategy (:mod:`sparse_dp.training.step`): the contribution
+``tf.distribute`` strategy (:mod:`sparse_dp.training.dp_step.step`): the contribution
 map and the selection ``S_t`` are the whole batch's (the activated rows
 all-gathered, the same seed), each replica clips its own examples, only the
 first adds the noise, all divide by the expected global batch size ``B``. So
@@ -55,9 +55,11 @@ from sparse_dp._keras import keras
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
-from sparse_dp.training import fit_wrappers, host_guards, padded_batches
-from sparse_dp.training.engine import PrivateTraining, _update_bounds
-from sparse_dp.training.input_ids import InputIds, functional_input_ids, ids_per_example
+from sparse_dp.training.dp_step.input_ids import InputIds, functional_input_ids, ids_per_example
+from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.wrappers import fit_wrappers, host_guards
+from sparse_dp.training.wrappers.entry_point import update_bounds
+from sparse_dp.training.wrappers.private_training import PrivateTraining
 
 
 class TPUTrainer:
@@ -77,7 +79,7 @@ class TPUTrainer:
   ``jit_compile`` (default: on a ``TPUStrategy``, or when the model is
   compiled with ``jit_compile=True``): programs A and B are compiled with XLA,
   as a TPU compiles every program; then the step's guards run on the host
-  (:mod:`~sparse_dp.training.host_guards`): the budget before each step, the
+  (:mod:`~sparse_dp.training.wrappers.host_guards`): the budget before each step, the
   size of a non-Poisson batch in its pipeline, ids outside a vocabulary and a
   false-positive overflow after it. Feed ``private.poisson_dataset(...,
   padded=True)`` so that XLA compiles program A once. Off TPU it is refused on
@@ -122,7 +124,7 @@ class TPUTrainer:
     with self.strategy.scope():
       self.backend = TwoProgramBackend(
           tables, model.optimizer,
-          _update_bounds(tables, private.step_noise, private.num_examples, private.batch_size),
+          update_bounds(tables, private.step_noise, private.num_examples, private.batch_size),
           {layer: private.largest_batch * ids_per_example(layer) for layer in tables}, api_factory,
           sum_inside_sqrt)
     private.use_embedding_backend(self.backend)

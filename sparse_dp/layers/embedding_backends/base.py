@@ -1,6 +1,6 @@
 """Where embedding tables live and how a DP step's update reaches them.
 
-The DP step (:mod:`sparse_dp.training.step`) never touches a table: it
+The DP step (:mod:`sparse_dp.training.dp_step.step`) never touches a table: it
 records each lookup's rows and vectors, and returns, per table, the update
 its mechanisms produced: ``(sum_i [g_i]_C2 + noise) / B`` on the selected rows
 (DP-AdaFEST, an ``IndexedSlices``) or on every row (DP-SGD, a dense tensor).

@@ -28,7 +28,7 @@ API's rules (each named by the function of ``tpu_embedding_v2.py`` that checks i
 * the dequeued activations are no gather of a variable a gradient tape
   watches (``dequeue``: ``recv_tpu_embedding_activations``): the API's own
   example calls ``tape.watch(activations)``. The DP step's tape is opened by
-  :func:`sparse_dp.training.step.private_gradients`, out of the backend's
+  :func:`sparse_dp.training.dp_step.step.private_gradients`, out of the backend's
   reach, so the activations pass through ``+ anchor``, a trainable scalar
   fixed at ``0.0`` that the tape watches when read: the sum is the
   activations bit for bit (``x + 0.0 = x``) and is recorded on the tape, so the

@@ -174,11 +174,11 @@ class SparseCoreBackend(TPUEmbeddingBackend):
   """The tables in a ``TPUEmbeddingV2`` engine, updated inside the DP step ``fit`` runs.
 
   ``update_bounds[layer]``: the static length ``M`` of the layer's update
-  feature (``sparse_dp.training.engine._update_bounds``: the most rows one step
+  feature (``sparse_dp.training.wrappers.entry_point.update_bounds``: the most rows one step
   selects but with probability ``<= 2e-9``; a step past it fails, as on V1).
   ``input_bounds[layer]``: the most ids the layer looks up per step (its model
   feature's static length); ``input_ids(x)``: each table's ids in a batch's
-  features, by layer name (:mod:`sparse_dp.training.input_ids`).
+  features, by layer name (:mod:`sparse_dp.training.dp_step.input_ids`).
   ``sparse_core_config``: a ``SparseCoreEmbeddingConfig`` whose other settings
   to keep (:func:`dp_sparse_core_config` gives the rules). ``api_factory``: see
   :class:`SparseCoreEngine`. Create under the strategy's scope.

@@ -221,7 +221,7 @@ class TPUEmbeddingBackend(EmbeddingBackend):
 
     ``self._tracing.round[layer.name]``: ``(ids, activations)`` of that lookup
     (one engine lookup per step, before the per-example forward passes of
-    :mod:`sparse_dp.training.per_example`): each example's lookup gathers its
+    :mod:`sparse_dp.training.dp_step.per_example`): each example's lookup gathers its
     rows there, which are the engine's, the same whichever example asked;
     its ids are checked to be among the ones looked up.
     """

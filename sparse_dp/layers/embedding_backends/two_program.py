@@ -67,7 +67,7 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     """Program A's scope: lookups read the round the host enqueued for ``ids`` (by layer name).
 
     The program's one dequeue happens here, before the DP step's per-example
-    forward passes (:mod:`sparse_dp.training.per_example`): each example's
+    forward passes (:mod:`sparse_dp.training.dp_step.per_example`): each example's
     lookup then reads its rows from the dequeued activations of the batch's
     ids, which are the engine's rows, the same whichever example asked.
     """

@@ -1,0 +1,301 @@
+"""The DP state of a model: what its weights were trained with, kept wherever they go.
+
+``make_private`` attaches a :class:`DPState` to the model as ``model.dp_state``:
+
+* ``steps_taken``: DP steps the model has taken, over all its runs;
+* ``non_poisson_steps``: those whose batch was not one of the package's
+  Poisson samples (their epsilon is not proved, see ``POISSON_CAVEAT``);
+* ``datasets_made``: Poisson datasets made for it so far (keys each one's sample);
+* ``runs``: JSON of every ``make_private`` run
+  (:class:`~sparse_dp.training.dp_state.dp_record.Run`).
+
+**The state follows the weights.** Each DP step also writes the state into the
+``dp_record`` weight of every layer that holds trained weights (each
+``sparse_dp.layers.Embedding``; for a model without one, each trainable
+``Dense``), so every Keras format carries it (``.h5``, ``.keras``,
+``get_weights``/``set_weights``, TF checkpoints, SavedModel) and a layer shared
+by two models brings its history into both. Attaching merges ``model.dp_state``
+with every layer's record (:func:`~sparse_dp.training.dp_state.dp_record.merge`): a
+model restored by any path, or built on trained layers, starts from what they
+spent.
+
+**The charge never goes back.** Restoring an older checkpoint rewinds the
+counters, but the releases made after it happened. Each run's steps run in this
+process are counted in a variable that is never saved (:data:`_STEPS_RUN_HERE`),
+and each merge lifts a run to ``max(steps its record shows, steps run here)``,
+so ``steps_taken`` never goes back once the state is read again (every ``fit``,
+every epsilon): a rollback to step 50 after 100 steps and 30 more is charged
+130; a checkpoint with more steps (another process went on) is charged what it
+shows.
+
+The secret noise seed is never part of the state: anyone holding it could
+regenerate and subtract the noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import tensorflow as tf
+
+from sparse_dp._keras import keras
+from sparse_dp.accounting import PrivacyAccountant
+from sparse_dp.distribute import workers
+from sparse_dp.layers.embedding import DP_RECORD_WORDS, add_dp_record
+from sparse_dp.training.dp_state.dp_record import Record, Run, decode, encode, merge
+
+__all__ = ["DPState", "Run", "attach", "record_weights", "saved_state"]
+
+STATE_ATTRIBUTE = "dp_state"
+
+# Steps each run (by run_id) took in this process: never saved, never restored.
+_STEPS_RUN_HERE: dict[str, tf.Variable] = {}
+
+_FIRST_REPLICA = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_WRITE,
+                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+
+class _Untracked:
+  """What a :class:`DPState` uses but must not save: its layers' weights, its active run."""
+
+  def __init__(self, weights: list[tf.Variable]):
+    self.weights = weights
+    self.active_run = None  # run_id of the run the DP step counts for
+
+
+class DPState(tf.__internal__.tracking.AutoTrackable):
+  """Step counters and the runs' record, as variables a checkpoint saves."""
+
+  def __init__(self, strategy: tf.distribute.Strategy, weights: list[tf.Variable]):
+    self._strategy = strategy
+    with strategy.scope():  # assigned in the replicated train_step
+      self.steps_taken = tf.Variable(0, dtype=tf.int64, name="steps_taken", **_FIRST_REPLICA)
+      self.non_poisson_steps = tf.Variable(0, dtype=tf.int64, name="non_poisson_steps",
+                                           **_FIRST_REPLICA)
+      self.datasets_made = tf.Variable(0, dtype=tf.int64, name="datasets_made", **_FIRST_REPLICA)
+      # s(w) of the weights the DP step last left (sparse_dp.training.dp_state.weight_fingerprint).
+      self.weight_fingerprint = tf.Variable(0.0, dtype=tf.float64, name="weight_fingerprint",
+                                            **_FIRST_REPLICA)
+    self.runs_json = workers.worker_local_variable(strategy, "[]", dtype=tf.string,
+                                                   trainable=False, name="runs")
+    self._untracked = _Untracked(weights)
+
+  @property
+  def record(self) -> Record:
+    """The state as a :class:`Record` (what the variables hold now)."""
+    return Record.from_json(self.runs_json.numpy().decode(), int(self.steps_taken.numpy()),
+                            int(self.non_poisson_steps.numpy()),
+                            int(self.datasets_made.numpy()))
+
+  @property
+  def runs(self) -> list[Run]:
+    return list(self.record.runs)
+
+  @property
+  def all_poisson(self) -> bool:
+    return int(self.non_poisson_steps.numpy()) == 0
+
+  def set_record(self, record: Record) -> None:
+    """Sets the variables and every layer's ``dp_record`` weight to ``record``."""
+    self.runs_json.assign(record.runs_json())
+    for variable, value in zip(self._counters(), (record.steps_taken, record.non_poisson_steps,
+                                                  record.datasets_made)):
+      variable.assign(value)
+    words = encode(record)
+    for weight in self._untracked.weights:
+      weight.assign(words)
+
+  def use_weights(self, weights: list[tf.Variable]) -> None:
+    """Makes ``weights`` (the model's ``dp_record`` weights now) the ones kept in step."""
+    self._untracked.weights = weights
+
+  def absorb_layers(self) -> None:
+    """Merges the records the layers hold (restored or shared weights) into the state."""
+    layers = [decode(weight.numpy()) for weight in self._untracked.weights]
+    live = self.record
+    merged = merge([*layers, live], floor=self._steps_run_here(live))
+    if merged != live or any(record != merged for record in layers):
+      self.set_record(merged)
+
+  def begin_run(self, run: Run) -> None:
+    """Records ``run`` after the others; the DP step counts its steps from now on."""
+    self.absorb_layers()
+    record = self.record
+    self.set_record(dataclasses.replace(record, runs=record.runs + (run,)))
+    if run.run_id not in _STEPS_RUN_HERE:
+      with self._strategy.scope():
+        _STEPS_RUN_HERE[run.run_id] = tf.Variable(0, dtype=tf.int64, name="dp_steps_run_here",
+                                                  **_FIRST_REPLICA)
+    self._untracked.active_run = run.run_id
+
+  def count_step(self, poisson: tf.Tensor) -> None:
+    """In the DP step, after its batch is read: one more step, in every record.
+
+    ``poisson``: whether the batch was one of this run's Poisson samples.
+    """
+    self.steps_taken.assign_add(1)
+    self._count_in_records(tf.cast(tf.logical_not(poisson), tf.int64))
+
+  def number_step(self) -> tf.Tensor:
+    """Counts one Poisson step before it runs and returns its number (the steps before it).
+
+    For steps that run at once (parameter-server workers), in cross-replica
+    context. ``steps_taken`` is read and incremented by one atomic op under the
+    variable's lock (``ResourceCountUpTo``, a fetch-and-add), so no two calls,
+    whichever worker makes them, get the same number, and a call that got a
+    number has been counted whatever happens to its step after. The number
+    returned depends on the count in every record. ``steps_taken`` is saved with
+    the model and never goes back in a process (:meth:`absorb_layers`), so the
+    numbers do not repeat across restarts from the latest checkpoint either.
+    """
+    numbers = self._strategy.extended.update(self.steps_taken, _fetch_and_increment)
+    number = self._strategy.experimental_local_results(numbers)[0]
+    with tf.control_dependencies(self._count_in_records(tf.constant(0, tf.int64))):
+      return tf.identity(number)
+
+  def _count_in_records(self, non_poisson: tf.Tensor) -> list:
+    """Counts one step (``non_poisson``: 1 if its batch was not a Poisson sample) in
+    every record but ``steps_taken``; returns the count ops."""
+    counts = [self.non_poisson_steps.assign_add(non_poisson),
+              _STEPS_RUN_HERE[self._untracked.active_run].assign_add(1)]
+    # Each record counts on from what it holds (a record restored since the last
+    # merge stays consistent; the next merge charges it and ours both).
+    increment = tf.pad(tf.stack([tf.constant(1, tf.int64), non_poisson]),
+                       [[0, DP_RECORD_WORDS - 2]])
+    return counts + [weight.assign_add(increment) for weight in self._untracked.weights]
+
+  def _steps_run_here(self, record: Record) -> dict[str, int]:
+    return {run_id: int(_STEPS_RUN_HERE[run_id].numpy()) for run_id in record.runs_by_id()
+            if run_id in _STEPS_RUN_HERE}
+
+  def accountant(self, kind: str = "pld") -> PrivacyAccountant:
+    """Every run's spends: its selection once, then its Gaussian steps.
+
+    Merges the layers' records and the steps run here first, so the counters
+    never go back: after a rollback ``steps_taken`` is again every step run.
+    """
+    self.absorb_layers()
+    accountant = PrivacyAccountant(kind)
+    record = self.record
+    runs = record.runs_by_id()
+    for run_id, steps in record.steps_by_run().items():
+      run = runs[run_id]
+      for spent in (run.selection_epsilon, run.statistics_epsilon):
+        if spent > 0:
+          accountant.spend_pure(spent)
+      accountant.step(run.noise_multiplier, run.sampling_rate, steps, run.truncation)
+    return accountant
+
+  def restore(self, path: str) -> None:
+    """Adds the state saved at ``path`` (see :func:`saved_state`) to this one."""
+    live = self.record
+    self.set_record(merge([saved_state(path), live], floor=self._steps_run_here(live)))
+
+  def _counters(self) -> tuple[tf.Variable, tf.Variable, tf.Variable]:
+    return self.steps_taken, self.non_poisson_steps, self.datasets_made
+
+
+def _fetch_and_increment(counter: tf.Variable) -> tf.Tensor:
+  """``counter``'s value before one atomic increment (raises at the int64 maximum)."""
+  return tf.raw_ops.ResourceCountUpTo(resource=counter.handle, limit=tf.int64.max, T=tf.int64)
+
+
+def record_weights(model: keras.Model) -> list[tf.Variable]:
+  """The ``dp_record`` weights of ``model``'s layers, added where a model has none.
+
+  Every ``sparse_dp.layers.Embedding`` has one from its ``build``. A model with
+  none gets one on each trainable ``Dense`` (so a fresh copy of it must go
+  through ``make_private`` before ``load_weights``/``set_weights`` of a trained
+  one; Keras refuses the weight count otherwise).
+  """
+  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  weights = list({id(l.dp_record): l.dp_record for l in layers
+                  if isinstance(getattr(l, "dp_record", None), tf.Variable)}.values())
+  if weights:
+    return weights
+  dense = [l for l in layers if isinstance(l, keras.layers.Dense) and l.trainable]
+  with model.distribute_strategy.scope():
+    for layer in dense:
+      layer.dp_record = add_dp_record(layer)
+  return [layer.dp_record for layer in dense]
+
+
+def attach(model: keras.Model) -> DPState:
+  """``model``'s state, made and attached on first use, merged with its layers' records.
+
+  Attaching restores a state that ``model.load_weights`` read earlier
+  (TensorFlow's deferred restoration), and a model from
+  ``keras.models.load_model`` brings its saved state's variables, which are
+  copied in; the layers' ``dp_record`` weights (any format, or layers trained
+  in another model) are merged in.
+  """
+  weights = record_weights(model)
+  loaded = getattr(model, STATE_ATTRIBUTE, None)
+  if isinstance(loaded, DPState):
+    loaded.use_weights(weights)
+  else:
+    state = DPState(model.distribute_strategy, weights)
+    if loaded is not None:
+      for name in _VARIABLES:
+        getattr(state, name).assign(getattr(loaded, name))
+    setattr(model, STATE_ATTRIBUTE, state)
+  state = getattr(model, STATE_ATTRIBUTE)
+  state.absorb_layers()
+  return state
+
+
+_VARIABLES = ("steps_taken", "non_poisson_steps", "datasets_made", "runs_json")
+
+
+def saved_state(path: str) -> Record:
+  """The DP state saved at ``path``: ``dp_state`` and every ``dp_record`` there, merged.
+
+  ``path`` is a TF-format weights prefix (``save_weights``, ``ModelCheckpoint``
+  with ``save_weights_only=True``), a ``tf.train.Checkpoint`` prefix or a folder
+  with a ``checkpoint`` file (its latest), or a SavedModel folder (``model.save``).
+  """
+  reader = tf.train.load_checkpoint(_checkpoint_prefix(path))
+  keys = reader.get_variable_to_shape_map()
+  records = [decode(reader.get_tensor(k)) for k in keys
+             if re.search(r"(^|/)dp_record/\.ATTRIBUTES/VARIABLE_VALUE$", k)]
+  state: dict = {}
+  for name in _VARIABLES:
+    pattern = re.compile(rf"(^|/){STATE_ATTRIBUTE}/{name}/\.ATTRIBUTES/VARIABLE_VALUE$")
+    matches = [k for k in keys if pattern.search(k)]
+    if len(matches) > 1:
+      raise ValueError(f"resume_from={path!r}: more than one sparse-dp DP state "
+                       f"({STATE_ATTRIBUTE}/{name}) in this checkpoint; give a checkpoint "
+                       "of one model")
+    if matches:
+      state[name] = reader.get_tensor(matches[0])
+  if len(state) == len(_VARIABLES):
+    records.insert(0, Record.from_json(state["runs_json"].decode(), int(state["steps_taken"]),
+                                       int(state["non_poisson_steps"]),
+                                       int(state["datasets_made"])))
+  saved = merge(records)
+  if saved.empty:
+    raise ValueError(
+        f"resume_from={path!r}: no sparse-dp DP state in this checkpoint; give a checkpoint "
+        "of a model that make_private trained (saved after make_private)")
+  return saved
+
+
+def _checkpoint_prefix(path: str) -> str:
+  path = os.fspath(path)
+  if tf.saved_model.contains_saved_model(path):
+    return os.path.join(path, "variables", "variables")
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise ValueError(f"resume_from={path!r}: a folder with neither a SavedModel nor a "
+                       "TF checkpoint; give the prefix that save_weights or "
+                       "ModelCheckpoint wrote (TF format, not .h5)")
+    return latest
+  if path.endswith((".h5", ".keras")):
+    raise ValueError(
+        f"resume_from={path!r}: resume_from reads TF format checkpoints; load an .h5 or "
+        ".keras file with model.load_weights / keras.models.load_model instead (their "
+        "dp_record weights carry the DP state) and call make_private without resume_from")
+  return path

@@ -1,0 +1,308 @@
+"""Each example's loss and activation gradients, computed with that example alone.
+
+DP-SGD's guarantee rests on one bound: adding or removing example ``z`` moves
+the clipped sum ``G(D) = sum_i [g_i]_C2`` by at most ``C2`` (Abadi et al.,
+"Deep Learning with Differential Privacy", CCS 2016; Algorithm 1 of Ghazi et
+al., "Sparsity-Preserving Differentially Private Training of Large Embedding
+Models", NeurIPS 2023). It holds only if ``g_i`` is a function of example
+``i`` (and the weights) alone. A forward pass over the whole batch cannot
+promise that: a batch mean, an in-batch popularity feature or an input scaled
+by the batch maximum makes ``g_i`` depend on the other examples, and a probe
+that removes a few examples sees such a coupling only when it shows on them.
+
+Here it holds by construction, as JAX Privacy does with ``vmap``: the step
+runs the model's forward and backward pass on a batch of *one* example, once
+per example, with ``tf.vectorized_map`` (TensorFlow's parallel-for, which
+turns the one-example program into one batched program) over dense inputs,
+and ``tf.map_fn`` (a loop) where an input is ragged or sparse. Whatever a
+model does inside its ``call`` or loss sees one example; what leaves the
+per-example program is, per example ``i``:
+
+* ``l_i``, its loss;
+* for each embedding table, the rows it looked up and ``dl_i/d(looked-up
+  vector)`` of each lookup: its gradient on the table (core paper §2.1);
+* for each ``Dense`` layer, its inputs ``X_i`` (``[T, k]``, every row the
+  layer saw while computing ``l_i``) and output gradients ``D_i = dl_i/dz``
+  (``[T, n]``): its gradient ``X_i^T D_i`` without forming it
+  (:mod:`sparse_dp.training.dp_step.dense_layers`).
+
+Every lookup and every ``Dense`` call made while computing ``l_i`` is charged
+to example ``i``, whatever the shape of the tensor it was made on (a constant
+candidate set, ids reshaped within the example). Norms, clipping, the
+contribution map and the noise are then computed from these per-example
+values (:mod:`sparse_dp.training.dp_step.step`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+from sparse_dp._keras import keras
+from sparse_dp.layers.embedding import Embedding
+from sparse_dp.layers.recording import recording
+from sparse_dp.mechanisms import padding, per_example_row_gradients
+
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
+
+LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
+
+
+class PerExampleGradients(NamedTuple):
+  """Per-example losses and gradients of one batch, by layer."""
+
+  losses: tf.Tensor  # [B]
+  rows: dict  # Embedding -> mechanisms.RowGradients
+  dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
+  ids_outside: dict  # Embedding -> int64 [B]: ids outside its vocabulary (counted under XLA)
+
+  @property
+  def batch_size(self) -> tf.Tensor:
+    return tf.shape(self.losses, out_type=tf.int64)[0]
+
+
+def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None,
+                          loss_scale: float = 1.0) -> PerExampleGradients:
+  """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.
+
+  ``losses_of(batch)`` runs the model forward on a batch and returns its
+  per-example losses; it is only ever called on a batch of one example.
+  Tables and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not
+  use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
+  mask, :mod:`sparse_dp.training.sampling.padded_batches`): the rows where it is false
+  get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
+
+  Under mixed precision the layers compute in 16 bits and what this returns
+  is float32. ``loss_scale`` ``S`` (fixed; :mod:`sparse_dp.training.dp_step.mixed_precision`):
+  the backward pass starts from ``S l_i`` and its gradients are divided by
+  ``S`` in float32, so they are ``l_i``'s; one that overflowed float16 stays
+  non-finite, and the step zeroes that example.
+  """
+  tables, dense = _split(leaves)
+
+  def one_example(example) -> tuple:
+    with tf.GradientTape() as tape:
+      with recording(tape) as lookups, dense_layers.recording_dense_calls(leaves) as calls:
+        with forward_without_state_writes():
+          losses, _, _ = losses_of(example)
+      loss = _the_loss(losses)
+      scaled = loss * loss_scale
+    by_table, by_dense = lookups.by_layer(), _by_layer(calls)
+    sources = ([[l.vectors for l in by_table.get(t, [])] for t in tables],
+               [[c.preactivation for c in by_dense.get(d, [])] for d in dense])
+    table_grads, dense_grads = tf.nest.map_structure(
+        lambda g: tf.cast(g, tf.float32) / loss_scale,
+        tape.gradient(scaled, sources,
+                      unconnected_gradients=tf.UnconnectedGradients.ZERO))
+    rows = [_rows(t, by_table.get(t, []), grads) for t, grads in zip(tables, table_grads)]
+    dense_parts = [_tokens(d, by_dense.get(d, []), grads) for d, grads in zip(dense, dense_grads)]
+    outside = [tf.add_n([tf.math.count_nonzero(l.outside, dtype=tf.int64)
+                         for l in by_table.get(t, []) if l.outside is not None]
+                        or [tf.constant(0, tf.int64)]) for t in tables]
+    return loss, rows, dense_parts, outside
+
+  loss, rows, dense_parts, outside = _over_examples(one_example, data,
+                                                    _signature(tables, dense))
+  batch_size = tf.shape(loss, out_type=tf.int64)[0]
+  by_table = {}
+  for table, (ids, grads) in zip(tables, rows):
+    example, ids, grads = _flat(ids, grads, table.output_dim)
+    ids = _without_padding(example, ids, in_batch)
+    by_table[table] = per_example_row_gradients(example, ids, grads, batch_size)
+  by_dense = {layer: tuple(_masked(_dense(t, width), in_batch)
+                           for t, width in zip(parts, (layer.kernel.shape[0], layer.units)))
+              for layer, parts in zip(dense, dense_parts)}
+  return PerExampleGradients(_masked(loss, in_batch), by_table, by_dense,
+                             {t: _masked(o, in_batch) for t, o in zip(tables, outside)})
+
+
+def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> dict:
+  """``(example, row)`` of every lookup each example makes, by table: a forward pass only.
+
+  Rows of a padded batch where ``in_batch`` is false look up nothing (row ``PAD``).
+  """
+  tables, _ = _split(leaves)
+
+  def one_example(example) -> list:
+    with recording() as lookups, forward_without_state_writes():
+      losses_of(example)
+    by_table = lookups.by_layer()
+    return [_concat([l.row for l in by_table.get(t, [])], tf.int64, []) for t in tables]
+
+  signature = [_spec([None], tf.int64) for _ in tables]
+  found = _over_examples(one_example, data, signature)
+  pairs = {}
+  for table, ids in zip(tables, found):
+    example, ids, _ = _flat(ids, None, table.output_dim)
+    pairs[table] = (example, _without_padding(example, ids, in_batch))
+  return pairs
+
+
+def _without_padding(example: tf.Tensor, ids: tf.Tensor, in_batch) -> tf.Tensor:
+  """``ids`` with the lookups of the padding rows (``in_batch`` false) made ``PAD``."""
+  if in_batch is None:
+    return ids
+  return tf.where(tf.gather(in_batch, example), ids, padding.PAD)
+
+
+def _masked(values: tf.Tensor, in_batch) -> tf.Tensor:
+  """``values [B, ...]`` with the padding rows (``in_batch`` false) set to zero."""
+  return values if in_batch is None else padding.mask_rows(values, in_batch)
+
+
+def _split(leaves: list) -> tuple[list, list]:
+  return ([l for l in leaves if isinstance(l, Embedding)],
+          [l for l in leaves if isinstance(l, keras.layers.Dense)])
+
+
+def _by_layer(calls: list) -> dict:
+  grouped: dict = {}
+  for call in calls:
+    grouped.setdefault(call.layer, []).append(call)
+  return grouped
+
+
+def _the_loss(losses) -> tf.Tensor:
+  """The one example's loss as a float32 scalar."""
+  losses = tf.convert_to_tensor(losses)
+  if losses.shape.num_elements() != 1:
+    raise ValueError(
+        f"the per-example loss of one example has shape {losses.shape}; DP training needs "
+        "one loss per example (a loss with reduction=keras.losses.Reduction.NONE, or a "
+        "compute_loss that returns a [batch] tensor)")
+  return tf.cast(tf.reshape(losses, []), tf.float32)
+
+
+def _rows(table: Embedding, lookups: list, grads: list) -> tuple[tf.Tensor, tf.Tensor]:
+  """Rows the example looked up in ``table`` and ``dl/d(vector)`` of each lookup."""
+  ids = _concat([l.row for l in lookups], tf.int64, [])
+  values = _concat([tf.reshape(g, [-1, table.output_dim]) for g in grads], tf.float32,
+                   [table.output_dim])
+  return ids, values
+
+
+def _tokens(layer, calls: list, grads: list) -> tuple[tf.Tensor, tf.Tensor]:
+  """Every row ``layer`` saw for this example, ``[T, k]``, and its output gradients ``[T, n]``."""
+  k, n = layer.kernel.shape
+  inputs = _concat([tf.reshape(tf.cast(c.inputs, tf.float32), [-1, k]) for c in calls],
+                   tf.float32, [k])
+  outputs = _concat([tf.reshape(g, [-1, n]) for g in grads], tf.float32, [n])
+  return inputs, outputs
+
+
+def _concat(parts: list, dtype, inner: list) -> tf.Tensor:
+  return tf.concat(parts, 0) if parts else tf.zeros([0] + inner, dtype)
+
+
+def _spec(shape: list, dtype) -> tf.RaggedTensorSpec:
+  """A per-example output whose first dimension may differ between examples."""
+  return tf.RaggedTensorSpec(shape, dtype, ragged_rank=0)
+
+
+def _signature(tables: list, dense: list) -> tuple:
+  return (tf.TensorSpec([], tf.float32),
+          [(_spec([None], tf.int64), _spec([None, t.output_dim], tf.float32)) for t in tables],
+          [(_spec([None, d.kernel.shape[0]], tf.float32), _spec([None, d.units], tf.float32))
+           for d in dense],
+          [tf.TensorSpec([], tf.int64) for _ in tables])
+
+
+def _over_examples(fn, data, signature):
+  """``fn`` on a batch of each example alone, results stacked along a new first axis.
+
+  Dense inputs: ``tf.vectorized_map`` (one batched program; an op it cannot
+  vectorise runs in a loop). Ragged or sparse inputs: ``tf.map_fn``, whose
+  per-example results may differ in length (ragged results).
+  """
+  if tf.executing_eagerly():  # run_eagerly=True: the per-example program is still traced
+    return tf.function(lambda data: _over_examples(fn, data, signature), autograph=False)(data)
+  parts = tf.nest.flatten(data, expand_composites=False)
+  present = [p for p in parts if p is not None]
+  composite = any(isinstance(p, (tf.RaggedTensor, tf.SparseTensor)) for p in present)
+
+  def on_one(elements):
+    elements = iter(elements)
+    batch = [None if p is None else _batch_of_one(next(elements), p) for p in parts]
+    return fn(tf.nest.pack_sequence_as(data, batch, expand_composites=False))
+
+  if composite:
+    return tf.map_fn(on_one, present, fn_output_signature=signature)
+  # tf.vectorized_map cannot run on an empty batch, which a Poisson batch may
+  # be: it runs on the batch and one spare example (a copy of the first, zeros
+  # in an empty batch, so it looks up only ids the batch has), whose results
+  # are cut off. (No branch on the batch size: XLA could not shape its outputs.)
+  with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present]
+  return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
+
+
+def _first_or_zeros(batch: tf.Tensor) -> tf.Tensor:
+  """``batch[:1]``, or one example of zeros when the batch is empty: shape ``[1, ...]``."""
+  zeros = tf.zeros(tf.concat([[1], tf.shape(batch)[1:]], 0), batch.dtype)
+  return tf.concat([batch[:1], zeros], 0)[:1]
+
+
+def _vectorized(fn, elements):
+  try:
+    return tf.vectorized_map(fn, elements, fallback_to_while_loop=True)
+  except (ValueError, TypeError, NotImplementedError) as error:
+    if not _raised_converting(error):
+      raise
+    raise ValueError(
+        "sparse-dp: the DP step runs each example's forward pass alone under "
+        "tf.vectorized_map, and TensorFlow could not convert an operation of this model's "
+        "forward pass or loss for it (see the error above). Operations that write state "
+        "(assigning a variable, inserting into a lookup table) cannot run in the DP step: "
+        "their state would be released without noise; compute the value per example, or "
+        "move the stateful operation out of the model's call and loss") from error
+
+
+def _raised_converting(error: Exception) -> bool:
+  """Whether ``error`` came from TensorFlow's parallel-for converter, not from the model.
+
+  An error of the model or its loss is raised under the per-example function,
+  which parallel-for calls; a conversion error is raised by TensorFlow's own
+  code after the last parallel-for frame.
+  """
+  files, frame = [], error.__traceback__
+  while frame is not None:
+    files.append(frame.tb_frame.f_code.co_filename)
+    frame = frame.tb_next
+  converter = [i for i, name in enumerate(files) if "parallel_for" in name]
+  return bool(converter) and all(f"{os.sep}tensorflow{os.sep}" in name
+                                 for name in files[converter[-1] + 1:])
+
+
+def _batch_of_one(element, batch):
+  """Example ``element`` of ``batch`` as a batch of one: ``[...] -> [1, ...]``, of its kind."""
+  if isinstance(element, tf.SparseTensor):
+    return tf.sparse.expand_dims(element, 0)
+  if isinstance(element, tf.RaggedTensor):
+    return tf.expand_dims(element, 0)
+  if isinstance(batch, tf.RaggedTensor):  # a row of a [B, None, ...] ragged batch
+    return tf.RaggedTensor.from_tensor(element[None])
+  return element[None]
+
+
+def _flat(ids, values, width: int) -> tuple:
+  """Stacked per-example ids ``[B, L]`` (and values ``[B, L, d]``), flat, with example indices."""
+  if isinstance(ids, tf.RaggedTensor):
+    example = ids.value_rowids()
+    return (example, ids.flat_values,
+            None if values is None else tf.reshape(values.flat_values, [-1, width]))
+  batch, length = tf.shape(ids, out_type=tf.int64)[0], tf.shape(ids, out_type=tf.int64)[1]
+  example = tf.repeat(tf.range(batch), length)
+  return (example, tf.reshape(ids, [-1]),
+          None if values is None else tf.reshape(values, [-1, width]))
+
+
+def _dense(stacked, width: int) -> tf.Tensor:
+  """Per-example ``[B, T, width]`` from stacked (or ragged, padded with zeros) tokens."""
+  if isinstance(stacked, tf.RaggedTensor):
+    stacked = stacked.to_tensor()
+  return tf.reshape(stacked, [tf.shape(stacked)[0], -1, width])
+
+
+__all__ = ["LossesOf", "PerExampleGradients", "per_example_gradients", "per_example_rows"]

@@ -1,0 +1,402 @@
+"""One DP gradient: clip per example, select rows, add noise (core paper Algorithm 1).
+
+For a batch with per-example losses ``l_i``:
+
+1. one forward pass records every embedding lookup and ``Dense`` call, and one
+   backward pass gives ``dL/d(looked-up vectors)`` and ``dL/dz`` of every Dense
+   layer: the per-example gradients of all weights, never materialised as such;
+2. for DP-AdaFEST, the clipped contribution map (``C1``) is noised
+   (``sigma1 C1``) and thresholded at ``tau``; rows that do not pass are
+   zeroed in every example's gradient (lines 6-8);
+3. each example's gradient is clipped jointly over all weights to ``C2``;
+4. Gaussian noise ``sigma2 C2`` (``sigma C2`` for DP-SGD) goes on the dense
+   weights and on the selected rows only (DP-AdaFEST) or on every row
+   (DP-SGD, the dense reference); the noisy sum is divided by the *expected*
+   batch size, as the accounting assumes.
+
+Under a ``tf.distribute`` strategy with several replicas, each replica holds
+part of the batch: all replicas gather every replica's activated rows, so the
+contribution map and the selection (same seed) are those of the whole batch;
+each replica clips its own examples; only the first replica adds noise, so the
+optimizer's sum over replicas carries the noise once per step. The step
+statistics come from the first replica; its ``gradient_snr`` measures only its
+own share of the clipped sum.
+
+With ``microbatch_size`` the logical batch is processed in micro-batches (Anil
+et al. §5.3): a forward-only pass over them collects every activated row, so
+the contribution map and the selection are the whole logical batch's; a second
+pass clips and accumulates each micro-batch's gradients; the noise is added
+once. Memory then depends on the micro-batch, not the logical batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from sparse_dp import mechanisms
+from sparse_dp.distribute import shards
+from sparse_dp.layers.embedding import Embedding
+from sparse_dp.mechanisms.scans import compiling_with_xla
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradients,
+                                                    per_example_gradients, per_example_rows)
+
+
+# The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
+# refuse outside the compiled program.
+# Log key prefix of a compiled step's count of ids outside a table's vocabulary.
+IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
+# Log key of a compiled step's count of tables whose false positives overflowed
+# their room (mechanisms.row_selection.false_positive_capacity).
+OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
+# Why a step whose false positives overflowed their room is refused (graph mode and XLA).
+OVER_CAPACITY_MESSAGE = (
+    "sparse-dp: a table's false positives overflowed the room made for them (an event of "
+    "probability <= 1e-18 per table and step, mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); "
+    "training stops rather than go on from a selection that is not the accounted mechanism's")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepNoise:
+  """Noise of one step, resolved from the config (calibrated if needed)."""
+
+  gradient_multiplier: float  # sigma (DP-SGD, DP-FEST) or sigma2 (DP-AdaFEST)
+  contribution_multiplier: Optional[float]  # sigma1 for DP-AdaFEST; None: dense noise
+  l2_norm_clip: float  # C2
+  contribution_clip: float  # C1
+  threshold: float  # tau
+  expected_batch_size: float
+
+  @property
+  def sparse(self) -> bool:
+    return self.contribution_multiplier is not None
+
+
+@dataclasses.dataclass
+class _ClippedSums:
+  """``sum_i [g_i]_C2`` per variable; table sums may repeat indices."""
+
+  tables: dict  # Embedding -> tf.IndexedSlices
+  dense: dict  # variable ref -> tf.Tensor
+  non_finite: tf.Tensor  # int64: examples whose gradient was zeroed (un-noised: debug only)
+
+
+def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
+                      seed: tf.Tensor, microbatch_size: Optional[int] = None,
+                      on_outputs: Optional[Callable] = None, *,
+                      debug_metrics: bool = False, in_batch: Optional[tf.Tensor] = None,
+                      loss_scale: float = 1.0):
+  """Noisy, clipped gradients of every weight of ``leaves``, and step statistics.
+
+  ``losses_of(batch)`` runs the model forward on a batch and returns its
+  per-example losses ``[B]``, with labels and predictions (or ``None``s). The
+  gradients come from :func:`~sparse_dp.training.dp_step.per_example.per_example_gradients`,
+  which calls ``losses_of`` on each example alone, so each example's clipped
+  gradient depends on that example only, whatever the model does.
+  ``on_outputs(labels, predictions, weights)`` (Keras metric updates, with
+  ``debug_metrics`` only) is called once with a plain forward pass of the
+  whole batch. ``in_batch``: the example mask of a padded batch
+  (:mod:`sparse_dp.training.sampling.padded_batches`); its padding rows weigh nothing
+  anywhere. ``loss_scale``: the fixed loss scale of mixed precision
+  (:mod:`sparse_dp.training.dp_step.mixed_precision`). Returns ``(gradients by
+  variable ref, per-example losses, statistics)``.
+
+  The statistics are DP by default (see :func:`_add_noise`); with
+  ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
+  """
+  tables = [l for l in leaves if isinstance(l, Embedding)]
+  selection_seed, noise_seed = mechanisms.split(seed, 2)
+  if microbatch_size is None:
+    recorded = per_example_gradients(leaves, losses_of, data, in_batch, loss_scale)
+    pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
+    selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
+                  if noise.sparse and tables else {})
+    sums, losses = _clipped_sums(leaves, recorded, selections, noise), recorded.losses
+    ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
+  else:
+    chunks = _Chunks(data, microbatch_size, in_batch)
+    selections = {}
+    if noise.sparse and tables:
+      pairs = per_example_rows(leaves, losses_of, data, in_batch)
+      selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
+    sums, losses, ids_outside = _accumulated_clipped_sums(leaves, losses_of, chunks, selections,
+                                                          noise, loss_scale)
+  if on_outputs is not None:
+    _, labels, predictions = losses_of(data)
+    if labels is not None:
+      on_outputs(labels, predictions, None if in_batch is None else tf.cast(in_batch, tf.float32))
+  with tf.control_dependencies(_refuse_over_capacity(selections)):
+    gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
+  if compiling_with_xla():  # for the host's refusals (host_guards)
+    if selections:
+      stats[OVER_CAPACITY] = tf.add_n([tf.cast(s.over_capacity, tf.float32)
+                                       for s in selections.values()])
+    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count, tf.float32)
+                  for layer, count in ids_outside.items()})
+  return gradients, losses, stats
+
+
+def _refuse_over_capacity(selections: dict) -> list:
+  """Asserts that no table's false positives overflowed their room (before the noise).
+
+  The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
+  table and step; the selection past it would not be the accounted mechanism's.
+  XLA compiles the assert away: a compiled step logs the overflow instead
+  (:data:`OVER_CAPACITY`) for the host guards to refuse.
+  """
+  if not selections:
+    return []
+  over = [s.over_capacity for s in selections.values()]
+  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.stack(over))),
+                              [OVER_CAPACITY_MESSAGE])]
+
+
+def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
+  """Each table's selected rows, from the contribution map of the whole batch.
+
+  ``pairs[layer] = (example, row)`` lists the batch's lookups (a table absent
+  from ``pairs`` was not looked up).
+  """
+  none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+  everyone, batch_size = _gather_across_replicas([pairs.get(l, none) for l in tables], batch_size)
+  activations = [mechanisms.Activations(*mechanisms.distinct_pairs(example, row, batch_size)[:2],
+                                        batch_size) for example, row in everyone]
+  maps = mechanisms.clipped_contribution_maps(activations, noise.contribution_clip)
+  seeds = mechanisms.split(seed, len(tables))
+  return {layer: mechanisms.select_rows(contribution, layer.vocabulary_size, noise.threshold,
+                                        noise.contribution_multiplier * noise.contribution_clip,
+                                        table_seed)
+          for layer, contribution, table_seed in zip(tables, maps, seeds)}
+
+
+def _gather_across_replicas(pairs, batch_size):
+  """All replicas' ``(example, row)`` pairs, examples numbered across replicas."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return pairs, batch_size
+  sizes = context.all_gather(batch_size[None], axis=0)
+  offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
+  gathered = []
+  for example, row in pairs:
+    length = tf.shape(row, out_type=tf.int64)[0]
+    longest = tf.reduce_max(context.all_gather(length[None], axis=0))
+    # Padding (row PAD) brings every replica's pairs to one length.
+    row = tf.pad(row, [[0, longest - length]], constant_values=mechanisms.PAD)
+    example = tf.pad(example + offset, [[0, longest - length]])
+    gathered.append((context.all_gather(example, axis=0), context.all_gather(row, axis=0)))
+  return gathered, tf.reduce_sum(sizes)
+
+
+def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
+                  noise: StepNoise) -> _ClippedSums:
+  """Masks to the selected rows, zeroes non-finite examples, clips each jointly to ``C2``, sums.
+
+  An example whose loss or gradient is not finite (a NaN input, a mean over no
+  tokens: 0/0) would make the sum NaN: clipping does not bound NaN, and
+  whether the released model is finite would tell whether the example was in
+  the batch. Its gradient is set to zero before clipping, so the clipped sum
+  is exactly the sum without it, as if it had not been sampled; the bound
+  ``||G(D + z) - G(D)|| <= C2`` holds with or without it.
+  """
+  rows = {layer: (mechanisms.restrict_to_rows(g, selections[layer].rows)
+                  if layer in selections else g) for layer, g in recorded.rows.items()}
+  batch_size = recorded.batch_size
+  squared = [tf.zeros([batch_size])]
+  squared += [mechanisms.squared_norms(g, batch_size) for g in rows.values()]
+  squared += [dense_layers.squared_norms(x, d, layer.use_bias)
+              for layer, (x, d) in recorded.dense.items()]
+  total = tf.add_n(squared)
+  finite = tf.logical_and(tf.math.is_finite(total), tf.math.is_finite(recorded.losses))
+  rows = {layer: mechanisms.zero_examples(g, finite) for layer, g in rows.items()}
+  dense = {layer: tuple(tf.where(finite[:, None, None], t, tf.zeros_like(t)) for t in parts)
+           for layer, parts in recorded.dense.items()}
+  factors = mechanisms.clip_factors(tf.where(finite, total, tf.zeros_like(total)),
+                                    noise.l2_norm_clip)
+  non_finite = tf.math.count_nonzero(tf.logical_not(finite), dtype=tf.int64)
+  sums = _ClippedSums({}, {}, non_finite)
+  for layer in leaves:
+    if isinstance(layer, Embedding):
+      shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
+      if layer in rows:
+        sums.tables[layer] = mechanisms.clipped_row_sum(rows[layer], factors, shape)
+      else:
+        sums.tables[layer] = tf.IndexedSlices(tf.zeros([0, layer.output_dim]),
+                                              tf.zeros([0], tf.int64), shape)
+      continue
+    if layer in dense:
+      kernel, bias = dense_layers.clipped_sums(*dense[layer], factors, layer.use_bias)
+    else:  # not called: its clipped sum is zero
+      kernel = tf.zeros_like(layer.kernel)
+      bias = tf.zeros_like(layer.bias) if layer.use_bias else None
+    sums.dense[layer.kernel.ref()] = kernel
+    if bias is not None:
+      sums.dense[layer.bias.ref()] = bias
+  return sums
+
+
+class _Chunks:
+  """Micro-batches ``[i m, (i + 1) m)`` of a batch of tensors or ragged tensors, and their masks.
+
+  Under XLA every shape must be static: the batch (a padded one, of static
+  size ``C``) is padded on to ``ceil(C / m) m`` rows with copies of its first
+  example outside ``in_batch`` (loss 0, no lookups, a zero gradient, as in
+  :mod:`~sparse_dp.training.sampling.padded_batches`), so that every micro-batch has
+  ``m`` rows and there are ``ceil(C / m)`` of them.
+  """
+
+  def __init__(self, data, size: int, in_batch: Optional[tf.Tensor] = None):
+    if not isinstance(size, int) or size < 1:
+      raise ValueError(f"microbatch_size must be an integer >= 1, got {size!r}")
+    first = tf.nest.flatten(data, expand_composites=False)[0]
+    self.batch_size = tf.cast(first.nrows() if isinstance(first, tf.RaggedTensor)
+                              else tf.shape(first)[0], tf.int64)
+    self.static = compiling_with_xla()
+    if self.static:
+      rows = None if isinstance(first, tf.RaggedTensor) else first.shape[0]
+      if rows is None:
+        raise ValueError(
+            "microbatch_size under XLA (jit_compile=True) needs batches of one static size: "
+            "feed private.poisson_dataset(..., padded=True) of dense tensors")
+      count = -(-rows // size)
+      extra = count * size - rows
+      in_batch = tf.ones([rows], tf.bool) if in_batch is None else in_batch
+      data = tf.nest.map_structure(
+          lambda t: tf.concat([t, tf.repeat(t[:1], extra, axis=0)], 0), data)
+      in_batch = tf.concat([in_batch, tf.zeros([extra], tf.bool)], 0)
+      self.count, self.rows = count, rows
+    else:
+      self.count = (self.batch_size + size - 1) // size
+    self.data, self.size, self.in_batch = data, size, in_batch
+
+  def start(self, index):
+    return tf.cast(index, tf.int64) * self.size
+
+  def __getitem__(self, index):
+    """Micro-batch ``index`` and its example mask (``None`` for an unpadded batch)."""
+    start = self.start(index)
+    if self.static:  # m rows from a run-time start: a gather of static size
+      rows = start + tf.range(self.size, dtype=tf.int64)
+      return (tf.nest.map_structure(lambda t: tf.gather(t, rows), self.data),
+              tf.gather(self.in_batch, rows))
+    end = tf.minimum(start + self.size, self.batch_size)
+    chunk = tf.nest.map_structure(lambda t: t[start:end], self.data)
+    return chunk, None if self.in_batch is None else self.in_batch[start:end]
+
+  def array(self, dtype, element_shape) -> tf.TensorArray:
+    """One entry per micro-batch: ``count`` fixed under XLA, growing in graph mode."""
+    if self.static:
+      return tf.TensorArray(dtype, size=self.count, element_shape=tf.TensorShape(element_shape))
+    return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False,
+                          element_shape=tf.TensorShape(element_shape))
+
+
+def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise,
+                              loss_scale: float):
+  """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; and the
+  ids outside each table's vocabulary (counted under XLA)."""
+  tables = [l for l in leaves if isinstance(l, Embedding)]
+  dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
+                for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
+
+  def body(index, dense, table_parts, losses, non_finite, outside):
+    recorded = per_example_gradients(leaves, losses_of, *chunks[index], loss_scale)
+    sums = _clipped_sums(leaves, recorded, selections, noise)
+    dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
+    table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
+                    values.write(index, sums.tables[layer].values))
+                   for layer, (indices, values) in zip(tables, table_parts)]
+    outside = [total + tf.reduce_sum(recorded.ids_outside[layer])
+               if layer in recorded.ids_outside else total
+               for layer, total in zip(tables, outside)]
+    return (index + 1, dense, table_parts, losses.write(index, recorded.losses),
+            non_finite + sums.non_finite, outside)
+
+  zero = tf.constant(0, tf.int64)
+  start = (tf.constant(0), [tf.zeros(ref.deref().shape, ref.deref().dtype) for ref in dense_refs],
+           [(chunks.array(tf.int64, [None]), chunks.array(tf.float32, [None, layer.output_dim]))
+            for layer in tables],
+           chunks.array(tf.float32, [None]), zero, [zero for _ in tables])
+  _, dense, table_parts, losses, non_finite, outside = tf.while_loop(
+      lambda index, *_: tf.cast(index, tf.int64) < tf.cast(chunks.count, tf.int64), body, start,
+      maximum_iterations=chunks.count if chunks.static else None)
+  sums = _ClippedSums(
+      {layer: tf.IndexedSlices(values.concat(), indices.concat(),
+                               tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
+       for layer, (indices, values) in zip(tables, table_parts)},
+      dict(zip(dense_refs, dense)), non_finite)
+  losses = losses.concat()
+  return sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside))
+
+
+def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed,
+               debug_metrics: bool = False):
+  """Clipped sums plus noise, divided by the expected batch size, per variable."""
+  context = tf.distribute.get_replica_context()
+  adds_noise = 1.0 if context is None else tf.cast(
+      tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
+  std = noise.gradient_multiplier * noise.l2_norm_clip
+  seeds = mechanisms.split(seed, 2 * len(leaves))
+  gradients, signal, noise_squared = {}, [], []
+  nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
+
+  def noised(variable, clipped, draw_seed):
+    draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
+    signal.append(tf.reduce_sum(tf.square(clipped)))
+    noise_squared.append(tf.reduce_sum(tf.square(draw)))
+    return (clipped + draw) / noise.expected_batch_size
+
+  for i, layer in enumerate(leaves):
+    if isinstance(layer, Embedding):
+      clipped = sums.tables[layer]
+      if noise.sparse:  # DP-AdaFEST: noise on the selected rows only
+        rows = selections[layer].rows
+        kept = mechanisms.sum_on_rows(clipped, rows)
+        noisy = mechanisms.add_row_sparse_noise(tf.IndexedSlices(kept, rows, clipped.dense_shape),
+                                                rows, std * adds_noise, seeds[2 * i])
+        signal.append(tf.reduce_sum(tf.square(kept)))
+        noise_squared.append(tf.reduce_sum(tf.square(noisy.values - kept)))
+        gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
+            noisy.values / noise.expected_batch_size, noisy.indices, clipped.dense_shape)
+        nonzero_rows += selections[layer].num_selected
+        nonzero_coordinates += selections[layer].num_selected * layer.output_dim
+      else:  # DP-SGD: noise on every row; the clipped rows are added to it
+        draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
+        signal.append(tf.reduce_sum(tf.square(clipped.values)))
+        noise_squared.append(tf.reduce_sum(tf.square(draw * adds_noise)))
+        noisy = tf.tensor_scatter_nd_add(draw * adds_noise, clipped.indices[:, None],
+                                         clipped.values)
+        gradients[shards.gradient_key(layer.embeddings)] = noisy / noise.expected_batch_size
+        nonzero_rows += layer.vocabulary_size
+        nonzero_coordinates += layer.vocabulary_size * layer.output_dim
+      continue
+    for variable, draw_seed in ((layer.kernel, seeds[2 * i]), (layer.bias, seeds[2 * i + 1])):
+      if variable is not None and variable.ref() in sums.dense:
+        gradients[variable.ref()] = noised(variable, sums.dense[variable.ref()], draw_seed)
+
+  table_rows = sum(l.vocabulary_size for l in leaves if isinstance(l, Embedding))
+  stats = {
+      "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
+      "nonzero_coordinates": tf.cast(nonzero_coordinates, tf.float32),
+      "gradient_size_reduction": table_rows / tf.maximum(tf.cast(nonzero_rows, tf.float32), 1.0),
+      "noisy_gradient_norm": _norm(gradients.values()),
+  }
+  if debug_metrics:
+    stats["non_finite_examples"] = tf.cast(sums.non_finite, tf.float32)
+    stats["gradient_snr"] = tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30))
+    if selections:
+      stats["rows_dropped"] = tf.cast(
+          tf.add_n([s.num_dropped for s in selections.values()]), tf.float32)
+      stats["false_positive_rows"] = tf.cast(
+          tf.add_n([s.num_false_positives for s in selections.values()]), tf.float32)
+  # Keras sums (or takes the first of) per-replica logs: report once.
+  return gradients, {name: value * adds_noise for name, value in stats.items()}
+
+
+def _norm(gradients) -> tf.Tensor:
+  """L2 norm of the noisy update over every variable (dense or row-sparse)."""
+  squares = [tf.reduce_sum(tf.square(g.values if isinstance(g, tf.IndexedSlices) else g))
+             for g in gradients]
+  return tf.sqrt(tf.add_n(squares) if squares else tf.constant(0.0))

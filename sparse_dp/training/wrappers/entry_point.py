@@ -1,0 +1,279 @@
+"""``make_private``: the one entry point that makes a compiled Keras model DP."""
+
+from __future__ import annotations
+
+import logging
+import math
+import types
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from sparse_dp._keras import keras, require_keras2_model
+from sparse_dp.accounting import BatchSchedule, PrivacySpec, Truncation, calibrate, steps_for_epochs
+from sparse_dp.layers import embedding_backends
+from sparse_dp.layers.embedding import Embedding
+from sparse_dp.mechanisms import false_positive_probability
+from sparse_dp.optimizers import sparse_optimizer
+from sparse_dp.training.checks import validation
+from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
+from sparse_dp.training.dp_state.state import attach
+from sparse_dp.training.dp_step import dense_layers, mixed_precision, update_guard
+from sparse_dp.training.dp_step.input_ids import functional_input_ids, ids_per_example
+from sparse_dp.training.dp_step.penalties import penalty_of
+from sparse_dp.training.dp_step.step import StepNoise
+from sparse_dp.training.sampling.poisson import largest_plausible_batch
+from sparse_dp.training.wrappers import fit_wrappers
+from sparse_dp.training.wrappers.dp_train_step import dp_train_step
+from sparse_dp.training.wrappers.private_training import PrivateTraining, epsilon_budget
+
+_LOG = logging.getLogger(__name__)
+
+
+def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
+                 batch_size: float, epochs: Optional[float] = None,
+                 resume_from: Optional[str] = None, embedding: str = "auto",
+                 max_batch_size: Optional[int] = None,
+                 public_layers: Sequence[str] = (),
+                 private_statistics: Sequence = ()) -> PrivateTraining:
+  """Makes ``model.fit`` train with ``config``'s DP algorithm.
+
+  Call after ``model.compile``, on a built model. Refuses models that DP
+  clipping cannot cover (:func:`validation.check_model`; the first batch of
+  the first ``fit`` is probed by :func:`validation.check_separable`).
+  Installs a DP ``train_step`` on ``model`` (a functional model, a
+  ``keras.Model`` subclass or a ``tfrs.Model``), and ``fit``,
+  ``train_on_batch`` and ``compile`` wrappers (:mod:`.fit_wrappers`): ``fit``
+  knows whether it is fed this object's ``poisson_dataset`` and refuses
+  un-noised validation logs; a later ``compile`` keeps the model private. With
+  an epsilon budget, ``steps_per_execution`` must be 1. Replaces its optimizer
+  by one whose table updates stay sparse
+  (:func:`sparse_dp.optimizers.sparse_optimizer`), and returns the
+  :class:`PrivateTraining` holding the accountant. ``batch_size`` is the
+  expected batch size: the noisy sum is divided by it and ``q = B / N``.
+  ``epochs`` is needed only to calibrate ``config.target_epsilon``.
+
+  **The budget lasts.** The model carries its DP state (``model.dp_state``):
+  a second ``make_private`` on it, or on a model whose weights were restored
+  from a checkpoint saved after ``make_private``, *continues* the accounting:
+  epsilon composes every earlier run's steps and selection with this run's,
+  and ``epsilon_budget`` bounds that total. ``resume_from`` (a TF-format
+  checkpoint prefix, a checkpoint folder or a SavedModel folder) restores the
+  DP state saved there into the model first; restore the weights and the
+  optimizer as usual (``model.load_weights``, ``tf.train.Checkpoint.restore``).
+  The secret noise seed is never saved: a resumed run draws a fresh one unless
+  ``config.noise_seed`` is fixed. A run resumed with the saved run's algorithm,
+  noise, sampling rate and ``selection_epsilon`` is that job going on: its
+  top-k preselection (DP-FEST, DP-AdaFEST+) is charged once. Any other run
+  charges its ``selection_epsilon`` as a new selection.
+
+  ``embedding`` (``"auto"``, ``"tpu"``, ``"cpu"``, ``"engine-double"``) picks
+  where the tables live by the strategy's hardware
+  (:func:`sparse_dp.layers.embedding_backends.choose_backend`;
+  ``training.embedding_choice`` says which and why, ``auto``'s is logged):
+  ``tpu`` is the V1 TPU embedding engine, trained by
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (``fit`` is refused), or on
+  SparseCore (V2) hardware ``TPUEmbeddingV2``, updated inside the step ``fit``
+  runs (:class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`);
+  ``cpu`` is the Keras variables; ``engine-double`` (off TPU, for tests)
+  routes the DP step's update through the engine's pure-TF double. The DP
+  semantics are the same on all.
+
+  ``max_batch_size``: the batches are truncated Poisson samples of at most
+  that many examples (``sparse-dp sample --max-batch-size``), accounted as
+  such (:class:`sparse_dp.accounting.Truncation`).
+
+  ``private_statistics``: the :class:`sparse_dp.preprocessing.PrivateStatistic`
+  objects of the model's preprocessing layers (DP mean and variance, quantiles,
+  vocabulary): their layers are accepted and their epsilons spent once at the
+  start of this run, composed with its steps.
+
+  ``public_layers``: names of preprocessing layers (``Normalization``,
+  ``Discretization``, ``StringLookup``, ...) whose statistics come from public
+  data; any other such layer is refused, since its statistics of the private
+  data would be released with the model outside the epsilon
+  (:mod:`sparse_dp.training.checks.preprocessing_checks`).
+
+  With ``algorithm="none"`` the model trains exactly as plain Keras would.
+  """
+  require_keras2_model(model)
+  if model.optimizer is None:
+    raise ValueError("compile the model (optimizer and loss) before make_private")
+  if not 0 < batch_size <= num_examples:
+    raise ValueError(f"batch_size must be in (0, num_examples={num_examples}], got {batch_size}")
+  algorithm = config.kind
+  choice = embedding_backends.choose_backend(embedding, model.distribute_strategy)
+  if not algorithm.is_private:
+    if embedding not in ("auto", "cpu"):
+      raise ValueError(f"embedding {embedding!r} routes the DP step's update through the TPU "
+                       "embedding engine; algorithm 'none' trains as plain Keras: use "
+                       "embedding 'cpu'")
+    if resume_from is not None:
+      raise ValueError("resume_from continues a DP budget; algorithm 'none' has none")
+    if choice.name != "cpu":
+      choice = embedding_backends.BackendChoice("cpu", "algorithm 'none' trains as plain Keras")
+  _refuse_host_tables_on_tpu_cores(model, choice)
+  if embedding == "auto":
+    _LOG.info("sparse-dp: %s", choice.describe(embedding))
+  if not algorithm.is_private:
+    training = PrivateTraining(model, config, num_examples, batch_size, spec=None)
+    training.embedding_choice = choice
+    return training
+  _check_built(model)
+  _check_train_step(model)
+  statistics = {s.layer.name: s for s in private_statistics}
+  validation.check_model(model, [*public_layers, *statistics])
+  fit_wrappers.check_steps_per_execution(model, epsilon_budget(config))
+  leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
+  penalty = penalty_of(model)  # fails early on a penalty that reaches a table
+  spec = _resolve_spec(config, num_examples, batch_size, epochs)
+  if algorithm.uses_contribution_map:
+    warn_if_threshold_densifies(
+        [l.vocabulary_size for l in leaves if isinstance(l, Embedding)],
+        config.threshold_for(spec.sigma1), spec.sigma1 * config.contribution_clip, batch_size)
+  noise = StepNoise(
+      gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
+      contribution_multiplier=spec.sigma1 if algorithm.uses_contribution_map else None,
+      l2_norm_clip=config.l2_norm_clip, contribution_clip=config.contribution_clip,
+      threshold=config.threshold_for(spec.sigma1) if algorithm.uses_contribution_map else 0.0,
+      expected_batch_size=float(batch_size))
+  state = attach(model)
+  if resume_from is not None:
+    state.restore(resume_from)
+  optimizer, loss_scale = mixed_precision.split_loss_scale(model.optimizer)
+  model.optimizer = update_guard.guard(sparse_optimizer(optimizer), model.name)
+  if max_batch_size is not None:
+    Truncation(num_examples, max_batch_size)  # refuses one the accountant cannot account
+  training = PrivateTraining(model, config, num_examples, batch_size, spec, state, leaves,
+                             resumed=resume_from is not None, max_batch_size=max_batch_size,
+                             statistics_epsilon=sum(s.epsilon for s in statistics.values()))
+  training.step_noise = noise
+  training.loss_scale = loss_scale
+  model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
+  if model.distribute_reduction_method == "auto":
+    # The step's logs are the same on every replica (one selection, the run's statistics)
+    # or replica 0's (the noise): Keras's "auto" would sum them over the replicas off TPU.
+    model.distribute_reduction_method = "first"
+  training.embedding_choice = choice
+  tables = [l for l in leaves if isinstance(l, Embedding)]
+  if choice.name == "engine-double":
+    training.use_embedding_backend(embedding_backends.TPUEmbeddingBackend(
+        tables, model.optimizer, update_bounds(tables, noise, num_examples, batch_size)))
+  elif choice.name == "sparsecore":
+    with model.distribute_strategy.scope():
+      training.use_embedding_backend(embedding_backends.SparseCoreBackend(
+          tables, model.optimizer, update_bounds(tables, noise, num_examples, batch_size),
+          {layer: training.largest_batch * ids_per_example(layer) for layer in tables},
+          functional_input_ids(model, tables)))
+  else:
+    training.track_weights()
+  fit_wrappers.install(training)
+  model.train_function = None
+  return training
+
+
+def _refuse_host_tables_on_tpu_cores(model: keras.Model,
+                                     choice: embedding_backends.BackendChoice) -> None:
+  """Refuses host tables (``table_placement='host'``) that TPU programs would read.
+
+  The engines train such tables on a TPU (V1's loop ``TPUTrainer``, V2's step
+  reads the engine and copies its rows to the host table when ``fit`` ends);
+  with the ``cpu`` backend every step is a TPU program gathering from the table.
+  """
+  if (choice.name in ("tpu", "sparsecore")
+      or not embedding_backends.on_tpu(model.distribute_strategy)):
+    return
+  on_host = [layer.name for layer in model.submodules
+             if isinstance(layer, Embedding) and layer.table_placement == "host"]
+  if on_host:
+    raise ValueError(
+        f"the tables of {', '.join(on_host)} are on the host (table_placement='host'), which "
+        f"TPU programs cannot read, and embedding {choice.name!r} trains them in Keras steps "
+        "on the TPU cores: build these layers with table_placement='default_device', or, on "
+        "a TPU with an embedding engine (V1 or SparseCore), train them there (embedding 'tpu')")
+
+
+def update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size: float) -> dict:
+  """Per table, the most rows one step selects but with probability ``<= 2e-9``.
+
+  DP-AdaFEST selects the rows a plausible batch looks up (the largest Poisson
+  batch but with probability ``1e-9``, times the ids per example of the
+  layer's input, or the whole vocabulary for ragged ids) and false positives,
+  ``Binomial(V, Psi(tau / (sigma1 C1)))``, bounded the same way (Bernstein).
+  DP-SGD updates every row.
+  """
+  if not noise.sparse:
+    return {layer: layer.vocabulary_size for layer in tables}
+  batches = largest_plausible_batch(num_examples, batch_size / num_examples)
+  false_positive = false_positive_probability(
+      noise.threshold, noise.contribution_multiplier * noise.contribution_clip)
+  bounds = {}
+  for layer in tables:
+    shape = tf.TensorShape(getattr(layer, "_build_input_shape", None))
+    per_example = (math.prod(shape[1:]) if shape.rank is not None and shape[1:].is_fully_defined()
+                   else layer.vocabulary_size)
+    spurious = largest_plausible_batch(layer.vocabulary_size, false_positive)
+    bounds[layer] = min(layer.vocabulary_size, batches * per_example + spurious)
+  return bounds
+
+
+def _check_built(model: keras.Model) -> None:
+  """Refuses a model whose weights do not exist yet (its leaves cannot be found)."""
+  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  unbuilt = [layer.name for layer in layers
+             if isinstance(layer, (keras.layers.Dense, Embedding)) and not layer.built]
+  if unbuilt or not any(layer._trainable_weights for layer in layers):  # pylint: disable=protected-access
+    raise ValueError(
+        f"model '{model.name}' ({type(model).__name__}) is not built"
+        f"{' (layers ' + ', '.join(unbuilt) + ')' if unbuilt else ''}: its weights do not "
+        "exist yet, so make_private cannot find the layers to clip. Call the model on a "
+        "batch first (model(x_batch), or model.compute_loss(batch) for a tfrs.Model) or give "
+        "it an Input shape, then call make_private")
+
+
+def _check_train_step(model: keras.Model) -> None:
+  """Refuses a model class with its own ``train_step`` or Keras ``compute_loss``.
+
+  The DP step replaces ``train_step`` and computes the compiled loss per
+  example, so either override would be silently dropped. A ``tfrs.Model``'s
+  ``compute_loss`` is its per-example loss, which the step uses.
+  """
+  own = type(model).train_step
+  allowed = {keras.Model.train_step}
+  try:
+    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+    allowed.add(tfrs.Model.train_step)
+    tfrs_model = isinstance(model, tfrs.Model)
+  except ImportError:
+    tfrs_model = False
+  if own not in allowed:
+    raise ValueError(
+        f"{type(model).__name__} defines its own train_step, which make_private would replace "
+        "by the DP step, silently dropping what it does; put the per-example loss in "
+        "compile(loss=...) (or compute_loss for a tfrs.Model) and keep Keras's train_step")
+  keras_compute_loss = getattr(keras.Model, "compute_loss", None)
+  if (not tfrs_model and keras_compute_loss is not None
+      and type(model).compute_loss is not keras_compute_loss):
+    raise ValueError(
+        f"{type(model).__name__} overrides keras.Model.compute_loss, which the DP step does "
+        "not call: it applies the compiled loss to each example alone, so the override "
+        "would be silently dropped. Put the loss in compile(loss=...) as a per-example "
+        "keras.losses.Loss (reduction NONE), or make the model a tfrs.Model whose "
+        "compute_loss(features) returns one loss per example")
+
+
+def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> PrivacySpec:
+  algorithm = config.kind
+  q = batch_size / num_examples
+  if config.target_epsilon is None:
+    return PrivacySpec(algorithm, BatchSchedule.constant(q, 0),
+                       noise_multiplier=None if algorithm.uses_contribution_map else config.noise_multiplier,
+                       sigma1=config.sigma1 if algorithm.uses_contribution_map else None,
+                       sigma2=config.sigma2 if algorithm.uses_contribution_map else None,
+                       selection_epsilon=config.selection_epsilon)
+  if epochs is None:
+    raise ValueError("target_epsilon needs epochs= to know how many steps to calibrate for")
+  delta = config.delta if config.delta is not None else 1.0 / num_examples
+  return calibrate(algorithm, config.target_epsilon, delta,
+                   BatchSchedule.constant(q, steps_for_epochs(epochs, q)),
+                   sigma_ratio=config.sigma_ratio, selection_epsilon=config.selection_epsilon)

@@ -1,0 +1,187 @@
+"""The package's import graph has no cycle and never imports up a layer.
+
+The graph is read from the source (``ast``), not by importing: every ``import``
+and ``from ... import`` of every module counts, at the top, inside functions and
+under ``if TYPE_CHECKING:`` alike, since each is a dependency a reader follows.
+``models/`` and ``data/`` are read as ``sparse_dp.models`` and ``sparse_dp.data``,
+the names ``setup.py`` installs them under.
+
+An edge ``a -> b`` is drawn to the module ``b`` names: ``from p import m`` to
+``p.m`` when ``m`` is a module, else to ``p`` (its ``__init__``). Importing
+``p.q.m`` runs ``p/__init__.py`` and ``p/q/__init__.py`` first, so edges go to
+those packages too, except the ones ``a`` lies in (they are already running).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from typing import Optional
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Where each installed package's source lies (setup.py's ``package_dir``).
+SOURCES = {"sparse_dp": "sparse_dp", "sparse_dp.models": "models", "sparse_dp.data": "data"}
+
+# The layers, lowest first. A module may import from its own layer and the ones
+# below, never from one above. A name covers that module and everything under
+# it, and the longest name that covers a module decides its layer; ``sparse_dp``
+# itself covers only the package's ``__init__`` (a facade whose own imports are
+# lazy: it loads ``sparse_dp.training`` by name when ``make_private`` is used).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # No TensorFlow: the facade, the accountant, the data readers.
+    ("sparse_dp", "sparse_dp._tensorflow_import", "sparse_dp.accounting", "sparse_dp.data"),
+    ("sparse_dp._keras",),
+    # TensorFlow building blocks.
+    ("sparse_dp.distribute", "sparse_dp.mechanisms", "sparse_dp.optimizers",
+     "sparse_dp.preprocessing"),
+    ("sparse_dp.layers",),
+    # Training, bottom up: what a run keeps and how it samples, the DP step, the
+    # checks that refuse a model, make_private and the Keras wrappers, the TPU
+    # loop and the public names.
+    ("sparse_dp.training.config", "sparse_dp.training.dp_state", "sparse_dp.training.sampling"),
+    ("sparse_dp.training.dp_step",),
+    ("sparse_dp.training.checks",),
+    ("sparse_dp.training.wrappers",),
+    ("sparse_dp.training",),
+    # The pCTR model, its flags and data, which the sampling job reads; then the
+    # jobs that train it.
+    ("sparse_dp.models",),
+    ("sparse_dp.sampling",),
+    ("sparse_dp.models.fitting", "sparse_dp.models.stream_job", "sparse_dp.models.stream_periods",
+     "sparse_dp.models.train_job"),
+    ("sparse_dp.bench", "sparse_dp.distillation", "sparse_dp.study"),
+    ("sparse_dp.audit",),
+    ("sparse_dp.__main__", "sparse_dp.cli"),
+)
+
+# sparse_dp/study/ is being reworked under another item of issue 25; its one
+# cycle is broken there. Remove the entry then (the test fails while it is stale).
+CYCLES_LEFT_TO_THE_STUDY_REWORK = (frozenset({"sparse_dp.study.grid", "sparse_dp.study.runs"}),)
+
+
+def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+  """Every module's dotted name and its file."""
+  files = {}
+  for package, folder in SOURCES.items():
+    for path in sorted((root / folder).rglob("*.py")):
+      parts = path.relative_to(root / folder).with_suffix("").parts
+      files[".".join((package,) + parts[:-1 if parts[-1] == "__init__" else None])] = path
+  return files
+
+
+def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+  """``{module: the package's modules it imports}``."""
+  files = module_files(root)
+  graph = {}
+  for name, path in files.items():
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Import):
+        targets.update(alias.name for alias in node.names)
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+          parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+          base = ".".join(parent + [base] if base else parent)
+        targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                       for alias in node.names)
+    modules = {_enclosing_module(target, files) for target in targets} - {None}
+    graph[name] = {package for module in modules for package in _packages_run(module, files)
+                   if package not in _packages_run(name, files)}
+  return graph
+
+
+def _packages_run(module: str, files) -> set[str]:
+  """``module`` and the packages whose ``__init__`` importing it runs (``p.q.m``: ``p``, ``p.q``)."""
+  parts = module.split(".")
+  return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(files)
+
+
+def _enclosing_module(target: str, files) -> Optional[str]:
+  """The package's module ``target`` names (``p.m.f`` -> ``p.m``); None outside the package."""
+  while target and target not in files:
+    target = target.rpartition(".")[0]
+  return target or None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+  """The strongly connected components of more than one module (Tarjan's algorithm)."""
+  index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+  def visit(module):
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    on_stack.add(module)
+    for imported in sorted(graph[module]):
+      if imported not in index:
+        visit(imported)
+        low[module] = min(low[module], low[imported])
+      elif imported in on_stack:
+        low[module] = min(low[module], index[imported])
+    if low[module] == index[module]:
+      component = set()
+      while module not in component:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.add(member)
+      if len(component) > 1:
+        found.append(frozenset(component))
+
+  for module in sorted(graph):
+    if module not in index:
+      visit(module)
+  return found
+
+
+def layer_of(module: str) -> Optional[int]:
+  """The index in :data:`LAYERS` of the longest name covering ``module``; None if none does."""
+  covering = [(len(name), level) for level, names in enumerate(LAYERS) for name in names
+              if module == name or (name != "sparse_dp" and module.startswith(name + "."))]
+  return max(covering)[1] if covering else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+  return [f"{module} (layer {layer_of(module)}) imports {imported} (layer {layer_of(imported)})"
+          for module, imports in sorted(graph.items()) for imported in sorted(imports)
+          if layer_of(imported) > layer_of(module)]
+
+
+def test_no_import_cycle():
+  found = cycles(import_graph())
+  for known in CYCLES_LEFT_TO_THE_STUDY_REWORK:
+    assert known in found, f"{sorted(known)} is no longer a cycle: remove it from the list"
+  new = [sorted(cycle) for cycle in found if cycle not in CYCLES_LEFT_TO_THE_STUDY_REWORK]
+  assert not new, f"import cycles: {new}"
+
+
+def test_every_module_has_a_layer():
+  unplaced = [module for module in import_graph() if layer_of(module) is None]
+  assert not unplaced, f"add these modules to a layer of LAYERS: {unplaced}"
+
+
+def test_no_import_goes_up_a_layer():
+  upward = upward_imports(import_graph())
+  assert not upward, "imports up the layers of LAYERS:\n" + "\n".join(upward)
+
+
+def test_graph_counts_every_import(tmp_path):
+  """The checks see imports inside functions, relative ones and type-only ones."""
+  package = tmp_path / "sparse_dp"
+  (package / "inner").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "inner" / "__init__.py").write_text("")
+  (package / "inner" / "low.py").write_text("def f():\n  from sparse_dp.inner import high\n")
+  (package / "inner" / "high.py").write_text(
+      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from .low import f\n")
+  (package / "other").mkdir()
+  (package / "other" / "__init__.py").write_text("from sparse_dp.other import sub\n")
+  (package / "other" / "sub.py").write_text("")
+  (package / "user.py").write_text("import sparse_dp.other.sub\n")
+  graph = import_graph(tmp_path)
+  assert graph["sparse_dp.inner.low"] == {"sparse_dp.inner.high"}
+  assert graph["sparse_dp.inner.high"] == {"sparse_dp.inner.low"}
+  assert cycles(graph) == [frozenset({"sparse_dp.inner.low", "sparse_dp.inner.high"})]
+  # Importing a submodule runs its package's __init__ (not the importer's own package's).
+  assert graph["sparse_dp.user"] == {"sparse_dp.other", "sparse_dp.other.sub"}
+  assert graph["sparse_dp.other"] == {"sparse_dp.other.sub"}
