@@ -151,9 +151,8 @@ class RowwiseAdagrad(_legacy.Optimizer):
 
   def _create_slots(self, var_list):
     for var in var_list:
-      rows = var.shape[:1] if is_embedding_table(var) else var.shape
       self.add_slot(var, "accumulator", keras.initializers.Constant(
-          self._initial_accumulator_value), shape=rows)
+          self._initial_accumulator_value), shape=_accumulator_shape(var))
 
   def _steps(self, var, grad, accumulator):
     """The accumulator after ``grad`` and the weights' step, for rows or coordinates."""
@@ -181,6 +180,48 @@ class RowwiseAdagrad(_legacy.Optimizer):
             "learning_rate": self._serialize_hyperparameter("learning_rate"),
             "initial_accumulator_value": self._initial_accumulator_value,
             "epsilon": self.epsilon}
+
+
+def _accumulator_shape(var) -> tf.TensorShape:
+  """``[rows]`` for an embedding table, the variable's own shape otherwise."""
+  return var.shape[:1] if is_embedding_table(var) else var.shape
+
+
+class _RestoredRowwiseAdagrad(_legacy.Optimizer):
+  """What a SavedModel's :class:`RowwiseAdagrad` loads as, in place of Keras's
+  ``RestoredOptimizer`` (which gives every slot its variable's shape, so a table's
+  ``[rows]`` accumulator could not be restored): it holds the slots for the
+  checkpoint; ``load_model`` compiles a working ``RowwiseAdagrad`` from the config."""
+
+  def __init__(self):
+    super().__init__("RestoredOptimizer")
+    self._hypers_created = True
+
+  def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+    return super().add_slot(var, slot_name, initializer,
+                            _accumulator_shape(var) if shape is None else shape)
+
+  def get_config(self):
+    raise NotImplementedError("a RowwiseAdagrad restored from a SavedModel only holds its "
+                              "slots: load it with keras.models.load_model")
+
+
+def _register_saved_model_revival() -> None:
+  """A SavedModel names a saved object's type by the first registered predicate it
+  satisfies; Keras's ``"optimizer"`` takes every legacy optimizer, so ours goes first."""
+  load = tf.__internal__.saved_model.load
+  load.register_revived_type(
+      "sparse_dp_rowwise_adagrad", lambda obj: isinstance(obj, RowwiseAdagrad),
+      versions=[load.VersionedTypeRegistration(
+          object_factory=lambda proto: _RestoredRowwiseAdagrad(), version=1,
+          min_producer_version=1, min_consumer_version=1,
+          setter=_RestoredRowwiseAdagrad._set_hyper)])  # pylint: disable=protected-access
+  from tensorflow.python.saved_model import revived_types  # pylint: disable=import-outside-toplevel
+  order = revived_types._TYPE_IDENTIFIERS  # pylint: disable=protected-access
+  order.insert(0, order.pop(order.index("sparse_dp_rowwise_adagrad")))
+
+
+_register_saved_model_revival()
 
 
 def sparse_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
