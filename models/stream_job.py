@@ -21,6 +21,11 @@ DP-FEST and DP-AdaFEST+ count buckets (``--fest-frequencies``): ``first-day``
 ``running`` (every day up to the period's last, a selection each period).
 When the selection changes, the rows of buckets kept by both are carried over
 and new buckets start from the previous out-of-vocabulary row.
+
+A period warm-starts the weights only: its optimizer (``--optimizer``: Adam's
+moments, Adagrad's accumulators) starts afresh, so a later job on the same
+state may train with another optimizer. An unfinished job resumes only with
+the flags it started with, ``--optimizer`` and ``--learning-rate`` included.
 """
 
 from __future__ import annotations
@@ -100,8 +105,9 @@ def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
-           "batch_size", "learning_rate", "l2_norm_clip", "contribution_clip", "sigma_ratio",
-           "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units", "seed")
+           "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
+           "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
+           "embedding_dim", "seed")
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names}}
 
