@@ -101,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
+# Settings added to the record later, with the value every earlier job ran with.
+_SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None}
+
+
 def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
@@ -157,8 +161,10 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   state = StreamState.open(state_folder, total, delta_total)
   settings = _settings_record(args, train_days, eval_days)
   job = state.unfinished_job()
-  if job is not None and job["settings"] != settings:
-    changed = sorted(k for k in settings if settings[k] != job["settings"].get(k))
+  # A job recorded before a setting existed ran with that setting's value then.
+  recorded = {**_SETTINGS_BEFORE_RECORDED, **job["settings"]} if job is not None else None
+  if job is not None and recorded != settings:
+    changed = sorted(k for k in settings if settings[k] != recorded.get(k))
     raise ValueError(f"{state_folder} has an unfinished job with other settings ({', '.join(changed)}); "
                      "rerun it with its flags to resume it")
   if job is None:

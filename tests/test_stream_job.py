@@ -98,6 +98,16 @@ def test_an_unfinished_job_refuses_to_resume_with_another_optimizer(tmp_path, ca
   assert main(["stream", *SMALL, "--optimizer", "rowwise-adagrad", "--state", str(state)]) == 2
   assert "unfinished job with other settings (optimizer)" in capsys.readouterr().err
   assert not (state / "periods").exists()
+  # A job recorded before --optimizer existed trained with Adam: resumed with it, not refused.
+  older = tmp_path / "older"
+  StreamState.open(older, 2.0, 1e-4).start_job(
+      {k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")},
+      [[1], [2]], [True, True], 0.1, None)
+  assert main(["stream", *SMALL, "--optimizer", "sgd", "--state", str(older)]) == 2
+  assert "other settings (optimizer)" in capsys.readouterr().err
+  assert stream_job._settings_record(args, [1, 2], [3]) == {
+      **stream_job._SETTINGS_BEFORE_RECORDED,
+      **{k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")}}
 
 
 def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):
