@@ -37,6 +37,7 @@ from sparse_dp.mechanisms.top_k import bucket_counts
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
 from sparse_dp.models.pctr_data import StreamedExamples
+from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.sampling.batches import SampledBatches
 from sparse_dp.training import DPConfig, make_private
 from sparse_dp.training.sampling.poisson import head
@@ -97,13 +98,13 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   in_engine = (kind.is_private and embedding_backends.choose_backend(
       settings.embedding, strategy).name in ("tpu", "sparsecore"))
   with strategy.scope():
-    model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS,
-                             embedding_dims=[embedding_dim(v) for v in vocabulary_sizes],
+    dims = embedding_dims(vocabulary_sizes, settings)
+    model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS, embedding_dims=dims,
                              table_placement="host" if in_engine else "default_device")
     if initial_weights is not None:
       initial_weights(model)
     # A TPU compiles every program with XLA: the step's guards then run on the host.
-    model.compile(optimizer=keras.optimizers.Adam(settings.learning_rate),
+    model.compile(optimizer=job_optimizer(settings.optimizer, settings.learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True),
                   jit_compile=settings.jit_compile or embedding_backends.on_tpu(strategy))
     # A run that paid for its preselection charges it under its own name.
@@ -166,13 +167,14 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   auc = keras.metrics.AUC(from_logits=True)
   auc.update_state(y_eval, logits)
   # The update's size over every step of the run (run_statistics), against the full tables.
-  full_coordinates = float(sum(v * embedding_dim(v) for v in vocabulary_sizes))
+  full_coordinates = float(sum(v * d for v, d in zip(vocabulary_sizes, dims)))
   run = (private.run_statistics.result() if private.is_private else
          {"nonzero_rows": full_rows, "nonzero_rows_min": full_rows,
           "nonzero_rows_max": full_rows, "nonzero_coordinates": full_coordinates})
   nonzero_rows = run["nonzero_rows"]
   metrics = {
       "algorithm": kind.value, "embedding": private.embedding_backend.name,
+      "optimizer": settings.optimizer, "learning_rate": settings.learning_rate,
       "auc": float(auc.result()),
       "logloss": float(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y_eval, logits))),
       "epsilon": report.epsilon if report else None,
@@ -226,6 +228,27 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   if fit.metrics["poisson_sampling"] is False:
     fit.metrics["privacy_caveat"] = NOT_POISSON
   return fit, preselection
+
+
+def job_optimizer(name: str, learning_rate: float) -> keras.optimizers.Optimizer:
+  """The optimizer ``--optimizer name`` compiles, with step size ``learning_rate``.
+
+  ``adam``, ``adagrad`` and ``sgd`` are Keras's; a DP run trains with their sparse
+  forms (:func:`sparse_dp.optimizers.sparse_optimizer`: ``adam`` becomes
+  ``LazyAdam``), a non-private run with them as they are. ``lazy-adam`` and
+  ``rowwise-adagrad`` are :mod:`sparse_dp.optimizers`' in every run.
+  """
+  makers = {"adam": keras.optimizers.Adam, "lazy-adam": LazyAdam,
+            "adagrad": keras.optimizers.Adagrad, "rowwise-adagrad": RowwiseAdagrad,
+            "sgd": keras.optimizers.SGD}
+  if name not in makers:
+    raise ValueError(f"--optimizer {name!r}: choose from {', '.join(makers)}")
+  return makers[name](learning_rate)
+
+
+def embedding_dims(vocabulary_sizes, settings: FitSettings) -> list[int]:
+  """Each table's dimension: ``--embedding-dim``, else the paper's ``int(2 V^0.25)``."""
+  return [settings.embedding_dim or embedding_dim(v) for v in vocabulary_sizes]
 
 
 def check_hardware(settings: FitSettings) -> None:

@@ -11,6 +11,8 @@ import dataclasses
 import sys
 from typing import Optional
 
+# --optimizer: the Keras optimizer the job compiles (models.fitting.job_optimizer builds it).
+OPTIMIZERS = ("adam", "lazy-adam", "adagrad", "rowwise-adagrad", "sgd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,12 +24,14 @@ class FitSettings:
   epochs: float = 1.0
   batch_size: int = 2048
   learning_rate: float = 3e-3
+  optimizer: str = "adam"  # one of OPTIMIZERS; learning_rate is its step size
   l2_norm_clip: float = 1.0
   contribution_clip: float = 1.0
   sigma_ratio: float = 2.0
   tau: Optional[float] = None
   tau_sigmas: float = 4.0
   hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
+  embedding_dim: Optional[int] = None  # None: the paper's int(2 V^0.25) per table
   seed: int = 0
   noise_seed: Optional[int] = None
   embedding: str = "auto"  # sparse_dp.layers.embedding_backends.BACKEND_NAMES
@@ -47,7 +51,12 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--epochs", type=float, default=1.0)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--learning-rate", type=float, default=3e-3,
-                      help="Adam (3e-3: the best of 1e-4..1e-2 for DP on the default data)")
+                      help="the --optimizer's step size, for every optimizer (3e-3: Adam's best "
+                           "of 1e-4..1e-2 for DP on the default data)")
+  parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                      help="adam (default; LazyAdam on the tables of a DP run), lazy-adam, "
+                           "adagrad, rowwise-adagrad (one accumulator per table row: the "
+                           "least optimizer memory for large tables) or sgd; docs/optimizers.md")
   parser.add_argument("--l2-norm-clip", type=float, default=1.0, help="C2")
   parser.add_argument("--contribution-clip", type=float, default=1.0, help="C1")
   parser.add_argument("--sigma-ratio", type=float, default=2.0,
@@ -63,6 +72,9 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                       help="DP-FEST / DP-AdaFEST+: share of epsilon spent on the top-k")
   parser.add_argument("--hidden-units", default="598,598,598,598",
                       help="widths of the ReLU layers (default: the paper's, App. D.1.1)")
+  parser.add_argument("--embedding-dim", type=int,
+                      help="one embedding dimension for every table (default: the paper's "
+                           "int(2 V^0.25) for a table of V rows)")
   parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
   parser.add_argument("--seed", type=int, default=0,
                       help="seed of the synthetic data and the initial weights")
@@ -99,13 +111,18 @@ def fit_settings(args: argparse.Namespace, epsilon: float,
   """The settings of ``args``, checked, with the training's own ``epsilon``."""
   if not 0 <= args.selection_share < 1:
     raise ValueError(f"--selection-share must be in [0, 1), got {args.selection_share}")
+  if not args.learning_rate > 0:
+    raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
+  if args.embedding_dim is not None and args.embedding_dim < 1:
+    raise ValueError(f"--embedding-dim must be a positive integer, got {args.embedding_dim}")
   hidden = layer_widths(args.hidden_units, "--hidden-units")
   return FitSettings(
       epsilon=epsilon, delta=args.delta if delta is None else delta, epochs=args.epochs,
-      batch_size=args.batch_size, learning_rate=args.learning_rate,
+      batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
       l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
       sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
-      hidden_units=hidden, seed=args.seed, noise_seed=args.noise_seed, embedding=args.embedding,
+      hidden_units=hidden, embedding_dim=args.embedding_dim, seed=args.seed,
+      noise_seed=args.noise_seed, embedding=args.embedding,
       strategy=getattr(args, "strategy", "default"), tpu=getattr(args, "tpu", "local"),
       jit_compile=getattr(args, "jit_compile", False))
 

@@ -21,6 +21,11 @@ DP-FEST and DP-AdaFEST+ count buckets (``--fest-frequencies``): ``first-day``
 ``running`` (every day up to the period's last, a selection each period).
 When the selection changes, the rows of buckets kept by both are carried over
 and new buckets start from the previous out-of-vocabulary row.
+
+A period warm-starts the weights only: its optimizer (``--optimizer``: Adam's
+moments, Adagrad's accumulators) starts afresh, so a later job on the same
+state may train with another optimizer. An unfinished job resumes only with
+the flags it started with, ``--optimizer`` and ``--learning-rate`` included.
 """
 
 from __future__ import annotations
@@ -96,12 +101,17 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
+# Settings added to the record later, with the value every earlier job ran with.
+_SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None}
+
+
 def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
-           "batch_size", "learning_rate", "l2_norm_clip", "contribution_clip", "sigma_ratio",
-           "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units", "seed")
+           "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
+           "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
+           "embedding_dim", "seed")
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names}}
 
@@ -151,8 +161,10 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   state = StreamState.open(state_folder, total, delta_total)
   settings = _settings_record(args, train_days, eval_days)
   job = state.unfinished_job()
-  if job is not None and job["settings"] != settings:
-    changed = sorted(k for k in settings if settings[k] != job["settings"].get(k))
+  # A job recorded before a setting existed ran with that setting's value then.
+  recorded = {**_SETTINGS_BEFORE_RECORDED, **job["settings"]} if job is not None else None
+  if job is not None and recorded != settings:
+    changed = sorted(k for k in settings if settings[k] != recorded.get(k))
     raise ValueError(f"{state_folder} has an unfinished job with other settings ({', '.join(changed)}); "
                      "rerun it with its flags to resume it")
   if job is None:

@@ -56,6 +56,10 @@ def add_parser(commands) -> None:
   parser.add_argument("--vocabulary", default="hashed",
                       help="'hashed' (default; data-independent), 'counted' (non-private "
                            "runs only) or a vocabulary JSON file built on public data")
+  parser.add_argument("--vocabulary-scale", type=float, default=1.0, metavar="S",
+                      help="tables S x the paper's Table 3 vocabularies (S > 0, default 1): "
+                           "--data synthetic writes data at that scale, real files are hashed "
+                           "into those sizes (--vocabulary hashed)")
   parser.add_argument("--min-count", type=int, default=1,
                       help="frequency threshold of --vocabulary counted")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
@@ -97,17 +101,31 @@ def _algorithms(args) -> list[str]:
   return list(dict.fromkeys(names))
 
 
+def check_vocabulary_scale(args) -> None:
+  """Refuses a ``--vocabulary-scale`` that is not > 0, or that no table of the run takes."""
+  scale = args.vocabulary_scale
+  if not scale > 0:
+    raise ValueError(f"--vocabulary-scale must be > 0 (a multiple of Table 3's vocabularies), "
+                     f"got {scale}")
+  if scale != 1 and (args.vocabulary != "hashed" or args.reader == "batches"):
+    raise ValueError(f"--vocabulary-scale {scale:g} sizes hashed tables, but this run's tables "
+                     "are fixed by " + ("the sample's vocabulary (--reader batches)"
+                                        if args.reader == "batches" else
+                                        f"--vocabulary {args.vocabulary}")
+                     + ": drop --vocabulary-scale or use --vocabulary hashed")
+
+
 def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
   """The Criteo files to read and the scale of their tables relative to Table 3."""
   if args.data != "synthetic":
     paths = sorted(glob.glob(args.data))
     if not paths:
       raise ValueError(f"--data {args.data!r} matches no file")
-    return [pathlib.Path(p) for p in paths], 1.0
+    return [pathlib.Path(p) for p in paths], args.vocabulary_scale
   if args.max_examples == 0:
     raise ValueError("--data synthetic writes --max-examples lines: give a number >= 10")
   from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-  synthetic = SyntheticCriteo(seed=args.seed)
+  synthetic = SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed)
   path = synthetic.write_day(out / "synthetic_day_1.gz", 1, args.max_examples)
   return [path], synthetic.scale
 
@@ -121,6 +139,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   from sparse_dp.distribute import roles  # pylint: disable=import-outside-toplevel
   from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
 
+  check_vocabulary_scale(args)
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings)
@@ -153,7 +172,9 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     fit, preselection = fitting.train_and_evaluate(
         algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
         selection_share=args.selection_share)
-    metrics = {**fit.metrics, "skipped_lines": skipped, "noise_seed": args.noise_seed}
+    metrics = {**fit.metrics, "vocabulary_scale": args.vocabulary_scale,
+               "table_rows": sum(vocabulary.sizes), "skipped_lines": skipped,
+               "noise_seed": args.noise_seed}
     fit.model.save(folder / "model")
     vocabulary.save(folder / "vocabulary.json")
     if recorded is not None:
@@ -188,7 +209,7 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
       raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
   elif args.data == "synthetic":
     from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-    eval_paths = [SyntheticCriteo(seed=args.seed).write_day(
+    eval_paths = [SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed).write_day(
         out / "synthetic_day_2.gz", 2, min(args.max_eval_examples, args.max_examples // 9 + 1))]
   else:
     raise ValueError("--reader tfdata streams --data and evaluates on other files: give "

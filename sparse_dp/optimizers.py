@@ -4,7 +4,9 @@ Keras 2.15's new optimizers apply an ``IndexedSlices`` gradient to the whole
 table, and the legacy ``Adam`` rescales both moment tables in full every step
 (``../shared/NOTES.md`` §4): O(vocabulary) per step either way. The legacy
 ``SGD`` and ``Adagrad`` update only the gradient's rows, and :class:`LazyAdam`
-does so for Adam.
+does so for Adam. :class:`RowwiseAdagrad` keeps one accumulator per table row
+instead of one per coordinate (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``), for tables
+whose optimizer state would not fit beside them.
 
 **Lazy semantics** (as in TF Addons' ``LazyAdam``): for a row with a gradient
 this step, ``m <- beta1 m + (1 - beta1) g`` and ``v <- beta2 v + (1 - beta2)
@@ -29,6 +31,22 @@ from sparse_dp._keras import keras
 
 _LOG = logging.getLogger(__name__)
 _legacy = keras.optimizers.legacy
+
+# Set (True) on the table variable of every sparse_dp.layers.Embedding, and on each
+# of its shards: the variables RowwiseAdagrad gives one accumulator per row.
+_TABLE_MARK = "_sparse_dp_embedding_table"
+
+
+def mark_embedding_table(table) -> None:
+  """Marks ``table`` (a layer's table: a variable, a mirrored one, or a
+  ``ShardedVariable`` and its shards) as an embedding table for :class:`RowwiseAdagrad`."""
+  for variable in [table, *getattr(table, "variables", ())]:
+    setattr(variable, _TABLE_MARK, True)
+
+
+def is_embedding_table(variable) -> bool:
+  """Whether ``variable`` was marked by :func:`mark_embedding_table`."""
+  return getattr(variable, _TABLE_MARK, False) is True
 
 
 @keras.utils.register_keras_serializable(package="sparse_dp")
@@ -82,15 +100,140 @@ class LazyAdam(_legacy.Adam):
     return {**config, "weight_decay": self.weight_decay}
 
 
+@keras.utils.register_keras_serializable(package="sparse_dp")
+class RowwiseAdagrad(_legacy.Optimizer):
+  r"""Adagrad with one accumulator per embedding-table row (FBGEMM's
+  ``EXACT_ROWWISE_ADAGRAD``, TorchRec's row-wise Adagrad).
+
+  For a table of :class:`sparse_dp.layers.Embedding` (``R`` rows of dimension
+  ``d``) the state is one float per row, ``a`` of shape ``[R]``, instead of
+  Adagrad's ``[R, d]``. For each row ``r`` of the update, with gradient row
+  ``g_r``::
+
+      a_r <- a_r + mean_j(g_rj^2)
+      w_r <- w_r - lr * g_r / (sqrt(a_r) + eps)
+
+  The step runs on the rows of a sparse (``IndexedSlices``) update only:
+  gathers and scatters of those rows, never a temporary of the table's or the
+  accumulator's size, so it compiles with XLA (``jit_compile=True``). A row
+  absent from the update keeps its weights and accumulator; so does a row
+  whose gradient is zero in every coordinate (the padding of a DP step's
+  fixed-capacity update, :mod:`sparse_dp.mechanisms.padding`): ``mean_j(0) = 0``
+  and a zero step. Repeated indices are summed before the step (Keras), so a
+  row is updated once per step with the sum of its gradients. A dense gradient
+  of a table (DP-SGD's, noise on every row) updates every row by the same rule.
+
+  Every other variable (Dense kernels and biases, tables of other layers)
+  takes ordinary element-wise Adagrad, ``a <- a + g^2``,
+  ``w <- w - lr * g / (sqrt(a) + eps)`` (Keras's ``Adagrad``), with the same
+  row-sparse treatment of sparse gradients.
+
+  The accumulator starts at ``initial_accumulator_value`` (as Keras's
+  ``Adagrad``). Row-wise, a row's coordinates share one step size, set by the
+  mean of their squared gradients; element-wise Adagrad would give each its
+  own. The Gaussian noise of a DP update has the same variance in every
+  coordinate, so at high noise the two scale alike.
+  """
+
+  _HAS_AGGREGATE_GRAD = True
+
+  def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7,
+               name="RowwiseAdagrad", **kwargs):
+    if initial_accumulator_value < 0.0:
+      raise ValueError("initial_accumulator_value must be >= 0, got "
+                       f"{initial_accumulator_value}")
+    if not epsilon > 0:
+      raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    super().__init__(name, **kwargs)
+    self._set_hyper("learning_rate", kwargs.get("lr", learning_rate))
+    self._initial_accumulator_value = float(initial_accumulator_value)
+    self.epsilon = float(epsilon)
+
+  def _create_slots(self, var_list):
+    for var in var_list:
+      self.add_slot(var, "accumulator", keras.initializers.Constant(
+          self._initial_accumulator_value), shape=_accumulator_shape(var))
+
+  def _steps(self, var, grad, accumulator):
+    """The accumulator after ``grad`` and the weights' step, for rows or coordinates."""
+    lr = self._decayed_lr(var.dtype.base_dtype)
+    if accumulator.shape.rank == 1 and grad.shape.rank == 2:  # a table's rows
+      accumulator = accumulator + tf.reduce_mean(tf.square(grad), axis=-1)
+      return accumulator, lr * grad / (tf.expand_dims(tf.sqrt(accumulator), -1) + self.epsilon)
+    accumulator = accumulator + tf.square(grad)
+    return accumulator, lr * grad / (tf.sqrt(accumulator) + self.epsilon)
+
+  def _resource_apply_dense(self, grad, var, apply_state=None):
+    slot = self.get_slot(var, "accumulator")
+    accumulator, step = self._steps(var, grad, slot.read_value())
+    return tf.group(slot.assign(accumulator), var.assign_sub(step))
+
+  def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+    # Keras sums repeated indices before this call: each row is written once.
+    slot = self.get_slot(var, "accumulator")
+    accumulator, step = self._steps(var, grad, tf.gather(slot, indices))
+    return tf.group(slot.scatter_update(tf.IndexedSlices(accumulator, indices)),
+                    var.scatter_sub(tf.IndexedSlices(step, indices)))
+
+  def get_config(self):
+    return {**super().get_config(),
+            "learning_rate": self._serialize_hyperparameter("learning_rate"),
+            "initial_accumulator_value": self._initial_accumulator_value,
+            "epsilon": self.epsilon}
+
+
+def _accumulator_shape(var) -> tf.TensorShape:
+  """``[rows]`` for an embedding table, the variable's own shape otherwise."""
+  return var.shape[:1] if is_embedding_table(var) else var.shape
+
+
+class _RestoredRowwiseAdagrad(_legacy.Optimizer):
+  """What a SavedModel's :class:`RowwiseAdagrad` loads as, in place of Keras's
+  ``RestoredOptimizer`` (which gives every slot its variable's shape, so a table's
+  ``[rows]`` accumulator could not be restored): it holds the slots for the
+  checkpoint; ``load_model`` compiles a working ``RowwiseAdagrad`` from the config."""
+
+  def __init__(self):
+    super().__init__("RestoredOptimizer")
+    self._hypers_created = True
+
+  def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+    return super().add_slot(var, slot_name, initializer,
+                            _accumulator_shape(var) if shape is None else shape)
+
+  def get_config(self):
+    raise NotImplementedError("a RowwiseAdagrad restored from a SavedModel only holds its "
+                              "slots: load it with keras.models.load_model")
+
+
+def _register_saved_model_revival() -> None:
+  """A SavedModel names a saved object's type by the first registered predicate it
+  satisfies; Keras's ``"optimizer"`` takes every legacy optimizer, so ours goes first."""
+  load = tf.__internal__.saved_model.load
+  load.register_revived_type(
+      "sparse_dp_rowwise_adagrad", lambda obj: isinstance(obj, RowwiseAdagrad),
+      versions=[load.VersionedTypeRegistration(
+          object_factory=lambda proto: _RestoredRowwiseAdagrad(), version=1,
+          min_producer_version=1, min_consumer_version=1,
+          setter=_RestoredRowwiseAdagrad._set_hyper)])  # pylint: disable=protected-access
+  from tensorflow.python.saved_model import revived_types  # pylint: disable=import-outside-toplevel
+  order = revived_types._TYPE_IDENTIFIERS  # pylint: disable=protected-access
+  order.insert(0, order.pop(order.index("sparse_dp_rowwise_adagrad")))
+
+
+_register_saved_model_revival()
+
+
 def sparse_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
   """The same optimizer, in a form that updates only a sparse gradient's rows.
 
-  Legacy ``SGD`` and ``Adagrad`` are returned as they are. Keras 2.15's new
+  Legacy ``SGD`` and ``Adagrad``, :class:`LazyAdam` and :class:`RowwiseAdagrad`
+  are returned as they are. Keras 2.15's new
   ``SGD``, ``Adagrad``, ``Adam`` and ``AdamW``, and the legacy ``Adam``, become
   their legacy or :class:`LazyAdam` equivalents with the same hyper-parameters.
   Anything else is refused: its sparse updates are not verified.
   """
-  if isinstance(optimizer, (_legacy.SGD, _legacy.Adagrad, LazyAdam)):
+  if isinstance(optimizer, (_legacy.SGD, _legacy.Adagrad, LazyAdam, RowwiseAdagrad)):
     return optimizer
   name = type(optimizer).__name__
   config = optimizer.get_config()

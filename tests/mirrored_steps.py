@@ -14,17 +14,22 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import sparse_dp  # noqa: E402
+from sparse_dp.optimizers import RowwiseAdagrad  # noqa: E402
 from tiny_model import tiny_model  # noqa: E402
 
 VOCAB, BATCH = 200, 64
 
 
 def train(strategy, config):
+  config = dict(config)
+  optimizer = config.pop("optimizer", None)
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.5, BATCH * 3) % VOCAB).astype("int64")
   labels = rng.integers(0, 2, (BATCH * 3, 1)).astype("float32")
   with strategy.scope():
     model = tiny_model(VOCAB)
+    if optimizer == "rowwise-adagrad":
+      model.compile(optimizer=RowwiseAdagrad(0.5), loss=model.loss)
     private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config), num_examples=10_000,
                                      batch_size=BATCH)
   dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)

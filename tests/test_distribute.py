@@ -14,6 +14,8 @@ SCRIPT = pathlib.Path(__file__).with_name("mirrored_steps.py")
 @pytest.mark.parametrize("config", [
     {"algorithm": "dpsgd", "noise_multiplier": 1.0},
     {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5},
+    {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5,
+     "optimizer": "rowwise-adagrad"},
 ])
 def test_two_replicas_equal_one_device(config):
   done = subprocess.run([sys.executable, str(SCRIPT), json.dumps(config)],

@@ -12,11 +12,12 @@ import time
 import pytest
 
 from conftest import one_stack
-from sparse_dp.cli import main
+from sparse_dp.cli import build_parser, main
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import stream_job
 from sparse_dp.models.stream_job import parse_days
 from sparse_dp.models.stream_periods import StreamData
+from sparse_dp.models.stream_state import StreamState
 from sparse_dp.study.presets import FULL, SMOKE
 
 # A small stream: 2 one-day periods of 1,500 examples, tables at 5% of Table 3.
@@ -86,6 +87,27 @@ def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path,
   assert [(p, k) for p, k, _ in spends(killed)] == [(1, "selection"), (1, "training"),
                                                     (2, "training")]
   assert sorted(os.listdir(killed / "periods")) == ["1", "2"]
+
+
+def test_an_unfinished_job_refuses_to_resume_with_another_optimizer(tmp_path, capsys):
+  state = tmp_path / "state"
+  args = build_parser().parse_args(["stream", *SMALL, "--state", str(state)])
+  record = stream_job._settings_record(args, [1, 2], [3])
+  assert record["optimizer"] == "adam"
+  StreamState.open(state, 2.0, 1e-4).start_job(record, [[1], [2]], [True, True], 0.1, None)
+  assert main(["stream", *SMALL, "--optimizer", "rowwise-adagrad", "--state", str(state)]) == 2
+  assert "unfinished job with other settings (optimizer)" in capsys.readouterr().err
+  assert not (state / "periods").exists()
+  # A job recorded before --optimizer existed trained with Adam: resumed with it, not refused.
+  older = tmp_path / "older"
+  StreamState.open(older, 2.0, 1e-4).start_job(
+      {k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")},
+      [[1], [2]], [True, True], 0.1, None)
+  assert main(["stream", *SMALL, "--optimizer", "sgd", "--state", str(older)]) == 2
+  assert "other settings (optimizer)" in capsys.readouterr().err
+  assert stream_job._settings_record(args, [1, 2], [3]) == {
+      **stream_job._SETTINGS_BEFORE_RECORDED,
+      **{k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")}}
 
 
 def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):

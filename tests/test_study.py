@@ -11,6 +11,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 
 from sparse_dp.cli import main
+from sparse_dp.models import job_flags
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.optimizers import sparse_optimizer
@@ -186,6 +187,7 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
     ({"fest_k": []}, "fest_k has no value"),
     ({"seeds": 0}, "seeds 0"),
     ({"max_examples": 5}, "max_examples 5"),
+    ({"optimizer": "adamw"}, "optimizer: 'adamw'"),
     ([1, 2], "mapping"),
 ])
 def test_a_bad_grid_is_refused_naming_the_flag(grid, named):
@@ -215,6 +217,15 @@ def test_a_grid_takes_train_flags_only_where_an_algorithm_reads_them(tmp_path, c
   assert main(["study", "tradeoffs", "--grid", str(two), "--out", str(tmp_path)]) == 2
   assert "exactly one" in capsys.readouterr().err
   assert not list((tmp_path / "runs").glob("*.json"))
+
+
+def test_a_grid_sets_the_optimizer_of_its_runs(tmp_path):
+  grid = Grid.parse({"algorithm": "adafest", "optimizer": ["adam", "rowwise-adagrad"]})
+  assert [dict(p.flags)["optimizer"] for p in grid.points] == ["adam", "rowwise-adagrad"]
+  runner = Runner(StudyInputs.load("synthetic", 30, 0.01, (2,), tmp_path / "data"), SMOKE,
+                  tmp_path)
+  args = runner.arguments(grid.points[1], 0)
+  assert job_flags.fit_settings(args, epsilon=1.0).optimizer == "rowwise-adagrad"
 
 
 def test_real_files_are_read_whole_unless_capped(tmp_path):

@@ -1,5 +1,6 @@
 """``sparse-dp train`` runs end to end on synthetic Criteo files and reports what it spent."""
 
+import gzip
 import json
 import re
 
@@ -8,10 +9,13 @@ import pytest
 
 from conftest import one_stack
 from sparse_dp.accounting.report import NOT_POISSON
-from sparse_dp.cli import main
+from sparse_dp import keras
+from sparse_dp.cli import build_parser, main
+from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data import training_examples
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import pctr_data, train_job
+from sparse_dp.optimizers import RowwiseAdagrad
 
 KEYS = {"algorithm", "auc", "logloss", "epsilon", "delta", "steps", "examples_per_second",
         "gradient_size_reduction", "nonzero_rows_per_step", "nonzero_rows_per_step_min",
@@ -66,6 +70,46 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
     assert result["gradient_size_reduction"] > 1
     kept = json.loads((out / result["algorithm"] / "preselection.json").read_text())
     assert max(len(k) for k in kept["kept_buckets"] if k is not None) == 40
+
+
+def test_train_takes_an_optimizer_a_vocabulary_scale_and_an_embedding_dim(tmp_path, capsys):
+  out = tmp_path / "run"
+  # Non-private: the DP steps with RowwiseAdagrad are tests/test_rowwise_adagrad.py's.
+  assert main(["train", "--algorithm", "none", "--optimizer", "rowwise-adagrad",
+               "--learning-rate", "0.03", "--vocabulary-scale", "0.02", "--embedding-dim", "4",
+               "--hidden-units", "8", "--max-examples", "600", "--batch-size", "128",
+               "--out", str(out), "--json"]) == 0
+  metrics = json.loads(capsys.readouterr().out)
+  assert (metrics["optimizer"], metrics["learning_rate"]) == ("rowwise-adagrad", 0.03)
+  assert metrics["vocabulary_scale"] == 0.02
+  sizes = pctr_data.hashed_vocabulary(0.02).sizes
+  assert metrics["table_rows"] == sum(sizes) < sum(TABLE3_VOCABULARY_SIZES) / 10
+  model = keras.models.load_model(out / "model")
+  assert isinstance(model.optimizer, RowwiseAdagrad)
+  assert model.optimizer.get_config()["learning_rate"] == pytest.approx(0.03)
+  tables = sorted(tuple(w.shape) for w in model.weights if "embeddings" in w.name)
+  assert tables == sorted((size, 4) for size in sizes)
+
+
+def test_vocabulary_scale_1_is_the_default_job_s_data(tmp_path):
+  args = build_parser().parse_args(["train", "--max-examples", "50"])
+  assert args.vocabulary_scale == 1.0
+  (path,), scale = train_job._data_paths(args, tmp_path)
+  default = SyntheticCriteo(seed=0).write_day(tmp_path / "default.gz", 1, 50)
+  assert scale == 1.0 and gzip.open(path).read() == gzip.open(default).read()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--vocabulary-scale", "0"], "--vocabulary-scale must be > 0"),
+    (["--vocabulary-scale", "2", "--vocabulary", "counted", "--algorithm", "none"],
+     "--vocabulary-scale 2 sizes hashed tables"),
+    (["--embedding-dim", "0"], "--embedding-dim must be a positive integer"),
+    (["--learning-rate", "0"], "--learning-rate must be > 0"),
+])
+def test_bad_scale_dimension_and_learning_rate_are_refused_naming_the_flag(
+    tmp_path, capsys, flags, message):
+  assert main(["train", *flags, "--max-examples", "100", "--out", str(tmp_path)]) == 2
+  assert message in capsys.readouterr().err
 
 
 def test_a_private_run_refuses_a_vocabulary_counted_on_its_data(tmp_path, capsys):

@@ -15,7 +15,7 @@ from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms import row_selection
-from sparse_dp.optimizers import LazyAdam
+from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
 from sparse_dp.training.sampling import padded_batches
 from sparse_dp.training.sampling.poisson import (PoissonSample, batch_capacity,
@@ -47,7 +47,7 @@ def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size
 
 @pytest.mark.parametrize("algorithm,optimizer", [
     ("none", None), ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None),
-    ("adafest", lambda: LazyAdam(0.05))])
+    ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])
 def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
   make = optimizer or (lambda: None)
   graph, graph_logs, _ = trained(algorithm, False, make())

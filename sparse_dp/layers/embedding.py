@@ -12,6 +12,7 @@ from sparse_dp.layers import row_gather
 from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
 from sparse_dp.layers.table_placement import check_placement, variables_placed
 from sparse_dp.mechanisms.scans import compiling_with_xla
+from sparse_dp.optimizers import mark_embedding_table
 
 _COMBINERS = ("sum", "mean", None)
 
@@ -146,6 +147,7 @@ class Embedding(keras.layers.Layer):
       self.embeddings = self.add_weight(
           name="embeddings", shape=(self.vocabulary_size, self.output_dim),
           initializer=self.embeddings_initializer, trainable=True)
+    mark_embedding_table(self.embeddings)  # RowwiseAdagrad's one accumulator per row
     self.dp_record = add_dp_record(self)
     super().build(input_shape)
 

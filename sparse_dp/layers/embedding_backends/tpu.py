@@ -60,7 +60,7 @@ from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.mechanisms.padding import is_valid
-from sparse_dp.optimizers import LazyAdam
+from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 
 _API = tf.tpu.experimental.embedding
 UPDATE_SUFFIX = "/dp_update"
@@ -140,6 +140,12 @@ def engine_optimizer(optimizer: keras.optimizers.Optimizer, sum_inside_sqrt: boo
                      epsilon=config["epsilon"], lazy_adam=True, sum_inside_sqrt=sum_inside_sqrt)
   if name == "SGD" and not config.get("momentum") and not config.get("nesterov"):
     return _API.SGD(learning_rate)
+  if isinstance(optimizer, RowwiseAdagrad):
+    raise ValueError("the TPU embedding engine has no row-wise Adagrad (its Adagrad keeps one "
+                     "accumulator per coordinate, tf.tpu.experimental.embedding has no "
+                     "per-row one): --optimizer rowwise-adagrad (RowwiseAdagrad) trains with "
+                     "--embedding cpu; with --embedding tpu use --optimizer adagrad, "
+                     "lazy-adam, adam or sgd")
   if name == "Adagrad":
     return _API.Adagrad(learning_rate,
                         initial_accumulator_value=config["initial_accumulator_value"])

@@ -253,7 +253,8 @@ def _refuse_uncompilable_optimizer(optimizer) -> None:
   if isinstance(optimizer, keras.optimizers.legacy.Adagrad):
     raise ValueError(
         "sparse-dp: Adagrad's sparse update (ResourceSparseApplyAdagradV2) has no XLA kernel, "
-        "so a model compiled with jit_compile=True cannot train with it; use SGD or Adam "
+        "so a model compiled with jit_compile=True cannot train with it; use "
+        "sparse_dp.optimizers.RowwiseAdagrad (--optimizer rowwise-adagrad), SGD or Adam "
         "(sparse_dp.optimizers.LazyAdam), or compile without jit_compile")
 
 
