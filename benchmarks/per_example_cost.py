@@ -9,7 +9,7 @@ whole batch, the same clipping, noise and update), checked out with
 
 Settings:
 
-* ``table4-<trainer>-<vocab>``: the step-time model of core paper App. D.2.1
+* ``table4-<trainer>-<vocab>``: the step-time model of Ghazi et al., NeurIPS 2023, App. D.2.1
   (Table 4): one table of ``dim`` 64, batch 1,024, SGD, measured by each tree's
   own ``python -m sparse_dp.bench.step_time`` worker, for DP-SGD and
   DP-AdaFEST at 1e5, 1e6 and 1e7 rows;

@@ -12,10 +12,10 @@ NUM_CATEGORICAL = 26
 NUM_FIELDS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 
 INTEGER_NAMES = tuple(f"int_{i}" for i in range(1, NUM_INTEGER + 1))
-# Named as in the core paper's Table 3.
+# Named as in Ghazi et al.'s (NeurIPS 2023) Table 3.
 CATEGORICAL_NAMES = tuple(f"categorical-feature-{i}" for i in range(14, 14 + NUM_CATEGORICAL))
 
-# Vocabulary sizes of the 26 categorical features, core paper Table 3.
+# Vocabulary sizes of the 26 categorical features, Ghazi et al., NeurIPS 2023, Table 3.
 TABLE3_VOCABULARY_SIZES = (
     1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207,
     27, 1550, 44262, 10, 5485, 2161, 3, 56473, 17, 15, 27360, 104, 12934,

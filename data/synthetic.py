@@ -1,6 +1,6 @@
 """A synthetic Criteo dataset, written in the real Criteo format.
 
-Each categorical feature ``f`` has the vocabulary size of the core paper's
+Each categorical feature ``f`` has the vocabulary size of Ghazi et al.'s (NeurIPS 2023)
 Table 3 (times ``scale``), bucket popularity ``p(rank r) ~ (r + 1)^-1.1``
 (Zipf-like), and a planted effect ``w_f[bucket] ~ N(0, 0.35^2)``; integer
 features are log-normal counts. The label of an example is drawn from

@@ -204,7 +204,7 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   """One configuration of ``sparse-dp train``, trained and evaluated at ``settings.epsilon``
   in all: the command's and the studies' one entry point.
 
-  DP-FEST and DP-AdaFEST+ (core paper §3.1, App. B.1) first spend
+  DP-FEST and DP-AdaFEST+ (Ghazi et al., NeurIPS 2023, §3.1, App. B.1) first spend
   ``epsilon_1 = selection_share * epsilon`` on a private top-``fest_k`` per table
   (:func:`preselect`, keyed by ``settings.noise_seed``) and train on the kept
   buckets at ``epsilon - epsilon_1``; the two compose by basic composition, so the

@@ -1,4 +1,4 @@
-"""The Criteo pCTR model of the core paper (App. D.1.1).
+"""The Criteo pCTR model of Ghazi et al. (NeurIPS 2023, App. D.1.1).
 
 One embedding table per categorical feature, of dimension ``int(2 V^0.25)``
 for a vocabulary of ``V`` rows; the embeddings are concatenated with the

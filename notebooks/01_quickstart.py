@@ -14,7 +14,7 @@
 # %% [markdown]
 # # Quickstart: a private Criteo pCTR model in a few lines
 #
-# The pCTR model of the core paper (one `sparse_dp.layers.Embedding` per categorical
+# The pCTR model of Ghazi et al. (NeurIPS 2023) (one `sparse_dp.layers.Embedding` per categorical
 # feature, log-transformed integer features, a ReLU tower, one logit) trained with
 # DP-AdaFEST at epsilon 1: `make_private`, Poisson-sampled batches, epsilon in the
 # Keras logs, the privacy statement, and the saved model served by TensorFlow.

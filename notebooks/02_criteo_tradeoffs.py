@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # The Criteo trade-off studies (core paper §4.2, Fig. 3, 4, 7, 8, 9)
+# # The Criteo trade-off studies (Ghazi et al., NeurIPS 2023, §4.2, Fig. 3, 4, 7, 8, 9)
 #
 # DP-SGD, DP-FEST, DP-AdaFEST and DP-AdaFEST+ train the pCTR model on one split.
 # Each point is repeated over the preset's seeds: the figures show the mean held-out AUC

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Streaming periods and DP-FEST's frequency sources (core paper §4.3, Fig. 5)
+# # Streaming periods and DP-FEST's frequency sources (Ghazi et al., NeurIPS 2023, §4.3, Fig. 5)
 #
 # `sparse-dp stream` retrains the pCTR model period by period on the training days
 # under one budget, each period warm-started from the previous one and evaluated on

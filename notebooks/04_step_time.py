@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Step time (core paper Table 4) and pCTR throughput by vocabulary scale
+# # Step time (Ghazi et al., NeurIPS 2023, Table 4) and pCTR throughput by vocabulary scale
 #
 # `sparse-dp bench step` times the Table-4 model (one table of dim 64, batch 1024, each
 # trainer in its own process): DP-SGD's dense noise grows with the vocabulary, the

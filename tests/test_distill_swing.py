@@ -1,4 +1,4 @@
-"""Swing distillation (seed 003): Eq. 5-6 temperatures, Eq. 8 noise, exposure, the report."""
+"""Swing distillation (Li et al., arXiv 2022): Eq. 5-6 temperatures, Eq. 8 noise, exposure."""
 
 import json
 

@@ -1,7 +1,7 @@
 """An accountant a training run updates step by step and queries at any time.
 
 Training steps are Poisson-subsampled Gaussian mechanisms and are composed by
-``dp_accounting`` (PLD by default, the core paper's App. C.5; RDP on request).
+``dp_accounting`` (PLD by default, as in Ghazi et al., NeurIPS 2023, App. C.5; RDP on request).
 Pure-DP spends such as DP-FEST's top-k selection compose with them by basic
 composition (Lemma C.5, App. C.3): ``epsilon = sum(pure) + epsilon_train(delta)``.
 

@@ -1,7 +1,7 @@
 """The training algorithms sparse-dp offers and the noise each one adds.
 
 DP-SGD (Abadi et al.) adds Gaussian noise of std ``sigma * C`` to every gradient
-coordinate. DP-FEST (core paper §3.1) first keeps the top-k buckets of each
+coordinate. DP-FEST (Ghazi et al., NeurIPS 2023, §3.1) first keeps the top-k buckets of each
 feature (pure DP, ``epsilon1``), then runs DP-SGD on them. DP-AdaFEST (§3.2,
 Algorithm 1) adds two Gaussian mechanisms per step: noise ``sigma1 * C1`` on the
 contribution map and ``sigma2 * C2`` on the selected gradient rows. DP-AdaFEST+

@@ -19,7 +19,7 @@ _NAMES = {
 
 POISSON_CAVEAT = (
     "This epsilon assumes Poisson sampling: each example joins each batch "
-    "independently with probability q (core paper §3.3). Batches cut from a "
+    "independently with probability q (Ghazi et al., NeurIPS 2023, §3.3). Batches cut from a "
     "shuffled dataset at a fixed size, as most input pipelines make them, are "
     "not covered by this proof; sample batches by Poisson sampling for a proved "
     "guarantee.")

@@ -1,8 +1,8 @@
 """Batch schedules: the sampling rate and number of steps of each phase.
 
 Each step of DP-SGD or DP-AdaFEST is a Poisson-subsampled Gaussian mechanism
-with sampling rate ``q = expected batch size / N`` (core paper App. C.2). An
-increasing batch-size schedule (Anil et al., ``seeds/002`` §3, §5.2.2) is a
+with sampling rate ``q = expected batch size / N`` (Ghazi et al., NeurIPS 2023, App. C.2). An
+increasing batch-size schedule (Anil et al., Findings of EMNLP 2022, §3, §5.2.2) is a
 sequence of phases with different ``q``; the phases compose as separate events.
 """
 

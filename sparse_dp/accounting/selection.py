@@ -1,6 +1,6 @@
 """The pure-DP cost of DP-FEST's one-shot top-k bucket selection.
 
-Algorithm 2 of the core paper (App. B.1, after Durfee & Rogers 2019) adds
+Algorithm 2 of Ghazi et al. (NeurIPS 2023, App. B.1, after Durfee & Rogers 2019) adds
 Gumbel noise of scale ``b`` to the bucket counts of a feature and keeps the
 ``k`` largest. One-shot Gumbel top-k has the distribution of ``k`` peeling
 exponential-mechanism picks. Adding one example raises each count by at most 1

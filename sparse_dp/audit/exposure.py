@@ -1,4 +1,4 @@
-"""Canary exposure (Carlini et al. 2019, "The Secret Sharer", §4; seed 003 §4.3).
+"""Canary exposure (Carlini et al. 2019, "The Secret Sharer", §4; Li et al., arXiv 2022, §4.3).
 
 The exposure of an inserted secret among ``|R|`` candidates is
 ``log2 |R| - log2 rank``, the rank being the secret's place when the model

@@ -2,7 +2,7 @@
 
 ``smoke`` is the CI test's run (seconds per algorithm); ``full`` the committed
 one (benchmarks/results/audit, minutes per algorithm on 2 CPU cores). Both use
-synthetic Criteo data (tables ``scale`` x the core paper's Table 3) and a
+synthetic Criteo data (tables ``scale`` x Ghazi et al.'s (NeurIPS 2023) Table 3) and a
 small pCTR tower, and enough canaries that the non-private run can show a
 bound well above epsilon = 1 (:mod:`sparse_dp.audit.bound`: the number of
 guesses caps the bound).

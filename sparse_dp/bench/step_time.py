@@ -1,4 +1,4 @@
-"""Seconds per training step against vocabulary size (core paper Table 4, App. D.2.1).
+"""Seconds per training step by vocabulary size (Ghazi et al., NeurIPS 2023, Table 4).
 
 The model of ``../shared/NOTES.md`` §4: one embedding table of ``--dim`` (64),
 one Zipf-distributed id per example (exponent 1.1), the embedding summed to

@@ -1,7 +1,7 @@
 """``sparse-dp privacy``: epsilon of a run, or the noise that meets a target.
 
 The counterpart of TF Privacy's ``compute_dp_sgd_privacy`` for all four
-algorithms of the core paper.
+algorithms of Ghazi et al. (NeurIPS 2023).
 """
 
 from __future__ import annotations

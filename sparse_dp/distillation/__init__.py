@@ -7,8 +7,8 @@ what it covers. Methods (:mod:`sparse_dp.distillation.cli`):
 
 * ``dp-teacher``: a DP-AdaFEST teacher distilled on public or synthetic inputs;
   the student is post-processing and inherits the teacher's epsilon.
-* ``rona``: seed 001 (RONA): a non-private teacher answers clipped,
+* ``rona``: RONA (Wang et al., AAAI 2019): a non-private teacher answers clipped,
   Gaussian-noised batch queries chosen by query-sample selection; the student
   learns from hints, distillation and self learning.
-* ``swing``: seed 003 (Swing distillation) on a next-item softmax model.
+* ``swing``: Swing distillation (Li et al., arXiv 2022) on a next-item softmax model.
 """

@@ -37,13 +37,14 @@ METHODS: dict[str, Method] = {
         "sparse_dp.distillation.pctr_flags:add_dp_teacher_arguments",
         "sparse_dp.distillation.dp_teacher:run"),
     "rona": Method(
-        "RONA (seed 001): non-private teacher, clipped Gaussian-noised batch answers to "
-        "selected public queries; hint, distillation and self learning",
+        "RONA (Wang et al., AAAI 2019): non-private teacher, clipped Gaussian-noised batch "
+        "answers to selected public queries; hint, distillation and self learning",
         "sparse_dp.distillation.pctr_flags:add_rona_arguments",
         "sparse_dp.distillation.rona.job:run"),
     "swing": Method(
-        "Swing (seed 003): next-item softmax model; per-example dynamic temperature and "
-        "Laplace noise on the top-K soft targets; canary exposure (no epsilon: not DP)",
+        "Swing (Li et al., arXiv 2022): next-item softmax model; per-example dynamic "
+        "temperature and Laplace noise on the top-K soft targets; canary exposure (no epsilon: "
+        "not DP)",
         "sparse_dp.distillation.swing.flags:add_swing_arguments",
         "sparse_dp.distillation.swing.job:run"),
 }

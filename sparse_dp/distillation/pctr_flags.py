@@ -35,7 +35,7 @@ def add_dp_teacher_arguments(group) -> None:
 
 
 def add_rona_arguments(group) -> None:
-  """RONA's own flags (Algorithm 1-3 of seed 001); the shared ones come with dp-teacher's."""
+  """RONA's own flags (Wang et al., AAAI 2019, Algorithms 1-3); dp-teacher's give the rest."""
   group.add_argument("--query-share", type=float, default=0.2,
                      help="rona: query samples per epoch as a share of the public samples "
                           "(N_q = share x |x_p|; the paper's 20%%)")

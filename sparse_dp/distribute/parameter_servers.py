@@ -19,7 +19,7 @@ The attempt keyed ``k``:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
   probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.poisson.PoissonSample`),
-  exactly the sample the accountant assumes (core paper §3.3); on a worker
+  exactly the sample the accountant assumes (Ghazi et al., NeurIPS 2023, §3.3); on a worker
   with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
   (``scheduled_step_seed`` in :mod:`sparse_dp.training.wrappers.dp_train_step`); every

@@ -2,7 +2,7 @@
 
 Under ``tf.distribute.MultiWorkerMirroredStrategy`` each worker process runs
 the same program and calls ``make_private`` itself. The DP step derives the
-row selection and the noise of step ``t`` from one secret seed (core paper
+row selection and the noise of step ``t`` from one secret seed (Ghazi et al., NeurIPS 2023,
 Algorithm 1, lines 6-8 and 11): every worker must hold the *same* seed, or each
 replica would mask its examples to another selection, the all-reduced sum
 would carry un-noised gradients on rows the noising replica never selected,

@@ -2,7 +2,7 @@
 
 A DP step needs, per table, which example looked up which row and the tensor
 of looked-up vectors, so that it can take the loss gradient with respect to
-those vectors (the per-example row gradients, core paper §2.1). Embedding
+those vectors (the per-example row gradients, Ghazi et al., NeurIPS 2023, §2.1). Embedding
 layers report each lookup to the innermost active :func:`recording` scope;
 outside one they report nothing and cost nothing. Recording happens when the
 step is traced, so it works inside ``tf.function``.

@@ -1,4 +1,4 @@
-"""The clipped contribution map of DP-AdaFEST (core paper Algorithm 1, line 6).
+"""The clipped contribution map of DP-AdaFEST (Ghazi et al., NeurIPS 2023, Algorithm 1, line 6).
 
 Example ``i``'s contribution vector ``v_i`` is the indicator of every
 ``(table, row)`` it activates, across all tables (Fig. 2), so

@@ -1,7 +1,7 @@
 """Standard normal draws that are the same numbers with and without XLA.
 
 The Gaussian noise of every mechanism (``sigma2 C2`` on selected rows, ``sigma C2``
-on dense weights and DP-SGD's tables; core paper Algorithm 1, line 9) is drawn
+on dense weights and DP-SGD's tables; Ghazi et al., NeurIPS 2023, Algorithm 1, line 9) is drawn
 here rather than by ``tf.random.stateless_normal``, for two properties a
 compiled DP step (``jit_compile=True``, every TPU program) needs:
 

@@ -1,7 +1,7 @@
 """Per-example clipping of embedding-row gradients without a per-example table.
 
 For a lookup ``z = W[j]`` the per-example gradient of ``W`` is zero except on
-row ``j``, where it is ``dL_i/dz`` (core paper §2.1). So example ``i``'s
+row ``j``, where it is ``dL_i/dz`` (Ghazi et al., NeurIPS 2023, §2.1). So example ``i``'s
 gradient on a table is a handful of rows, held as :class:`RowGradients`
 triples ``(example, row, values)``; no ``[B, vocabulary, d]`` tensor exists.
 

@@ -1,4 +1,4 @@
-"""DP-FEST's preselection over all the tables of a model (core paper §3.1, App. B.1).
+"""DP-FEST's preselection over every table of a model (Ghazi et al., NeurIPS 2023, §3.1).
 
 Each table whose vocabulary exceeds ``k`` keeps ``k`` buckets chosen by
 :func:`dp_top_k` on its counts of distinct examples, at ``epsilon / m`` for

@@ -1,4 +1,4 @@
-"""Row-sparse Gaussian noise (core paper Algorithm 1, line 9).
+"""Row-sparse Gaussian noise (Ghazi et al., NeurIPS 2023, Algorithm 1, line 9).
 
 ``G_t = sum_i [g_i]_C2 + C2 * N(0, sigma2^2 * diag(1[V_t[j] >= tau]) (x) 1_d)``:
 the clipped gradient sum restricted to the selected rows, plus Gaussian noise

@@ -1,4 +1,4 @@
-"""Noisy thresholding of the contribution map (core paper Algorithm 1, lines 6-8).
+"""Noisy thresholding of the contribution map (Ghazi et al., NeurIPS 2023, Algorithm 1, lines 6-8).
 
 A row ``j`` survives when ``V_hat[j] + N(0, (sigma1 C1)^2) >= tau``. Rows with
 ``V_hat[j] > 0`` are few and are noised one by one. The other ``c'`` rows of the

@@ -1,4 +1,4 @@
-"""DP-FEST's bucket preselection (core paper §3.1, App. B.1, Algorithm 2).
+"""DP-FEST's bucket preselection (Ghazi et al., NeurIPS 2023, §3.1, App. B.1, Algorithm 2).
 
 ``dp_top_k`` adds Gumbel noise of scale ``b = k / epsilon`` to each bucket's
 count of distinct examples and keeps the ``k`` largest: ``epsilon``-DP (see

@@ -22,7 +22,7 @@ independent uniform bits, the computational assumption every seeded sampler
 makes). Each ``U`` is uniform on ``{1, ..., 2^53} / 2^53``.
 
 **Inclusion by geometric skips.** Example ``e`` must join each of the steps
-``0 .. T-1`` independently with probability ``q`` (core paper §3.3). The gaps
+``0 .. T-1`` independently with probability ``q`` (Ghazi et al., NeurIPS 2023, §3.3). The gaps
 between the steps it joins are geometric: with ``G = floor(ln U / ln(1 - q))``,
 ``P(G >= k) = P(U <= (1 - q)^k) = (1 - q)^k`` (to the 2^-53 resolution of
 ``U``), the number of steps skipped before the next one joined. The example

@@ -6,7 +6,7 @@
 
 Each example joins each of the ``T`` steps' batches independently with
 probability ``q = B / N`` (:mod:`sparse_dp.sampling.draws`): batch ``t`` is
-an exact Poisson sample (core paper §3.3) of every valid example of the files,
+an exact Poisson sample (Ghazi et al., NeurIPS 2023, §3.3) of every valid example of the files,
 however large they are, and the shuffle moves only the ``T B`` sampled copies.
 A file is read by one worker (gzip is not splittable), parsed by the package's
 Criteo parser (:meth:`sparse_dp.data.criteo.CriteoReader.parse_lines`; malformed

@@ -1,4 +1,4 @@
-"""The core paper's trade-off studies on the Criteo pCTR model (``sparse-dp study``).
+"""Ghazi et al.'s (NeurIPS 2023) trade-off studies on the Criteo pCTR model (``sparse-dp study``).
 
 Each study sweeps the training job of :mod:`sparse_dp.models.fitting` (or the
 streaming job, or the step benchmark) over the hyper-parameters of one figure

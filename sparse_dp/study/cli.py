@@ -23,7 +23,7 @@ _GRID_HELP = (
 
 def add_parser(commands) -> None:
   parser = commands.add_parser(
-      "study", help="the core paper's trade-off studies (JSON, markdown, PNG)",
+      "study", help="Ghazi et al.'s (NeurIPS 2023) trade-off studies (JSON, markdown, PNG)",
       description="Sweeps of the pCTR job repeated over seeds; writes OUT/NAME.json, "
                   ".md and .png (the figure drawn from the JSON); trained runs are cached "
                   "in OUT/runs, so studies sharing points train them once.")

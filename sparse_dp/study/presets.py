@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-# DP-FEST's top-k selection spends epsilon_1 = 0.01 of the total (core paper App. B.1:
+# DP-FEST's top-k selection spends epsilon_1 = 0.01 of the total (Ghazi et al.,
+# NeurIPS 2023, App. B.1:
 # "We set epsilon = 0.01 ... and deduct the value from the total privacy budget"),
 # at the studies' epsilon of 1 a share of 0.01.
 PAPER_SELECTION_SHARE = 0.01

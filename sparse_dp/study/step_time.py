@@ -1,4 +1,4 @@
-"""Step time against vocabulary size (core paper Table 4) and pCTR throughput by scale.
+"""Step time by vocabulary size (Ghazi et al., NeurIPS 2023, Table 4), pCTR throughput by scale.
 
 * The Table-4 model (one table, dim 64, batch 1024) through ``sparse-dp bench
   step`` (:mod:`sparse_dp.bench.step_time`, each trainer in its own

@@ -1,4 +1,4 @@
-"""Streaming periods and DP-FEST's frequency sources (core paper §4.3, Fig. 5).
+"""Streaming periods and DP-FEST's frequency sources (Ghazi et al., NeurIPS 2023, §4.3, Fig. 5).
 
 Each stream is ``sparse-dp stream`` itself (:mod:`sparse_dp.models.stream_job`)
 in its own state folder: retrained period by period under one budget, every

@@ -1,4 +1,4 @@
-"""The pCTR sweeps of the core paper §4.2 and App. D.2.2 on one data set.
+"""The pCTR sweeps of Ghazi et al. (NeurIPS 2023) §4.2 and App. D.2.2 on one data set.
 
 * :func:`tradeoffs` (Fig. 3, Fig. 8): DP-SGD, DP-FEST over ``k``, DP-AdaFEST
   over ``tau``, DP-AdaFEST+ over ``(k, tau)`` at one epsilon, with the

@@ -4,7 +4,7 @@ Keras ``fit`` runs a DP step as one TPU program, which the TPU embedding API
 cannot serve (one ``dequeue`` per program, enqueue inside ``strategy.run``
 only of its direct inputs, every feature in one enqueue, stale host tables:
 :mod:`sparse_dp.layers.embedding_backends.live_engine`). :class:`TPUTrainer`
-runs step ``t`` of batch ``B_t`` (core paper Algorithm 1, §3.2, DP-AdaFEST;
+runs step ``t`` of batch ``B_t`` (Ghazi et al., NeurIPS 2023, Algorithm 1, §3.2, DP-AdaFEST;
 DP-SGD and DP-FEST alike) as:
 
 1. host: ``enqueue(training=False)`` of every table's ids of ``B_t``;

@@ -1,4 +1,4 @@
-"""``sparse-dp distill --method rona``: RONA (Wang et al., AAAI 2019; seed 001), on the pCTR model.
+"""``sparse-dp distill --method rona``: RONA (Wang et al., AAAI 2019), on the pCTR model.
 
 A non-private teacher is trained on the private data; the compact student
 learns on public data only (Algorithm 1):

@@ -12,7 +12,7 @@ public and every private example influences every answer, so there is no
 amplification by sampling: ``T`` answers compose as ``T`` Gaussian mechanisms
 (adaptively chosen queries included), here by dp_accounting's PLD accountant.
 
-RONA (seed 001, "Privacy Protection") instead takes the clip bound of the
+RONA (Wang et al., AAAI 2019, "Privacy Protection") instead takes the clip bound of the
 batch response as its sensitivity ("After clipping, the sensitivity of L(i) is
 B"): for these answers ``C sqrt(S)``, a noise multiplier ``sigma / sqrt(S)``,
 twice the true one. :func:`rona_claimed_epsilon` computes that claim for

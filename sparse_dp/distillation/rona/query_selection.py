@@ -1,4 +1,4 @@
-"""RONA's query-sample selection (seed 001, Algorithm 3 and eq. 9).
+"""RONA's query-sample selection (Wang et al., AAAI 2019, Algorithm 3 and eq. 9).
 
 Choose ``N_q`` public samples whose balls of radius lambda cover every public
 sample, lambda as small as possible (the minimax facility-location problem,

@@ -1,6 +1,6 @@
 """Flags of ``sparse-dp distill --method swing`` (no TensorFlow import: the parser stays fast).
 
-Defaults follow seed 003 where it gives a value: teacher and student data split
+Defaults follow Li et al. (arXiv 2022) where it gives a value: teacher and student data split
 19:1 (§4.1), top-K = 3 (§4.6), the KD temperature T = 2 (App. B). Sizes are
 chosen to run on a CPU in minutes.
 """
@@ -34,7 +34,7 @@ def add_swing_arguments(group) -> None:
   flag("teacher-examples", _positive_int, 76000, "private (teacher) examples, canaries excluded")
   flag("student-examples", _positive_int, 4000, "the student's own examples (distillation inputs)")
   flag("test-examples", _positive_int, 5000, "held-out examples for accuracy")
-  flag("clue-items", int, 4, "privacy clue items (the seed's clue-word dictionary)")
+  flag("clue-items", int, 4, "privacy clue items (the paper's clue-word dictionary)")
   flag("canaries", _positive_int, 200, "canaries (half end in a clue item)")
   flag("canary-repeats", _positive_int, 10, "copies of each canary in the teacher's data")
   flag("teacher-dim", _positive_int, 64, "teacher embedding dimension")
@@ -54,5 +54,5 @@ def add_swing_arguments(group) -> None:
   flag("learning-rate", float, 3e-3, "Adam learning rate")
   flag("seed", int, 0, "seed of the data, canaries, initialisation and noise")
   group.add_argument("--swing-ablations", action="store_true",
-                     help="also train the seed's ablations: Swing without the dynamic "
+                     help="also train the paper's ablations: Swing without the dynamic "
                           "temperature, and without the soft target protection (§4.5)")

@@ -1,9 +1,9 @@
-"""``sparse-dp distill --method swing``: seed 003's experiment on a next-item model.
+"""``sparse-dp distill --method swing``: Li et al.'s (arXiv 2022) experiment on a next-item model.
 
-As the seed's §4 does: the private data are split from the student's own data
+As the paper's §4 does: the private data are split from the student's own data
 (19:1 by default, §4.1); canaries go into the teacher's data only (§4.3); the
 teacher is trained on them; then three students of one size learn on the
-student data: alone (the seed's oracle "Student Model"), by plain KD, and by
+student data: alone (the paper's oracle "Student Model"), by plain KD, and by
 Swing distillation (and, with ``--swing-ablations``, Swing without the dynamic
 temperature and without the soft target protection, §4.5). The report gives
 each model's top-1 / top-10 next-item accuracy on held-out data and its canary

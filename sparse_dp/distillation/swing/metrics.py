@@ -1,4 +1,4 @@
-"""Next-item accuracy and canary exposure (Carlini et al. 2019; seed 003, §4.3, Eq. 12).
+"""Next-item accuracy and canary exposure (Carlini et al. 2019; Li et al. 2022, §4.3, Eq. 12).
 
 Exposure of a canary with secret ``s`` among the candidate set ``R`` (here every
 item, ``|R| = num_items``)::
@@ -8,7 +8,7 @@ item, ``|R| = num_items``)::
 where ``rank(s)`` is 1 + the number of candidates the model gives a strictly
 higher probability than ``s`` after the canary's history (ties count in the
 secret's favour, the attacker's best case). A secret ranked first has the
-maximal exposure ``log2 |R|`` (the seed's teachers: 19.93 = log2 of about 10**6
+maximal exposure ``log2 |R|`` (the paper's teachers: 19.93 = log2 of about 10**6
 candidates); a secret ranked uniformly at random has expected exposure about
 ``1 / ln 2 = 1.44`` bits.
 """
@@ -68,7 +68,7 @@ def exposure_summary(ranks: np.ndarray, bits: np.ndarray, clued: np.ndarray) -> 
 
 
 def paired_difference(bits: np.ndarray, reference_bits: np.ndarray) -> dict:
-  """Mean per-canary ``bits - reference_bits`` and its standard error (the seed's Table 1 delta)."""
+  """Mean per-canary ``bits - reference_bits`` and its standard error (Table 1's delta)."""
   difference = np.asarray(bits) - np.asarray(reference_bits)
   error = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else None
   return {"mean": float(difference.mean()),

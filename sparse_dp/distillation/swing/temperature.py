@@ -1,7 +1,7 @@
-"""Swing distillation (seed 003): dynamic temperature and soft target protection.
+"""Swing distillation (Li et al., arXiv 2022): dynamic temperature and soft target protection.
 
-Seed 003 ("Swing Distillation: A Privacy-Preserving Knowledge Distillation
-Framework", Li et al. 2022) distils a teacher trained on private data into a
+Li et al. ("Swing Distillation: A Privacy-Preserving Knowledge Distillation
+Framework", arXiv:2212.08349, 2022) distils a teacher trained on private data into a
 student trained on its own data ``D_S``, changing two things in Hinton's KD:
 
 * **Dynamic temperature** (§3.2, Eqs. 5-6): the teacher's soft target for the
@@ -9,14 +9,14 @@ student trained on its own data ``D_S``, changing two things in Hinton's KD:
   the closer ``t`` is to a *privacy clue word* (a dictionary ``C``, App. C:
   "ID", "password", "@" ...); with several clue words, the closest one counts.
 * **Soft target protection** (§3.3, Eq. 8): Laplace noise on the top-K
-  soft targets only (K = 3 in all the seed's experiments, §4.6); "the
+  soft targets only (K = 3 in all the paper's experiments, §4.6); "the
   probabilities of the other classes remain unchanged".
 
 Here the model predicts the next item of a user's history, so a "token" is the
 next item, the sequence is the history, and clue words are clue items
 (:mod:`sparse_dp.distillation.swing.data`).
 
-The stored text of the seed lost the bodies of its equations; the formulas
+The text of the paper this was built from lost the bodies of its equations; the formulas
 below are rebuilt from its prose, and where the prose leaves a choice it is
 named:
 
@@ -39,7 +39,7 @@ named:
 * Eqs. 10-11: ``L = alpha * L_SD + (1 - alpha) * CE(y, softmax(z_s))`` with
   ``L_SD = -mean sum_i q~_i log softmax(z_s / T)_i``; the student's softmax
   uses the constant ``T`` (§3.4), and ``T = 1`` at inference. No ``T**2``
-  factor (the seed's Eq. 3 interpolates the two losses linearly).
+  factor (the paper's Eq. 3 interpolates the two losses linearly).
 
 Plain KD is the same code with ``beta = 0`` and ``b = 0``.
 """
@@ -59,7 +59,7 @@ NO_EPSILON_REASON = (
     "items without noise, and the top-K set itself is chosen from the un-noised teacher "
     "output, so one teacher training example can change a released value with no noise at "
     "all (no finite epsilon). The Laplace scale is a noise level, not a budget; leakage is "
-    "measured empirically by canary exposure instead (seed 003, Sec. 4.3).")
+    "measured empirically by canary exposure instead (Li et al., arXiv 2022, Sec. 4.3).")
 
 
 def clue_distance(histories: tf.Tensor, clue_items: tf.Tensor) -> tf.Tensor:
@@ -78,7 +78,7 @@ def clue_distance(histories: tf.Tensor, clue_items: tf.Tensor) -> tf.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class SwingTargets:
-  """The teacher's protected soft targets (seed 003, Eqs. 5, 6 and 8).
+  """The teacher's protected soft targets (Li et al., arXiv 2022, Eqs. 5, 6 and 8).
 
   ``temperature`` T, ``protection`` beta (0: constant temperature), ``top_k`` K,
   ``noise_scale`` b (0: no noise), ``clue_items`` the clue dictionary C.

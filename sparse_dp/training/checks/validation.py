@@ -2,7 +2,7 @@
 
 DP-SGD's guarantee rests on one bound: adding or removing one example moves
 the clipped gradient sum ``G(D) = sum_i [grad l_i]_C2`` by at most ``C2``
-(core paper Algorithm 1; Abadi et al. 2016). Per-example clipping gives that
+(Ghazi et al., NeurIPS 2023, Algorithm 1; Abadi et al. 2016). Per-example clipping gives that
 bound only when
 
 * example ``i``'s loss ``l_i`` is a function of example ``i``'s data alone, so

@@ -20,7 +20,7 @@ per-example program is, per example ``i``:
 
 * ``l_i``, its loss;
 * for each embedding table, the rows it looked up and ``dl_i/d(looked-up
-  vector)`` of each lookup: its gradient on the table (core paper §2.1);
+  vector)`` of each lookup: its gradient on the table (Ghazi et al., NeurIPS 2023, §2.1);
 * for each ``Dense`` layer, its inputs ``X_i`` (``[T, k]``, every row the
   layer saw while computing ``l_i``) and output gradients ``D_i = dl_i/dz``
   (``[T, n]``): its gradient ``X_i^T D_i`` without forming it

@@ -1,7 +1,7 @@
 """The gradient size of every DP step of a run, aggregated inside the step.
 
 The size of a step's table update is the number of rows it changes, ``|S_t|``
-(the selected rows of DP-AdaFEST, core paper Algorithm 1; every row ``V`` for
+(the selected rows of DP-AdaFEST, Ghazi et al., NeurIPS 2023, Algorithm 1; every row ``V`` for
 DP-SGD), and its coordinates ``sum_tables |S_t| d``. The paper's gradient-size
 reduction is the tables' rows over the rows a step updates (§4, Fig. 3).
 Keras cannot give its mean over a run: an epoch's logs hold its last step's

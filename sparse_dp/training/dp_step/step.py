@@ -1,4 +1,4 @@
-"""One DP gradient: clip per example, select rows, add noise (core paper Algorithm 1).
+"""One DP gradient: clip, select rows, add noise (Ghazi et al., NeurIPS 2023, Algorithm 1).
 
 For a batch with per-example losses ``l_i``:
 

@@ -1,4 +1,4 @@
-"""Poisson sampling of batches from in-memory data (core paper §3.3).
+"""Poisson sampling of batches from in-memory data (Ghazi et al., NeurIPS 2023, §3.3).
 
 The accountant assumes every example joins every batch independently with
 probability ``q``. ``poisson_batches`` does exactly that: the batch of step
