@@ -108,12 +108,14 @@ def test_stream_reads_criteo_day_files(tmp_path, capsys):
   for day in (0, 1, 2):
     synthetic.write_day(tmp_path / f"day_{day}.gz", day + 1, 600)
   state = tmp_path / "state"
+  # One period of both training days: two files read, one model trained.
   assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "0-1",
-               "--eval-days", "2", "--algorithm", "dpsgd", "--hidden-units", "16",
-               "--batch-size", "128", "--state", str(state), "--json"]) == 0
+               "--streaming-period", "2", "--eval-days", "2", "--algorithm", "dpsgd",
+               "--hidden-units", "16", "--batch-size", "128", "--state", str(state),
+               "--json"]) == 0
   summary = json.loads(capsys.readouterr().out)
-  assert [p["days"] for p in summary["periods"]] == [[0], [1]]
-  assert [p["train_examples"] for p in summary["periods"]] == [600, 600]
+  assert [p["days"] for p in summary["periods"]] == [[0, 1]]
+  assert [p["train_examples"] for p in summary["periods"]] == [1200]
   assert summary["periods"][0]["eval_examples"] == 600
   assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "3",
                "--eval-days", "2", "--state", str(tmp_path / "other")]) == 2
