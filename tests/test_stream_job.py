@@ -79,13 +79,13 @@ def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path,
   assert json.loads((killed / "stream.lock").read_text())["pid"] == job.pid
   # The unfinished job resumes only with its own settings.
   assert main(["stream", *flags, "--learning-rate", "0.01", "--state", str(killed)]) == 2
-  assert main(["stream", *flags, "--state", str(killed)]) == 0
-  uninterrupted = tmp_path / "uninterrupted"
-  assert main(["stream", *flags, "--state", str(uninterrupted)]) == 0
   assert "unfinished job with other settings (learning_rate)" in capsys.readouterr().err
-  assert spends(killed) == spends(uninterrupted)
-  assert [(p, k) for p, k, _ in spends(killed)] == [(1, "selection"), (1, "training"),
-                                                    (2, "training")]
+  assert main(["stream", *flags, "--state", str(killed)]) == 0
+  # An uninterrupted run's spends (its plan): epsilon 1 a period, the first day's
+  # top-k taking --selection-share 0.1 of period 1's. Period 2 is not charged twice.
+  assert spends(killed) == [(1, "selection", pytest.approx(0.1)),
+                            (1, "training", pytest.approx(0.9)),
+                            (2, "training", pytest.approx(1.0))]
   assert sorted(os.listdir(killed / "periods")) == ["1", "2"]
 
 
@@ -130,12 +130,14 @@ def test_stream_reads_criteo_day_files(tmp_path, capsys):
   for day in (0, 1, 2):
     synthetic.write_day(tmp_path / f"day_{day}.gz", day + 1, 600)
   state = tmp_path / "state"
+  # One period of both training days: two files read, one model trained.
   assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "0-1",
-               "--eval-days", "2", "--algorithm", "dpsgd", "--hidden-units", "16",
-               "--batch-size", "128", "--state", str(state), "--json"]) == 0
+               "--streaming-period", "2", "--eval-days", "2", "--algorithm", "dpsgd",
+               "--hidden-units", "16", "--batch-size", "128", "--state", str(state),
+               "--json"]) == 0
   summary = json.loads(capsys.readouterr().out)
-  assert [p["days"] for p in summary["periods"]] == [[0], [1]]
-  assert [p["train_examples"] for p in summary["periods"]] == [600, 600]
+  assert [p["days"] for p in summary["periods"]] == [[0, 1]]
+  assert [p["train_examples"] for p in summary["periods"]] == [1200]
   assert summary["periods"][0]["eval_examples"] == 600
   assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "3",
                "--eval-days", "2", "--state", str(tmp_path / "other")]) == 2

@@ -51,9 +51,11 @@ def test_a_job_on_a_locked_state_exits_2_naming_the_holder_until_the_holder_is_k
   holder.send_signal(signal.SIGKILL)
   holder.wait()
   assert json.loads((state / LOCK_FILE).read_text())["pid"] == holder.pid
-  assert main(["stream", *TINY, "--state", str(state), "--json"]) == 0
-  assert json.loads(capsys.readouterr().out)["epsilon_spent"] == pytest.approx(1)
-  assert (state / LOCK_FILE).read_text() == ""  # a finished job leaves no holder named
+  # Now a job takes the lock: it plans under it, and this plan (2 > 1) is refused there,
+  # before any training (test_two_jobs_... and test_stream_job.py run jobs to the end).
+  assert main(["stream", *TINY, "--epsilon-per-period", "2", "--state", str(state)]) == 2
+  assert "needs epsilon 2" in capsys.readouterr().err
+  assert (state / LOCK_FILE).read_text() == ""  # an ended job leaves no holder named
   with pytest.raises(ValueError, match="--wait-for-lock must be >= 0"):
     StateLock(state, wait_seconds=-1)
 
