@@ -17,6 +17,7 @@ from sparse_dp.cli import build_parser, main
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.training.dp_step.step import StepNoise
 from sparse_dp.training.wrappers import entry_point
+from conftest import one_stack
 
 
 def test_canaries_have_fresh_ids_random_labels_and_secret_inclusion():
@@ -137,6 +138,7 @@ def test_bad_audit_flags_are_refused_by_name(flags, message, tmp_path, capsys):
   assert not (tmp_path / "audit.json").exists()
 
 
+@one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_small_audit_shows_the_orderings_and_its_power(tmp_path, capsys):
   argv = ["audit", "--preset", "smoke", "--algorithms", "none,dpsgd", "--canary-seed", "3",
           "--noise-seed", "4", "--broken-mechanism-for-testing", "dpsgd",

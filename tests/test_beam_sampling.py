@@ -255,6 +255,7 @@ def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
       capsys, base + ["--out", str(tmp_path / "o3"), "--seed-file", str(tmp_path / "short")])
 
 
+@one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small_sample):
   sample = small_sample / "sample"
   base = ["train", "--reader", "batches", "--eval-data", str(small_sample / "data" / "day_0"),

@@ -15,6 +15,7 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
+from conftest import one_stack
 
 N, B, VOCAB = 64, 16, 20
 
@@ -68,6 +69,7 @@ def test_a_recompiled_optimizer_is_guarded_too():
     tape_step(model, *batch())
 
 
+@one_stack("tf2.15")  # an end-to-end run; its library code has unit tests on both stacks
 def test_train_step_and_make_train_function_called_directly_are_dp_steps():
   model, private = private_model()
   step = tf.function(model.train_step)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import one_stack
 from sparse_dp.accounting.ledger import BudgetExceededError
 from sparse_dp.cli import main
 from sparse_dp.models.stream_lock import LOCK_FILE, StateLock
@@ -60,6 +61,7 @@ def test_a_job_on_a_locked_state_exits_2_naming_the_holder_until_the_holder_is_k
     StateLock(state, wait_seconds=-1)
 
 
+@one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_two_jobs_started_at_once_spend_the_budget_once(tmp_path):
   state = tmp_path / "state"
   command = [sys.executable, "-m", "sparse_dp.cli", "stream", *TINY, "--state", str(state),

@@ -26,6 +26,7 @@ from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
 from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
 from sparse_dp.models.pctr import build_pctr_model, table_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
+from conftest import one_stack
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
 STEP = [("enqueue", False), ("dequeue", False), ("enqueue", True), ("dequeue", True),
@@ -175,6 +176,7 @@ def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
   assert len(history) == 2 and all(h["nonzero_rows"] > 0 for h in history)
 
 
+@one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
   """On two mirrored CPU replicas each core enqueues the same selected rows with its own
   clipped share (noise on replica 0 only) and the API double sums the cores' gradients into
