@@ -35,6 +35,7 @@ from sparse_dp.distribute.parameter_servers import is_parameter_server
 from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
+from sparse_dp.models.calibration import Reliability, calibration_metrics
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
@@ -48,6 +49,7 @@ class FitResult:
   metrics: dict
   history: dict
   model: keras.Model
+  reliability: Reliability  # of the held-out predictions (models.calibration)
 
 
 def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
@@ -165,6 +167,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                             tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
   auc = keras.metrics.AUC(from_logits=True)
   auc.update_state(y_eval, logits)
+  # Log-loss against the base rate's, ECE: held-out statistics, reported as AUC is.
+  calibration, reliability = calibration_metrics(logits, y_eval)
   # The update's size over every step of the run (run_statistics), against the full tables.
   full_coordinates = float(sum(v * embedding_dim(v) for v in vocabulary_sizes))
   run = (private.run_statistics.result() if private.is_private else
@@ -174,7 +178,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   metrics = {
       "algorithm": kind.value, "embedding": private.embedding_backend.name,
       "auc": float(auc.result()),
-      "logloss": float(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y_eval, logits))),
+      **calibration,
       "epsilon": report.epsilon if report else None,
       "training_epsilon": report.training_epsilon if report else None,
       "delta": private.delta if private.is_private else None,
@@ -191,7 +195,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                     if trained_as.uses_contribution_map else None),
       "poisson_sampling": report.poisson_sampling if report else None,
   }
-  return FitResult(metrics, history, model)
+  return FitResult(metrics, history, model, reliability)
 
 
 def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
