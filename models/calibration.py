@@ -68,14 +68,14 @@ class Reliability:
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    figure, (rates, counts) = plt.subplots(2, 1, figsize=(4.5, 5.5), sharex=True,
+    figure, (rates, counts) = plt.subplots(2, 1, figsize=(5, 6), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1]})
     filled = self.count > 0
     rates.plot([0, 1], [0, 1], color="grey", linestyle="--", label="calibrated")
     rates.plot(self.mean_predicted[filled], self.observed_rate[filled], marker="o",
                label="model")
-    rates.set(ylabel="observed click rate", xlim=(0, 1), ylim=(0, 1),
-              title=title or f"ECE {self.expected_calibration_error:.4f}")
+    rates.set(ylabel="observed click rate", xlim=(0, 1), ylim=(0, 1))
+    rates.set_title(title or f"ECE {self.expected_calibration_error:.4f}", fontsize="medium")
     rates.legend(loc="upper left")
     widths = np.diff(self.edges)
     counts.bar(self.edges[:-1], self.count, width=widths, align="edge", edgecolor="black")

@@ -167,7 +167,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     _plot_training(fit.history, folder / "training.png")
     fit.reliability.plot(folder / "reliability.png", title=(
-        f"{algorithm}: held-out log-loss {metrics['logloss']:.3f} (base rate "
+        f"{algorithm}: held-out log-loss {metrics['logloss']:.3f}\n(base rate "
         f"{metrics['base_rate_logloss']:.3f}), ECE {metrics['ece']:.3f}"))
     results.append(metrics)
   if args.compare:
