@@ -34,6 +34,7 @@ from sparse_dp.distribute.parameter_servers import is_parameter_server
 from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
+from sparse_dp.models.calibration import Reliability, calibration_metrics
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
 from sparse_dp.models.pctr_data import StreamedExamples
@@ -49,6 +50,7 @@ class FitResult:
   metrics: dict
   history: dict
   model: keras.Model
+  reliability: Reliability  # of the held-out predictions (models.calibration)
 
 
 def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
@@ -166,6 +168,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                             tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
   auc = keras.metrics.AUC(from_logits=True)
   auc.update_state(y_eval, logits)
+  # Log-loss against the base rate's, ECE: held-out statistics, reported as AUC is.
+  calibration, reliability = calibration_metrics(logits, y_eval)
   # The update's size over every step of the run (run_statistics), against the full tables.
   full_coordinates = float(sum(v * d for v, d in zip(vocabulary_sizes, dims)))
   run = (private.run_statistics.result() if private.is_private else
@@ -176,7 +180,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "algorithm": kind.value, "embedding": private.embedding_backend.name,
       "optimizer": settings.optimizer, "learning_rate": settings.learning_rate,
       "auc": float(auc.result()),
-      "logloss": float(tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y_eval, logits))),
+      **calibration,
       "epsilon": report.epsilon if report else None,
       "training_epsilon": report.training_epsilon if report else None,
       "delta": private.delta if private.is_private else None,
@@ -193,7 +197,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                     if trained_as.uses_contribution_map else None),
       "poisson_sampling": report.poisson_sampling if report else None,
   }
-  return FitResult(metrics, history, model)
+  return FitResult(metrics, history, model, reliability)
 
 
 def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,

@@ -4,8 +4,11 @@ Reads Criteo files (or writes a synthetic Criteo day first, the default), holds
 out the last 10% of examples for evaluation, encodes them with a vocabulary
 that does not depend on the private data (:mod:`sparse_dp.models.pctr_data`),
 trains with ``sparse_dp.make_private`` on Poisson-sampled batches, and
-reports held-out AUC and log-loss with the epsilon spent. Writes to ``--out``:
-the SavedModel, ``vocabulary.json``, ``metrics.json`` and ``training.png``
+reports held-out AUC and calibration (log-loss against the base-rate
+predictor's, expected calibration error over 10 equal-width bins,
+:mod:`sparse_dp.models.calibration`) with the epsilon spent. Writes to ``--out``:
+the SavedModel, ``vocabulary.json``, ``metrics.json``, ``training.png`` and
+``reliability.png`` (the held-out reliability diagram)
 (and ``preselection.json`` for DP-FEST / DP-AdaFEST+; with ``--reader pandas``,
 ``training_examples.npy``: the training examples' content hashes,
 :mod:`sparse_dp.data.training_examples`, which ``distill --teacher`` checks).
@@ -184,6 +187,9 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
           {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
     _plot_training(fit.history, folder / "training.png")
+    fit.reliability.plot(folder / "reliability.png", title=(
+        f"{algorithm}: held-out log-loss {metrics['logloss']:.3f}\n(base rate "
+        f"{metrics['base_rate_logloss']:.3f}), ECE {metrics['ece']:.3f}"))
     results.append(metrics)
   if args.compare:
     (out / "compare.json").write_text(json.dumps({"results": results}, indent=2))
@@ -222,8 +228,9 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
   return train, held_out, vocabulary, train.skipped_lines
 
 
-_TABLE_COLUMNS = ("algorithm", "auc", "logloss", "epsilon", "gradient_size_reduction",
-                  "nonzero_rows_per_step", "examples_per_second", "steps")
+_TABLE_COLUMNS = ("algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon",
+                  "gradient_size_reduction", "nonzero_rows_per_step", "examples_per_second",
+                  "steps")
 
 
 def _markdown_table(results: list[dict]) -> str:

@@ -15,12 +15,13 @@ from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data import training_examples
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import pctr_data, train_job
+from sparse_dp.models.calibration import base_rate_log_loss
 from sparse_dp.optimizers import RowwiseAdagrad
 
-KEYS = {"algorithm", "auc", "logloss", "epsilon", "delta", "steps", "examples_per_second",
-        "gradient_size_reduction", "nonzero_rows_per_step", "nonzero_rows_per_step_min",
-        "nonzero_rows_per_step_max", "nonzero_coordinates_per_step", "train_examples",
-        "eval_examples", "skipped_lines"}
+KEYS = {"algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon", "delta", "steps",
+        "examples_per_second", "gradient_size_reduction", "nonzero_rows_per_step",
+        "nonzero_rows_per_step_min", "nonzero_rows_per_step_max", "nonzero_coordinates_per_step",
+        "train_examples", "eval_examples", "skipped_lines"}
 
 
 # The private run on one stack (CI time): the other trains adafest through this job
@@ -36,11 +37,15 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
   assert metrics["train_examples"] == 2700 and metrics["eval_examples"] == 300
   assert 0.0 <= metrics["auc"] <= 1.0 and metrics["logloss"] > 0
   assert json.loads((out / "metrics.json").read_text()) == metrics
-  for name in ("vocabulary.json", "training.png", "model/saved_model.pb"):
+  for name in ("vocabulary.json", "training.png", "reliability.png", "model/saved_model.pb"):
     assert (out / name).exists(), name
+  # Calibration of the held-out predictions, against the held-out base rate.
+  split = pctr_data.CriteoSplit.read([out / "synthetic_day_1.gz"], 3000, "error")
+  assert metrics["observed_rate"] == pytest.approx(split.held_out["label"].mean())
+  assert metrics["base_rate_logloss"] == pytest.approx(base_rate_log_loss(split.held_out["label"]))
+  assert 0 <= metrics["ece"] <= 1 and metrics["ece_bins"] == 10
   # The training examples by content (what distill --teacher refuses as public data).
   assert metrics["noise_seed"] == 1
-  split = pctr_data.CriteoSplit.read([out / "synthetic_day_1.gz"], 3000, "error")
   assert np.array_equal(training_examples.load(out),
                         np.unique(training_examples.feature_hashes(split.train)))
   assert len(training_examples.load(out)) == 2700
