@@ -28,10 +28,11 @@ ADAM_SLOTS = 2  # m and v of the job's Adam, each the size of the table
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def resident_bytes_lower_bound(vocabulary_sizes: Sequence[int]) -> int:
-  """Bytes of the tables and their Adam slots, for tables of ``vocabulary_sizes`` rows."""
+def resident_bytes_lower_bound(vocabulary_sizes: Sequence[int], slots: int = ADAM_SLOTS) -> int:
+  """Bytes of the tables of ``vocabulary_sizes`` rows and of an optimizer's ``slots``
+  copies of them (Adam's two by default; SGD none, Adagrad one)."""
   weights = sum(v * embedding_dim(v) for v in vocabulary_sizes)
-  return FLOAT32_BYTES * (1 + ADAM_SLOTS) * weights
+  return FLOAT32_BYTES * (1 + slots) * weights
 
 
 def memory_limit_bytes() -> int:

@@ -103,5 +103,10 @@ class CpuBackend(EmbeddingBackend):
     # indices, and a zero sum leaves a row as it is (sparse_dp.optimizers).
     gradients = {ref: ordinary_slices(g) for ref, g in gradients.items()}
     gradients = shards.split_by_shard(gradients)  # tables sharded across parameter servers
+    # Without a strategy the sum over replicas is the identity, but Keras's sum of
+    # dense gradients passes them all through one IdentityN op: every dense table
+    # gradient (DP-SGD's) would be held until the last is made, instead of each
+    # applied as soon as it is.
     optimizer.apply_gradients([(gradients[v.ref()], v) for v in trainable_variables
-                               if v.ref() in gradients])
+                               if v.ref() in gradients],
+                              experimental_aggregate_gradients=tf.distribute.has_strategy())

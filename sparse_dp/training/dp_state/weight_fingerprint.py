@@ -82,13 +82,21 @@ class Fingerprint:
     self.value = state_variable
 
   def compute(self) -> tuple[float, float]:
-    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager)."""
+    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager).
+
+    A table is read ``_CHUNK_ROWS`` rows at a time (``tf.gather`` of the
+    variable): reading it whole would copy it, since a variable that sparse
+    updates have touched copies itself on every dense read
+    (``copy_on_read_mode`` in TensorFlow's ``core/framework/resource_var.h``): a
+    transient the size of the largest table at each epsilon query.
+    """
     total, magnitude = 0.0, 0.0
     for index, variable in enumerate(self.variables):
-      values = _as_rows(tf.convert_to_tensor(variable))
-      for start in range(0, int(values.shape[0]), _CHUNK_ROWS):
-        chunk = values[start:start + _CHUNK_ROWS]
-        rows = tf.range(start, start + int(chunk.shape[0]), dtype=tf.int64)
+      values = None if variable.shape.rank == 2 else _as_rows(tf.convert_to_tensor(variable))
+      num_rows = int(variable.shape[0]) if values is None else int(values.shape[0])
+      for start in range(0, num_rows, _CHUNK_ROWS):
+        rows = tf.range(start, min(start + _CHUNK_ROWS, num_rows), dtype=tf.int64)
+        chunk = tf.gather(variable if values is None else values, rows)
         total += float(_partial(index, rows, chunk))
         magnitude += float(tf.reduce_sum(tf.abs(tf.cast(chunk, tf.float64))))
     return total, magnitude

@@ -341,6 +341,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   seeds = mechanisms.split(seed, 2 * len(leaves))
   gradients, signal, noise_squared = {}, [], []
   nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
+  previous_dense = []  # the last DP-SGD table's noisy gradient
 
   def noised(variable, clipped, draw_seed):
     draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
@@ -363,12 +364,18 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
         nonzero_rows += selections[layer].num_selected
         nonzero_coordinates += selections[layer].num_selected * layer.output_dim
       else:  # DP-SGD: noise on every row; the clipped rows are added to it
-        draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
+        # The draw depends on its seed only, so it could run before the backward pass
+        # and every table's would be held at once (the size of all tables). It waits
+        # for this table's clipped sum and for the previous table's noisy gradient: one
+        # table's dense noise at a time, made in place (each temporary has one reader).
+        with tf.control_dependencies([clipped.values, *previous_dense]):
+          draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
+        draw = draw * adds_noise
         signal.append(tf.reduce_sum(tf.square(clipped.values)))
-        noise_squared.append(tf.reduce_sum(tf.square(draw * adds_noise)))
-        noisy = tf.tensor_scatter_nd_add(draw * adds_noise, clipped.indices[:, None],
-                                         clipped.values)
-        gradients[shards.gradient_key(layer.embeddings)] = noisy / noise.expected_batch_size
+        noise_squared.append(tf.reduce_sum(tf.square(draw)))
+        noisy = tf.tensor_scatter_nd_add(draw, clipped.indices[:, None], clipped.values)
+        previous_dense = [noisy / noise.expected_batch_size]
+        gradients[shards.gradient_key(layer.embeddings)] = previous_dense[0]
         nonzero_rows += layer.vocabulary_size
         nonzero_coordinates += layer.vocabulary_size * layer.output_dim
       continue

@@ -1,0 +1,290 @@
+"""The pCTR job's examples per second and peak memory at 1x, 10x and 100x Table 3 (issue 24).
+
+Usage (the committed result, ``benchmarks/results/vocabulary_scale.{json,png}``)::
+
+    python benchmarks/vocabulary_scale.py --scales 1,10,100 \\
+        --out benchmarks/results/vocabulary_scale.json
+
+The model and step are ``sparse-dp train``'s: :func:`sparse_dp.models.pctr.build_pctr_model`
+(26 tables of Table 3's vocabularies times the scale, dims ``int(2 V^0.25)``, four
+ReLU layers of 598), compiled with ``--optimizer`` and made private with the job's
+calibration (:func:`sparse_dp.models.fitting.dp_config`: epsilon 1, one epoch of
+``--examples`` at batch 2,048), fed the job's Poisson batches
+(``PrivateTraining.poisson_dataset``; also for ``none``) through ``model.fit``
+with the DP callback. The examples are a day of
+:class:`sparse_dp.data.synthetic.SyntheticCriteo` at the same scale (its bucket ids
+are the rows; a missing value reads row 0).
+
+Each algorithm and scale trains in its own subprocess (``TF_ENABLE_ONEDNN_OPTS=0``):
+``--warmup`` steps untimed (tracing), then timed steps until ``--steps`` of them or
+``--max-seconds`` of timed training, whichever comes first (at least
+``--min-steps``); examples per second is ``steps x batch / seconds`` over all
+timed steps, as the job reports it. Memory from ``/proc/self/status``: the
+resident set before the first step (tables, slots, data), its peak over the
+warm-up, and its peak over the timed steps (``VmHWM`` reset after the warm-up
+through ``/proc/self/clear_refs``), so the step's own temporaries are the last
+minus the first.
+
+Before a child trains, the memory it needs (tables, the optimizer's slots,
+DP-SGD's dense noise of its largest table, ``_OVERHEAD_BYTES``) is compared with the
+machine's available memory less ``--reserve-gb`` for other users; a child
+that would not fit is not started and the JSON says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+ALGORITHMS = ("none", "dpsgd", "adafest")
+# Optimizer slots the size of each table: the memory bound before a run starts.
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "lazy-adam": 2}
+_OVERHEAD_BYTES = 2 * 2**30  # TensorFlow, the dense layers, the examples, the step's activations
+# DP-SGD's draw of one table (sparse_dp.mechanisms.gaussian): its uint64 Philox words and
+# their two halves, each of the table's bytes, then the noisy gradient itself.
+_DENSE_NOISE_TABLES = 4
+
+
+def optimizer(name: str, learning_rate: float):
+  """The Keras optimizer ``--optimizer name`` compiles (``make_private`` makes it sparse)."""
+  from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
+  from sparse_dp.optimizers import LazyAdam  # pylint: disable=import-outside-toplevel
+  legacy = keras.optimizers.legacy
+  return {"sgd": lambda: legacy.SGD(learning_rate),
+          "adagrad": lambda: legacy.Adagrad(learning_rate),
+          "adam": lambda: keras.optimizers.Adam(learning_rate),
+          "lazy-adam": lambda: LazyAdam(learning_rate)}[name]()
+
+
+def bytes_needed(sizes, algorithm: str, optimizer_name: str) -> int:
+  """Resident bytes a run on tables of ``sizes`` rows needs at least: the tables and the
+  optimizer's slots, ``_OVERHEAD_BYTES``, and for DP-SGD ``_DENSE_NOISE_TABLES`` times
+  its largest table (the step draws one table's dense noise at a time)."""
+  from sparse_dp.models.pctr import embedding_dim  # pylint: disable=import-outside-toplevel
+  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
+  needed = memory.resident_bytes_lower_bound(sizes, OPTIMIZER_SLOTS[optimizer_name])
+  if algorithm == "dpsgd":
+    largest = memory.FLOAT32_BYTES * max(v * embedding_dim(v) for v in sizes)
+    needed += _DENSE_NOISE_TABLES * largest
+  return needed + _OVERHEAD_BYTES
+
+
+def available_bytes() -> int:
+  """``MemAvailable`` of ``/proc/meminfo``: what can be used without swapping others out."""
+  return _field_bytes("/proc/meminfo", "MemAvailable")
+
+
+def _field_bytes(path: str, field: str) -> int:
+  """A ``kB`` field of ``/proc/meminfo`` or ``/proc/self/status``, in bytes."""
+  for line in pathlib.Path(path).read_text().splitlines():
+    if line.startswith(field + ":"):
+      return int(line.split()[1]) * 1024
+  raise RuntimeError(f"no {field} in {path}")
+
+
+def measure(settings: dict) -> dict:
+  """One algorithm at one scale, in this process: the child's JSON line (``not_run``
+  and why, when the machine has not the memory it needs)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import sparse_dp  # pylint: disable=import-outside-toplevel
+  from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
+  from sparse_dp.accounting import Algorithm  # pylint: disable=import-outside-toplevel
+  from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models.job_flags import FitSettings  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models.pctr import build_pctr_model  # pylint: disable=import-outside-toplevel
+  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
+
+  scale, algorithm, examples = settings["scale"], settings["algorithm"], settings["examples"]
+  synthetic = SyntheticCriteo(scale=scale, seed=settings["seed"])
+  sizes = list(synthetic.vocabulary_sizes)
+  tables = {"table_rows": sum(sizes),
+            "table_bytes": memory.resident_bytes_lower_bound(sizes, slots=0)}
+  needed, free = bytes_needed(sizes, algorithm, settings["optimizer"]), available_bytes()
+  usable = free - settings["reserve_gb"] * 2**30
+  if needed > usable:
+    return {**settings, **tables, "not_run": (
+        f"needs at least {needed / 2**30:.1f} GiB ({settings['optimizer']}: tables and "
+        f"{OPTIMIZER_SLOTS[settings['optimizer']]} slots"
+        f"{', the largest table dense noise x4' if algorithm == 'dpsgd' else ''}, overhead), "
+        f"{usable / 2**30:.1f} GiB usable: MemAvailable {free / 2**30:.1f} GiB less "
+        f"{settings['reserve_gb']:g} GiB left to others")}
+  fit = FitSettings(batch_size=settings["batch_size"], noise_seed=settings["seed"],
+                    learning_rate=settings["learning_rate"], seed=settings["seed"])
+  day = synthetic.examples(1, examples)
+  x = {"integers": np.log1p(np.where(day["integer_missing"], 0, day["integers"])).astype("float32"),
+       "categorical": np.maximum(day["buckets"], 0)}
+  y = day["labels"].astype("float32")[:, None]
+  del day
+  keras.utils.set_random_seed(settings["seed"])
+  model = build_pctr_model(sizes)
+  model.compile(optimizer=optimizer(settings["optimizer"], settings["learning_rate"]),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  config = fitting._dp_config(Algorithm.parse(algorithm), fit, examples,  # pylint: disable=protected-access
+                              fit.batch_size)
+  private = sparse_dp.make_private(model, config, num_examples=examples,
+                                   batch_size=fit.batch_size, epochs=fit.epochs)
+  clock = StepClock(model, settings["warmup"], settings["min_steps"], settings["max_seconds"])
+  callbacks = ([private.callback()] if private.is_private else []) + [
+      keras.callbacks.LambdaCallback(on_train_batch_begin=clock.begin,
+                                     on_train_batch_end=clock.end)]
+  total = settings["warmup"] + settings["steps"]
+  batches = private.poisson_dataset(x, y, epochs=total * fit.batch_size / examples)
+  rss_before = _field_bytes("/proc/self/status", "VmRSS")
+  model.fit(batches.take(total), callbacks=callbacks, verbose=0)
+  steps, seconds = len(clock.timed), sum(clock.timed)
+  return {
+      **settings, **tables, "bytes_needed_estimate": needed, "mem_available_at_start": free,
+      "timed_steps": steps, "timed_seconds": seconds,
+      "examples_per_second": steps * fit.batch_size / seconds if steps else None,
+      "seconds_per_step": seconds / steps if steps else None,
+      "first_step_seconds": clock.first_step,
+      "rss_before_steps_bytes": rss_before,
+      "peak_rss_warmup_bytes": clock.warmup_peak,
+      "peak_rss_timed_bytes": _field_bytes("/proc/self/status", "VmHWM"),
+      "rss_after_each_timed_step_bytes": clock.rss,
+      "nonzero_rows_per_step": (private.run_statistics.result()["nonzero_rows"]
+                                if private.is_private else None),
+  }
+
+
+class StepClock:
+  """Seconds of each timed step and the resident set after it; the warm-up's peak
+  resident set (``VmHWM``, then reset to the current resident set for the timed steps).
+
+  ``begin`` and ``end`` are a Keras callback's ``on_train_batch_begin/end``; after
+  ``min_steps`` timed steps, training stops once ``max_seconds`` are timed.
+  """
+
+  def __init__(self, model, warmup: int, min_steps: int, max_seconds: float):
+    self.model, self.warmup, self.min_steps, self.max_seconds = model, warmup, min_steps, max_seconds
+    self.timed, self.rss, self.first_step, self.warmup_peak = [], [], None, None
+    self._start = 0.0
+
+  def begin(self, batch, logs=None):  # pylint: disable=unused-argument
+    self._start = time.perf_counter()
+
+  def end(self, batch, logs=None):  # pylint: disable=unused-argument
+    elapsed = time.perf_counter() - self._start
+    if batch == 0:
+      self.first_step = elapsed
+    if batch + 1 == self.warmup:
+      self.warmup_peak = _field_bytes("/proc/self/status", "VmHWM")
+      pathlib.Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+    elif batch >= self.warmup:
+      self.timed.append(elapsed)
+      self.rss.append(_field_bytes("/proc/self/status", "VmRSS"))
+      if len(self.timed) >= self.min_steps and sum(self.timed) >= self.max_seconds:
+        self.model.stop_training = True
+
+
+def _child(settings: dict, timeout: float) -> dict:
+  env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+  command = [sys.executable, __file__, "--child", json.dumps(settings)]
+  started = time.perf_counter()
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+  except subprocess.TimeoutExpired:
+    return {**settings, "error": f"timed out after {timeout:g} s"}
+  if done.returncode != 0:
+    return {**settings, "error": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"}
+  return {**json.loads(done.stdout.strip().splitlines()[-1]),
+          "child_wall_seconds": time.perf_counter() - started}
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+  """Examples per second and peak resident memory against table rows, per algorithm."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  figure, (speed, memory) = plt.subplots(1, 2, figsize=(10, 3.8))
+  for algorithm in ALGORITHMS:
+    ran = sorted((r for r in results if r["algorithm"] == algorithm and "error" not in r
+                  and "not_run" not in r), key=lambda r: r["table_rows"])
+    if not ran:
+      continue
+    rows = [r["table_rows"] for r in ran]
+    speed.plot(rows, [r["examples_per_second"] for r in ran], marker="o", label=algorithm)
+    memory.plot(rows, [max(r["peak_rss_timed_bytes"], r["peak_rss_warmup_bytes"]) / 2**30
+                       for r in ran], marker="o", label=algorithm)
+  for axis, label in ((speed, "examples / second"), (memory, "peak resident memory (GiB)")):
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("embedding rows (26 tables)")
+    axis.set_ylabel(label)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+  figure.suptitle("pCTR job at 1x / 10x / 100x Table 3 (" + results[0]["optimizer"] + ")")
+  figure.tight_layout()
+  figure.savefig(path)
+  plt.close(figure)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--child", help=argparse.SUPPRESS)
+  parser.add_argument("--scales", default="1,10,100", help="multiples of Table 3's vocabularies")
+  parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="sgd",
+                      help="sgd (default; no slot), adagrad (one), adam or lazy-adam (two "
+                           "slots the size of the tables)")
+  parser.add_argument("--learning-rate", type=float, default=3e-3)
+  parser.add_argument("--examples", type=int, default=400_000,
+                      help="synthetic examples in memory (N of the accounting)")
+  parser.add_argument("--batch-size", type=int, default=2048)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--steps", type=int, default=40, help="timed steps at most")
+  parser.add_argument("--min-steps", type=int, default=3, help="timed steps at least")
+  parser.add_argument("--max-seconds", type=float, default=60.0,
+                      help="stop timing once this many seconds of steps are timed")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--reserve-gb", type=float, default=4.0,
+                      help="memory left to other users of the machine")
+  parser.add_argument("--timeout", type=float, default=3600, help="seconds per child")
+  parser.add_argument("--out", default="benchmarks/results/vocabulary_scale.json")
+  args = parser.parse_args()
+  if args.child:
+    print(json.dumps(measure(json.loads(args.child))))
+    return 0
+  algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+  unknown = sorted(set(algorithms) - set(ALGORITHMS))
+  if unknown or not algorithms:
+    parser.error(f"--algorithms: unknown {unknown}; choose from {','.join(ALGORITHMS)}")
+  results = []
+  for scale in [float(s) for s in args.scales.split(",")]:
+    for algorithm in algorithms:
+      settings = {"scale": scale, "algorithm": algorithm,
+                  **{k: getattr(args, k) for k in ("optimizer", "learning_rate", "examples",
+                                                    "batch_size", "warmup", "steps",
+                                                    "min_steps", "max_seconds", "seed",
+                                                    "reserve_gb")}}
+      results.append(_child(settings, args.timeout))
+      print(json.dumps({k: v for k, v in results[-1].items()
+                        if k != "rss_after_each_timed_step_bytes"}), file=sys.stderr, flush=True)
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  for scale in {r["scale"] for r in results}:
+    ran = {r["algorithm"]: r for r in results if r["scale"] == scale and r.get("timed_steps")}
+    if "none" in ran and "adafest" in ran:
+      for r in results:
+        if r["scale"] == scale and r is ran["adafest"]:
+          r["examples_per_second_over_nonprivate"] = (r["examples_per_second"]
+                                                      / ran["none"]["examples_per_second"])
+  report = {"benchmark": "vocabulary_scale", "command": " ".join(sys.argv),
+            "machine": f"{platform.node()} {os.cpu_count()} cores, "
+                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+            "python": platform.python_version(), "results": results}
+  out.write_text(json.dumps(report, indent=1))
+  plot(results, out.with_suffix(".png"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
