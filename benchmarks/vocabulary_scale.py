@@ -44,7 +44,8 @@ import time
 
 ALGORITHMS = ("none", "dpsgd", "adafest")
 # Optimizer slots the size of each table: the memory bound before a run starts.
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "lazy-adam": 2}
+# rowwise-adagrad keeps one scalar per row: counted as none (this is a lower bound).
+OPTIMIZER_SLOTS = {"sgd": 0, "rowwise-adagrad": 0, "adagrad": 1, "adam": 2, "lazy-adam": 2}
 _OVERHEAD_BYTES = 2 * 2**30  # TensorFlow, the dense layers, the examples, the step's activations
 # DP-SGD's draw of one table (sparse_dp.mechanisms.gaussian): its uint64 Philox words and
 # their two halves, each of the table's bytes, then the noisy gradient itself.
@@ -52,14 +53,11 @@ _DENSE_NOISE_TABLES = 4
 
 
 def optimizer(name: str, learning_rate: float):
-  """The Keras optimizer ``--optimizer name`` compiles (``make_private`` makes it sparse)."""
-  from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
-  from sparse_dp.optimizers import LazyAdam  # pylint: disable=import-outside-toplevel
-  legacy = keras.optimizers.legacy
-  return {"sgd": lambda: legacy.SGD(learning_rate),
-          "adagrad": lambda: legacy.Adagrad(learning_rate),
-          "adam": lambda: keras.optimizers.Adam(learning_rate),
-          "lazy-adam": lambda: LazyAdam(learning_rate)}[name]()
+  """The job's ``--optimizer name`` in its sparse form for every run, non-private included
+  (:func:`sparse_dp.optimizers.sparse_optimizer`), so the three runs differ only in the step."""
+  from sparse_dp.models.fitting import job_optimizer  # pylint: disable=import-outside-toplevel
+  from sparse_dp.optimizers import sparse_optimizer  # pylint: disable=import-outside-toplevel
+  return sparse_optimizer(job_optimizer(name, learning_rate))
 
 
 def bytes_needed(sizes, algorithm: str, optimizer_name: str) -> int:
@@ -233,8 +231,8 @@ def main() -> int:
   parser.add_argument("--scales", default="1,10,100", help="multiples of Table 3's vocabularies")
   parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
   parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="sgd",
-                      help="sgd (default; no slot), adagrad (one), adam or lazy-adam (two "
-                           "slots the size of the tables)")
+                      help="sgd (default; no slot), rowwise-adagrad (one scalar per row), adagrad "
+                           "(one slot the size of the tables), adam or lazy-adam (two)")
   parser.add_argument("--learning-rate", type=float, default=3e-3)
   parser.add_argument("--examples", type=int, default=400_000,
                       help="synthetic examples in memory (N of the accounting)")
