@@ -58,7 +58,7 @@ def test_figure_and_table_are_drawn_from_the_written_json(tmp_path):
   assert_figure_matches_report(paths["json"], paths["png"])
   table = paths["md"].read_text()
   assert "| a2 | 1 | 1 | 0.6900 ± 0.0100 (n=2) | 5,000 ± 500 |" in table
-  assert "ε=∞" in plots.point_text(points[0])
+  assert plots.configuration({"label": "adafest tau=2s s1/s2=2"}) == "tau=2s s1/s2=2"
 
 
 def test_heatmap_and_epsilon_reports_show_every_point(tmp_path):
@@ -174,6 +174,26 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   assert {r["algorithm"] for r in report["best_reduction"]} == {"adafest"}
   assert_figure_matches_report(paths["json"], paths["png"])
   assert "wrote" in capsys.readouterr().out
+  # Killed mid-way: one run's file never written (its .partial half-written), the
+  # others finished. --from-cache trains nothing and lists the point as missing; the
+  # re-run trains that run only and reports what the uninterrupted run reported.
+  runs = sorted((tmp_path / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+  killed, finished = runs[-1], runs[:-1]
+  stamps = {p: p.stat().st_mtime_ns for p in finished}
+  killed.rename(killed.with_suffix(".partial"))
+  killed.with_suffix(".partial").write_text(killed.with_suffix(".partial").read_text()[:50])
+  assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path),
+               "--from-cache"]) == 0
+  cached = json.loads(paths["json"].read_text())
+  assert cached["missing"] == ["adafest tau=6s s1/s2=2"] and len(cached["points"]) == 2
+  assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
+  resumed = json.loads(paths["json"].read_text())
+  assert killed.exists() and {p: p.stat().st_mtime_ns for p in finished} == stamps
+
+  def without_timing(points):
+    return [{k: v for k, v in p.items() if k != "examples_per_second"} for p in points]
+  assert without_timing(resumed["points"]) == without_timing(report["points"])
+  assert resumed["best_reduction"] == report["best_reduction"] and resumed["missing"] == []
 
 
 @pytest.mark.parametrize("grid, named", [
