@@ -89,21 +89,27 @@ def _report(study: str, runs: Runner, points: list[dict], **extra) -> dict:
 
 def sweep_points(preset: StudyPreset) -> list[Point]:
   """The preset's coarse grid at its epsilon: the non-private model, DP-SGD, DP-FEST
-  over ``fest_ks``, DP-AdaFEST over ``sigma_ratios x (tau_sigmas + taus)`` and over the
-  contribution clips ``C1`` at its first point, DP-AdaFEST+ at ``adafest_plus``'s
-  ``(k, tau)`` and each of its ``k`` over the absolute ``taus``."""
+  over ``fest_ks`` (and at ``fest_shares``), DP-AdaFEST at the first noise ratio over
+  ``tau_sigmas`` and the absolute ``taus``, then (where there are ``taus``) at the
+  first threshold over the other noise ratios, and over the contribution clips ``C1``;
+  DP-AdaFEST+ at ``adafest_plus``'s ``(k, tau)`` and its first ``k`` over ``taus``.
+  The smoke and full presets' sweeps are the first, third and fifth of these."""
   eps, ratio = preset.epsilon, preset.sigma_ratios[0]
   points = [Point("none", None), Point("dpsgd", eps)]
   points += [Point("fest", eps, fest_k=k) for k in preset.fest_ks]
-  for r in (preset.sigma_ratios if preset.taus else preset.sigma_ratios[:1]):
-    points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=r) for t in preset.tau_sigmas]
-    points += [Point("adafest", eps, sigma_ratio=r, flags=(("tau", t),)) for t in preset.taus]
+  points += [Point("fest", eps, fest_k=k, flags=(("selection_share", share),))
+             for k, share in preset.fest_shares]
+  points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio) for t in preset.tau_sigmas]
+  points += [Point("adafest", eps, sigma_ratio=ratio, flags=(("tau", t),)) for t in preset.taus]
+  if preset.taus:  # the paper preset: the noise ratios and C1 at the first threshold
+    points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=r)
+               for r in preset.sigma_ratios[1:]]
   points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=ratio,
                    flags=(("contribution_clip", c),)) for c in preset.contribution_clips[1:]]
   points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
              for k, t in preset.adafest_plus]
-  points += [Point("adafest+", eps, fest_k=k, sigma_ratio=ratio, flags=(("tau", t),))
-             for k in dict.fromkeys(k for k, _ in preset.adafest_plus) for t in preset.taus]
+  points += [Point("adafest+", eps, fest_k=preset.adafest_plus[0][0], sigma_ratio=ratio,
+                   flags=(("tau", t),)) for t in preset.taus]
   return points
 
 
