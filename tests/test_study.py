@@ -19,11 +19,11 @@ from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.study.grid import Grid
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.memory import memory_limit_bytes, refusal, resident_bytes_lower_bound
-from sparse_dp.study.presets import FULL, PAPER_SELECTION_SHARE, SMOKE
-from sparse_dp.study.runs import Point, Runner
+from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
+from sparse_dp.study.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
 from sparse_dp.study.studies import output_paths, publish
-from sparse_dp.study.sweeps import best_reduction, default_point
+from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
 
 from conftest import one_stack
 from study_checks import assert_figure_matches_report
@@ -243,3 +243,40 @@ def test_real_files_are_read_whole_unless_capped(tmp_path):
   capped = StudyInputs.load(str(path), 60, 0.01, (2,), tmp_path / "data", max_examples=100)
   assert whole.source["train_examples"] == 450 and capped.source["train_examples"] == 90
   assert SMOKE.selection_share == FULL.selection_share == PAPER_SELECTION_SHARE == 0.01
+
+
+def test_paired_difference_is_the_t_interval_of_the_seedwise_differences():
+  paired = paired_difference([0.70, 0.72, 0.71], [0.69, 0.70, 0.70])
+  # differences 0.01, 0.02, 0.01: sd 0.005774, t_{0.975, 2} = 4.3027
+  assert paired["mean"] == pytest.approx(0.013333, abs=1e-6) and paired["n"] == 3
+  assert paired["high"] - paired["mean"] == pytest.approx(4.3027 * 0.0057735 / 3 ** 0.5, rel=1e-3)
+  assert paired_difference([0.7], [0.6])["low"] is None
+  with pytest.raises(ValueError, match="paired over seeds"):
+    paired_difference([0.7, 0.7], [0.6])
+
+
+def test_the_paper_preset_grid_spans_the_papers_ranges_and_refines_its_frontier():
+  points = sweep_points(PAPER)
+  assert len(points) == len(set(points)) == 22
+  fest = [p.fest_k for p in points if p.algorithm == "fest"]
+  assert min(fest) <= 100 and max(fest) == 300_000
+  assert {p.sigma_ratio for p in points if p.algorithm == "adafest"} == {0.1, 1.0, 5.0, 10.0}
+  flags = [dict(p.flags) for p in points]
+  assert {f["tau"] for f in flags if "tau" in f} == {1.0, 10.0, 100.0}
+  assert {f.get("contribution_clip", 1.0) for f in flags} == {1.0, 5.0, 10.0}
+  assert {f["selection_share"] for f in flags if "selection_share" in f} == {0.5}
+  coarse = [{**_point("dpsgd", 0.70, 1.0), "flags": ()}] + [
+      {**_point("adafest", auc, reduction, f"adafest tau={t:g}s s1/s2=5"), "flags": (),
+       "tau_sigmas": t, "sigma_ratio": 5.0}
+      for t, auc, reduction in ((2.0, 0.699, 100.0), (8.0, 0.68, 10_000.0))]
+  (refined,) = refined_points(coarse, PAPER)
+  assert refined == Point("adafest", PAPER.epsilon, tau_sigmas=4.0, sigma_ratio=5.0)
+
+
+def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_path):
+  one = StudyInputs.load("synthetic", 200, 0.01, (2,), tmp_path, data_seed=1, test_split=True)
+  zero = StudyInputs.load("synthetic", 200, 0.01, (2,), tmp_path, test_split=True)
+  assert len(one.train[1]) == 180 and len(one.held_out[1]) == len(one.test[1]) == 10
+  assert one.source["data_seed"] == 1 and "data_seed" not in zero.source
+  assert not np.array_equal(one.train[0]["categorical"], zero.train[0]["categorical"])
+  assert not np.array_equal(one.held_out[0]["categorical"], one.test[0]["categorical"])

@@ -24,7 +24,7 @@ import math
 import pathlib
 from typing import Optional, Sequence
 
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.inputs import SYNTHETIC, StudyInputs
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import MissingRun, Point, Runner, paired_difference
 
@@ -35,12 +35,13 @@ AUC_LOSS_THRESHOLDS = (0.001, 0.005, 0.01, 0.02, 0.05)
 def runner(preset: StudyPreset, data: str, out: pathlib.Path,
            from_cache: bool = False) -> Runner:
   """The preset's runner on ``data``; synthetic data drawn per seed where the preset
-  resamples them (the last seed's inputs kept in memory)."""
+  resamples them (the last seed's inputs kept in memory; real files are read once)."""
+  resample = preset.resample_data and data == SYNTHETIC
+
   def load(seed: int) -> StudyInputs:
     return StudyInputs.load(data, preset.examples, preset.synthetic_scale, preset.features,
                             pathlib.Path(out) / "data", max_examples=preset.max_examples,
-                            data_seed=seed if preset.resample_data else 0,
-                            test_split=preset.test_split)
+                            data_seed=seed if resample else 0, test_split=preset.test_split)
   loaded: dict[int, StudyInputs] = {}
 
   def inputs_for_seed(seed: int) -> StudyInputs:
@@ -49,7 +50,7 @@ def runner(preset: StudyPreset, data: str, out: pathlib.Path,
       loaded[seed] = load(seed)
     return loaded[seed]
   first = inputs_for_seed(preset.seeds[0])
-  return Runner(first, preset, out, inputs_for_seed if preset.resample_data else None,
+  return Runner(first, preset, out, inputs_for_seed if resample else None,
                 from_cache=from_cache)
 
 
