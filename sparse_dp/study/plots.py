@@ -58,9 +58,10 @@ def _legend(axis) -> None:
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _tradeoff_axis(axis, points: list[dict], title: str) -> None:
+def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True) -> None:
   """AUC (error bars over seeds) against gradient-size reduction, one colour and marker
-  per algorithm, each point labelled with its configuration."""
+  per algorithm, each point labelled with its configuration (``legend``: the key, to
+  the right of the axis)."""
   labelled = set()
   for point in points:
     algorithm = point["algorithm"]
@@ -73,9 +74,12 @@ def _tradeoff_axis(axis, points: list[dict], title: str) -> None:
     axis.annotate(configuration(point), (point["gradient_size_reduction"], point["auc_mean"]),
                   textcoords="offset points", xytext=(5, 3), fontsize=7)
   axis.set_xscale("log")
+  from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
+  axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a short decade collide
   axis.set(xlabel="gradient-size reduction (rows / rows updated per step)",
            ylabel="held-out AUC (mean ± sd over seeds)", title=title)
-  _legend(axis)
+  if legend:
+    _legend(axis)
 
 
 def _tradeoffs(report: dict, plt):
@@ -105,9 +109,9 @@ def _epsilon(report: dict, plt):
   epsilons = report["epsilons"]
   figure, axes = plt.subplots(1, len(epsilons), figsize=(4.5 * len(epsilons), 4.5),
                               squeeze=False, sharey=True)
-  for axis, epsilon in zip(axes[0], epsilons):
+  for axis, epsilon in zip(axes[0], epsilons):  # one key, right of the last panel
     _tradeoff_axis(axis, [p for p in report["points"] if p["epsilon"] == epsilon],
-                   f"Fig. 4 analogue: target ε={epsilon:g}")
+                   f"Fig. 4 analogue: target ε={epsilon:g}", legend=axis is axes[0][-1])
   return figure
 
 
@@ -149,6 +153,8 @@ def _streaming(report: dict, plt):
                      marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
                      color=ALGORITHM_COLORS.get(point["algorithm"]),
                      linestyle=["-", "--", ":", "-."][report["points"].index(point) % 4])
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  periods.xaxis.set_major_locator(MaxNLocator(integer=True))
   periods.set(xlabel=f"period ({report['streaming_period']} day(s) each)",
               ylabel="AUC on the evaluation days", title="each period, warm-started")
   _legend(periods)
