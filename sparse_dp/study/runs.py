@@ -10,7 +10,8 @@ progress to ``<key>.log``); a study that finds them reuses them, so sweeps
 that share points (the epsilon sweep at the trade-off study's epsilon) train
 them once, and a killed study resumes. The key is a hash of everything that
 determines the run: the data's description, the point, the command's parsed
-settings (seed included) and the preset's ``version``. A run's file is written
+settings (seed included) and the preset's ``version`` (from 2 on: version 1 adds
+nothing, so caches written before presets had versions stay valid). A run's file is written
 whole under another name and renamed, so a killed run leaves no file under its
 key and is trained again; ``from_cache`` reads the cache and trains nothing.
 
@@ -82,7 +83,6 @@ class Runner:
     self._inputs_for_seed = inputs_for_seed or (lambda seed: inputs)
     self.folder = pathlib.Path(folder) / "runs"
     self.folder.mkdir(parents=True, exist_ok=True)
-    self.trained = 0  # runs this runner trained (not read from the cache)
 
   def arguments(self, point: Point, seed: int) -> argparse.Namespace:
     """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model and
@@ -126,7 +126,6 @@ class Runner:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps({**key, "metrics": metrics}, indent=1))
     partial.rename(path)
-    self.trained += 1
     return metrics
 
   def summary(self, point: Point, **extra) -> dict:
