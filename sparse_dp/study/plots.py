@@ -155,7 +155,9 @@ def _streaming(report: dict, plt):
                      linestyle=["-", "--", ":", "-."][report["points"].index(point) % 4])
   from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
   periods.xaxis.set_major_locator(MaxNLocator(integer=True))
-  periods.set(xlabel=f"period ({report['streaming_period']} day(s) each)",
+  lengths = report.get("streaming_periods") or [report["streaming_period"]]
+  periods.set(xlabel=f"period ({'/'.join(map(str, lengths))} day(s) each: T in the key)"
+              if len(lengths) > 1 else f"period ({lengths[0]} day(s) each)",
               ylabel="AUC on the evaluation days", title="each period, warm-started")
   _legend(periods)
   return figure

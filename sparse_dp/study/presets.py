@@ -82,6 +82,9 @@ class StudyPreset:
   # paper's 0.01 of epsilon 1 and 90,000 training examples the top-k's Gumbel noise
   # (scale k x tables / epsilon_1) is above every count, so the top-k is noise.
   fest_shares: tuple[tuple[int, float], ...] = ()
+  # Streaming period lengths (days, Fig. 5's T), each stream run at every one; empty:
+  # ``stream_period`` alone.
+  stream_periods: tuple[int, ...] = ()
 
   def describe(self) -> dict:
     return dataclasses.asdict(self)
@@ -130,8 +133,8 @@ PAPER = StudyPreset(
     tau_sigmas=(2.0, 8.0), sigma_ratios=(5.0, 0.1, 1.0, 10.0),
     adafest_plus=((1_000, 2.0), (10_000, 2.0)),
     epsilons=(1.0, 8.0), epsilon_algorithms=("dpsgd", "fest", "adafest", "adafest+"),
-    stream_train_days="0-5", stream_eval_days="6", stream_period=1,
-    stream_examples_per_day=PAPER_EXAMPLES // 6, stream_eval_examples_per_day=20_000,
+    stream_train_days="0-17", stream_eval_days="18-23", stream_period=1,
+    stream_examples_per_day=PAPER_EXAMPLES // 18, stream_eval_examples_per_day=2_000,
     streams=(("adafest", "running"), ("fest", "first-day"), ("fest", "all-days"),
              ("fest", "running")),
     bench_vocabularies=(100_000, 1_000_000, 10_000_000),
@@ -139,7 +142,8 @@ PAPER = StudyPreset(
     throughput_scales=(1.0,), throughput_examples=PAPER_EXAMPLES,
     throughput_algorithms=("dpsgd", "adafest"),
     version=1, resample_data=True, test_split=True, taus=(1.0, 10.0, 100.0),
-    contribution_clips=(1.0, 5.0, 10.0), fest_shares=((10, 0.5),), refine=True)
+    contribution_clips=(1.0, 5.0, 10.0), fest_shares=((10, 0.5),), refine=True,
+    stream_periods=(1, 2, 3))
 
 PRESETS = {p.name: p for p in (SMOKE, FULL, PAPER)}
 
