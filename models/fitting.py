@@ -166,8 +166,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   logits = (model.predict(x_eval, batch_size=8192, verbose=0) if not (on_ps or in_engine)
             else tf.concat([model(batch, training=False) for batch in
                             tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
-  auc = keras.metrics.AUC(from_logits=True)
-  auc.update_state(y_eval, logits)
+  auc = _auc(y_eval, logits)
   # Log-loss against the base rate's, ECE: held-out statistics, reported as AUC is.
   calibration, reliability = calibration_metrics(logits, y_eval)
   # The update's size over every step of the run (run_statistics), against the full tables.
@@ -179,7 +178,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   metrics = {
       "algorithm": kind.value, "embedding": private.embedding_backend.name,
       "optimizer": settings.optimizer, "learning_rate": settings.learning_rate,
-      "auc": float(auc.result()),
+      "auc": auc,
       **calibration,
       "epsilon": report.epsilon if report else None,
       "training_epsilon": report.training_epsilon if report else None,
@@ -198,6 +197,23 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "poisson_sampling": report.poisson_sampling if report else None,
   }
   return FitResult(metrics, history, model, reliability)
+
+
+def _auc(labels, logits) -> float:
+  auc = keras.metrics.AUC(from_logits=True)
+  auc.update_state(labels, logits)
+  return float(auc.result())
+
+
+def held_out_auc(model: keras.Model, held_out, preselection: Optional[Preselection] = None
+                 ) -> float:
+  """AUC of a trained model (in memory) on another held-out ``(x, y)``, its ids mapped
+  through the run's ``preselection`` as the model's own evaluation maps them (a study's
+  test split, evaluated beside the validation split the fit reports)."""
+  x, y = held_out
+  if preselection is not None:
+    x = {**x, "categorical": preselection.apply(x["categorical"])}
+  return _auc(y, model.predict(x, batch_size=8192, verbose=0))
 
 
 def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,

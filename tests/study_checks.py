@@ -26,19 +26,30 @@ def plotted_errorbars(figure) -> list[tuple[float, float, float]]:
 
 def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path) -> None:
   """The PNG is stamped with the JSON's hash, and the figure drawn from the JSON shows
-  every point's AUC ± spread, epsilon and reduction, with error bars at its numbers."""
+  its scale, every point's configuration (a heatmap: every cell's value), and error
+  bars at the points' numbers (AUC ± spread; Fig. 3: reduction ± spread)."""
   digest = hashlib.sha256(json_path.read_bytes()).hexdigest()
   assert Image.open(png_path).text["Source"] == f"{json_path.name} sha256={digest}"
   report = json.loads(json_path.read_text())
   figure = plots.figure(report)
   texts = {text.get_text() for axis in figure.axes for text in axis.texts}
-  points = report["points"] + [r for p in report["points"] for r in p.get("periods", [])]
-  for point in points:
-    assert plots.point_text(point) in texts, point
+  texts |= {text.get_text() for text in figure.texts}
+  if plots.scale_text(report):
+    assert plots.scale_text(report) in texts
+  if report["study"] == "heatmap":
+    for point in report["points"]:
+      assert f"{point['auc_mean']:.3f}" in texts, point
+  elif report["study"] in ("tradeoffs", "epsilon"):
+    for point in report["points"]:
+      assert plots.configuration(point) in texts, point
   expected = [(p["gradient_size_reduction"], p["auc_mean"], p["auc_std"])
               for p in report["points"]]
   expected += [(r["period"], r["auc_mean"], r["auc_std"])
                for p in report["points"] for r in p.get("periods", [])]
+  expected += [(r["auc_loss_threshold"], r["gradient_size_reduction"],
+                r.get("gradient_size_reduction_std") or 0.0)
+               for r in report.get("best_reduction", [])
+               if r["gradient_size_reduction"] is not None]
   bars = plotted_errorbars(figure)
   if report["study"] in ("tradeoffs", "epsilon", "streaming"):
     assert len(bars) >= len(report["points"])

@@ -20,11 +20,11 @@ from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.study.grid import Grid
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.memory import memory_limit_bytes, refusal, resident_bytes_lower_bound
-from sparse_dp.study.presets import FULL, PAPER_SELECTION_SHARE, SMOKE
-from sparse_dp.study.runs import Point, Runner
+from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
+from sparse_dp.study.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
 from sparse_dp.study.studies import output_paths, publish
-from sparse_dp.study.sweeps import best_reduction, default_point
+from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
 
 from conftest import one_stack
 from study_checks import assert_figure_matches_report
@@ -59,7 +59,7 @@ def test_figure_and_table_are_drawn_from_the_written_json(tmp_path):
   assert_figure_matches_report(paths["json"], paths["png"])
   table = paths["md"].read_text()
   assert "| a2 | 1 | 1 | 0.6900 ± 0.0100 (n=2) | 5,000 ± 500 |" in table
-  assert "ε=∞" in plots.point_text(points[0])
+  assert plots.configuration({"label": "adafest tau=2s s1/s2=2"}) == "tau=2s s1/s2=2"
 
 
 def test_heatmap_and_epsilon_reports_show_every_point(tmp_path):
@@ -175,6 +175,26 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   assert {r["algorithm"] for r in report["best_reduction"]} == {"adafest"}
   assert_figure_matches_report(paths["json"], paths["png"])
   assert "wrote" in capsys.readouterr().out
+  # Killed mid-way: one run's file never written (its .partial half-written), the
+  # others finished. --from-cache trains nothing and lists the point as missing; the
+  # re-run trains that run only and reports what the uninterrupted run reported.
+  runs = sorted((tmp_path / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+  killed, finished = runs[-1], runs[:-1]
+  stamps = {p: p.stat().st_mtime_ns for p in finished}
+  killed.rename(killed.with_suffix(".partial"))
+  killed.with_suffix(".partial").write_text(killed.with_suffix(".partial").read_text()[:50])
+  assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path),
+               "--from-cache"]) == 0
+  cached = json.loads(paths["json"].read_text())
+  assert cached["missing"] == ["adafest tau=6s s1/s2=2"] and len(cached["points"]) == 2
+  assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
+  resumed = json.loads(paths["json"].read_text())
+  assert killed.exists() and {p: p.stat().st_mtime_ns for p in finished} == stamps
+
+  def without_timing(points):
+    return [{k: v for k, v in p.items() if k != "examples_per_second"} for p in points]
+  assert without_timing(resumed["points"]) == without_timing(report["points"])
+  assert resumed["best_reduction"] == report["best_reduction"] and resumed["missing"] == []
 
 
 @pytest.mark.parametrize("grid, named", [
@@ -234,3 +254,40 @@ def test_real_files_are_read_whole_unless_capped(tmp_path):
   capped = StudyInputs.load(str(path), 60, 0.01, (2,), tmp_path / "data", max_examples=100)
   assert whole.source["train_examples"] == 450 and capped.source["train_examples"] == 90
   assert SMOKE.selection_share == FULL.selection_share == PAPER_SELECTION_SHARE == 0.01
+
+
+def test_paired_difference_is_the_t_interval_of_the_seedwise_differences():
+  paired = paired_difference([0.70, 0.72, 0.71], [0.69, 0.70, 0.70])
+  # differences 0.01, 0.02, 0.01: sd 0.005774, t_{0.975, 2} = 4.3027
+  assert paired["mean"] == pytest.approx(0.013333, abs=1e-6) and paired["n"] == 3
+  assert paired["high"] - paired["mean"] == pytest.approx(4.3027 * 0.0057735 / 3 ** 0.5, rel=1e-3)
+  assert paired_difference([0.7], [0.6])["low"] is None
+  with pytest.raises(ValueError, match="paired over seeds"):
+    paired_difference([0.7, 0.7], [0.6])
+
+
+def test_the_paper_preset_grid_spans_the_papers_ranges_and_refines_its_frontier():
+  points = sweep_points(PAPER)
+  assert len(points) == len(set(points)) == 22
+  fest = [p.fest_k for p in points if p.algorithm == "fest"]
+  assert min(fest) <= 100 and max(fest) == 300_000
+  assert {p.sigma_ratio for p in points if p.algorithm == "adafest"} == {0.1, 1.0, 5.0, 10.0}
+  flags = [dict(p.flags) for p in points]
+  assert {f["tau"] for f in flags if "tau" in f} == {1.0, 10.0, 100.0}
+  assert {f.get("contribution_clip", 1.0) for f in flags} == {1.0, 5.0, 10.0}
+  assert {f["selection_share"] for f in flags if "selection_share" in f} == {0.5}
+  coarse = [{**_point("dpsgd", 0.70, 1.0), "flags": ()}] + [
+      {**_point("adafest", auc, reduction, f"adafest tau={t:g}s s1/s2=5"), "flags": (),
+       "tau_sigmas": t, "sigma_ratio": 5.0}
+      for t, auc, reduction in ((2.0, 0.699, 100.0), (8.0, 0.68, 10_000.0))]
+  (refined,) = refined_points(coarse, PAPER)
+  assert refined == Point("adafest", PAPER.epsilon, tau_sigmas=4.0, sigma_ratio=5.0)
+
+
+def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_path):
+  one = StudyInputs.load("synthetic", 200, 0.01, (2,), tmp_path, data_seed=1, test_split=True)
+  zero = StudyInputs.load("synthetic", 200, 0.01, (2,), tmp_path, test_split=True)
+  assert len(one.train[1]) == 180 and len(one.held_out[1]) == len(one.test[1]) == 10
+  assert one.source["data_seed"] == 1 and "data_seed" not in zero.source
+  assert not np.array_equal(one.train[0]["categorical"], zero.train[0]["categorical"])
+  assert not np.array_equal(one.held_out[0]["categorical"], one.test[0]["categorical"])

@@ -1,8 +1,11 @@
-"""``sparse-dp study NAME --preset {smoke,full} --data ... --out DIR [--grid FILE]``."""
+"""``sparse-dp study NAME --preset {smoke,full,paper} --data ... --out DIR [--grid FILE]
+[--from-cache]``."""
 
 from __future__ import annotations
 
 import argparse
+
+from sparse_dp.study.presets import PRESETS
 
 _STUDIES = {"tradeoffs": "Fig. 3 / 8: reduction vs AUC of DP-SGD, DP-FEST, DP-AdaFEST(+)",
             "epsilon": "Fig. 4: each algorithm across epsilon",
@@ -30,21 +33,28 @@ def add_parser(commands) -> None:
   studies = parser.add_subparsers(dest="study", required=True)
   for name, text in _STUDIES.items():
     study = studies.add_parser(name, help=text, description=text)
-    study.add_argument("--preset", choices=["smoke", "full"], default="smoke",
-                       help="sizes: smoke (CI, minutes) or full (the committed results)")
+    study.add_argument("--preset", choices=list(PRESETS), default="smoke",
+                       help="sizes: smoke (CI, minutes), full (about 40 minutes on 2 cores) "
+                            "or paper (Ghazi et al.'s Criteo-Kaggle setting, about 12 hours "
+                            "on 2 cores, resumable: docs/paper_study.md)")
     study.add_argument("--data", default="synthetic",
                        help="'synthetic' (default) or a path or glob of Criteo files "
                             "(streaming: Criteo-1TB day_N files)")
     study.add_argument("--out", default="study-results", help="output folder")
     if name == "tradeoffs":
       study.add_argument("--grid", metavar="FILE", help=_GRID_HELP)
+    if name in ("tradeoffs", "epsilon", "heatmap"):
+      study.add_argument("--from-cache", action="store_true",
+                         help="train nothing: report the finished runs in OUT/runs and list "
+                              "the points not yet trained under 'missing'")
     study.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
   from sparse_dp.study.studies import output_paths, run_study  # pylint: disable=import-outside-toplevel
   from sparse_dp.study.tables import markdown  # pylint: disable=import-outside-toplevel
-  report = run_study(args.study, args.preset, args.data, args.out, getattr(args, "grid", None))
+  report = run_study(args.study, args.preset, args.data, args.out, getattr(args, "grid", None),
+                     getattr(args, "from_cache", False))
   print(markdown(report))
   print("wrote " + ", ".join(str(p) for p in output_paths(args.study, args.out).values()))
   return 0

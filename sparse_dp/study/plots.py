@@ -1,8 +1,12 @@
 """Figures drawn from a study's JSON report alone, so they always match it.
 
 Every trained point is drawn with its mean AUC and the sample standard
-deviation over seeds (error bars, or ``±`` in a heatmap cell) and labelled
-with :func:`point_text`: AUC, epsilon spent and gradient-size reduction.
+deviation over seeds (error bars) in its algorithm's colour and marker
+(:data:`ALGORITHM_COLORS`, :data:`ALGORITHM_MARKERS`, the same in every figure)
+and labelled with its configuration (``k``, ``tau``, ``sigma1/sigma2``); heatmap
+cells carry their value only, in a font that can be read. Legends sit outside
+the axes, and every figure's title line states its scale: examples, table rows
+and seeds (:func:`scale_text`).
 :func:`save` stamps the PNG with the SHA-256 of the JSON it was drawn from
 (PNG text chunk ``Source``).
 """
@@ -15,6 +19,30 @@ import pathlib
 
 ALGORITHM_COLORS = {"none": "black", "dpsgd": "tab:gray", "fest": "tab:blue",
                     "adafest": "tab:red", "adafest+": "tab:purple"}
+ALGORITHM_MARKERS = {"none": "*", "dpsgd": "s", "fest": "^", "adafest": "o", "adafest+": "D"}
+
+
+def scale_text(report: dict) -> str:
+  """The report's scale: training and held-out examples, table rows, seeds."""
+  source, preset = report.get("source") or {}, report.get("preset") or {}
+  parts = []
+  if "train_examples" in source:
+    parts.append(f"{source['train_examples']:,} train / {source['held_out_examples']:,} "
+                 + ("validation / " + f"{source['test_examples']:,} test"
+                    if "test_examples" in source else "held-out") + " examples")
+  if report.get("table_rows"):
+    parts.append(f"{report['table_rows']:,} table rows")
+  if preset.get("seeds"):
+    parts.append(f"n={len(preset['seeds'])} seeds"
+                 + (" (data drawn per seed)" if preset.get("resample_data") else ""))
+  if preset.get("name"):
+    parts.append(f"preset {preset['name']}")
+  return ", ".join(parts)
+
+
+def configuration(point: dict) -> str:
+  """A point's configuration without its algorithm (``k=300 tau=2s``)."""
+  return point["label"].split(" ", 1)[1] if " " in point["label"] else ""
 
 
 def _pyplot():
@@ -24,50 +52,56 @@ def _pyplot():
   return plt
 
 
-def point_text(point: dict) -> str:
-  """AUC mean ± spread over seeds, epsilon spent, gradient-size reduction."""
-  epsilon = point["epsilon_spent"]
-  return (f"AUC {point['auc_mean']:.3f}±{point['auc_std']:.3f}\n"
-          f"ε={'∞' if epsilon is None else f'{epsilon:.2g}'}, "
-          f"{point['gradient_size_reduction']:.3g}x")
+def _legend(axis) -> None:
+  """The axis's legend outside it, on the right, where no point or label lies."""
+  if axis.get_legend_handles_labels()[1]:
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _tradeoff_axis(axis, points: list[dict], title: str) -> None:
-  """AUC (error bars over seeds) against gradient-size reduction, one colour per algorithm."""
+def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True) -> None:
+  """AUC (error bars over seeds) against gradient-size reduction, one colour and marker
+  per algorithm, each point labelled with its configuration (``legend``: the key, to
+  the right of the axis)."""
   labelled = set()
   for point in points:
     algorithm = point["algorithm"]
     axis.errorbar(point["gradient_size_reduction"], point["auc_mean"], yerr=point["auc_std"],
-                  xerr=point["gradient_size_reduction_std"], fmt="o", capsize=3,
+                  xerr=point["gradient_size_reduction_std"],
+                  fmt=ALGORITHM_MARKERS.get(algorithm, "o"), capsize=3,
                   color=ALGORITHM_COLORS.get(algorithm),
                   label=None if algorithm in labelled else algorithm)
     labelled.add(algorithm)
-    axis.annotate(point_text(point), (point["gradient_size_reduction"], point["auc_mean"]),
-                  textcoords="offset points", xytext=(4, 4), fontsize=6)
+    axis.annotate(configuration(point), (point["gradient_size_reduction"], point["auc_mean"]),
+                  textcoords="offset points", xytext=(5, 3), fontsize=7)
   axis.set_xscale("log")
+  from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
+  axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a short decade collide
   axis.set(xlabel="gradient-size reduction (rows / rows updated per step)",
            ylabel="held-out AUC (mean ± sd over seeds)", title=title)
-  axis.legend(fontsize=7)
+  if legend:
+    _legend(axis)
 
 
 def _tradeoffs(report: dict, plt):
-  figure, (scatter, best) = plt.subplots(1, 2, figsize=(13, 5))
+  figure, (scatter, best) = plt.subplots(1, 2, figsize=(15, 5.5))
   _tradeoff_axis(scatter, report["points"],
                  f"Fig. 8 analogue: utility / sparsity at ε={report['epsilon']:g}")
   for algorithm in dict.fromkeys(r["algorithm"] for r in report["best_reduction"]):
     rows = [r for r in report["best_reduction"] if r["algorithm"] == algorithm
             and r["gradient_size_reduction"] is not None]
-    best.plot([r["auc_loss_threshold"] for r in rows],
-              [r["gradient_size_reduction"] for r in rows], marker="o",
-              color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
+    best.errorbar([r["auc_loss_threshold"] for r in rows],
+                  [r["gradient_size_reduction"] for r in rows],
+                  yerr=[r.get("gradient_size_reduction_std") or 0.0 for r in rows],
+                  marker=ALGORITHM_MARKERS.get(algorithm, "o"), capsize=3,
+                  color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
     for row in rows:
-      best.annotate(point_text(row),
+      best.annotate(row["label"].split(" ", 1)[1] if " " in row["label"] else "",
                     (row["auc_loss_threshold"], row["gradient_size_reduction"]),
-                    textcoords="offset points", xytext=(4, 4), fontsize=6)
-  best.set(xscale="log", yscale="log", xlabel="AUC loss allowed vs DP-SGD",
-           ylabel="best gradient-size reduction",
+                    textcoords="offset points", xytext=(5, 3), fontsize=7)
+  best.set(xscale="log", yscale="log", xlabel="AUC loss allowed vs DP-SGD (validation)",
+           ylabel="best gradient-size reduction (± sd over seeds)",
            title=f"Fig. 3 analogue: best reduction within an AUC loss (ε={report['epsilon']:g})")
-  best.legend(fontsize=7)
+  _legend(best)
   return figure
 
 
@@ -75,9 +109,9 @@ def _epsilon(report: dict, plt):
   epsilons = report["epsilons"]
   figure, axes = plt.subplots(1, len(epsilons), figsize=(4.5 * len(epsilons), 4.5),
                               squeeze=False, sharey=True)
-  for axis, epsilon in zip(axes[0], epsilons):
+  for axis, epsilon in zip(axes[0], epsilons):  # one key, right of the last panel
     _tradeoff_axis(axis, [p for p in report["points"] if p["epsilon"] == epsilon],
-                   f"Fig. 4 analogue: target ε={epsilon:g}")
+                   f"Fig. 4 analogue: target ε={epsilon:g}", legend=axis is axes[0][-1])
   return figure
 
 
@@ -88,65 +122,80 @@ def _heatmap(report: dict, plt):
   for axis, (key, title, transform) in zip(axes, [
       ("auc_mean", "held-out AUC", float),
       ("gradient_size_reduction", "log10 gradient-size reduction", math.log10)]):
-    grid = [[transform(cell[(r, t)][key]) for t in taus] for r in ratios]
+    grid = [[transform(cell[(r, t)][key]) if (r, t) in cell else math.nan for t in taus]
+            for r in ratios]
     image = axis.imshow(grid, cmap="viridis", aspect="auto")
     figure.colorbar(image, ax=axis)
     for i, r in enumerate(ratios):
       for j, t in enumerate(taus):
-        axis.text(j, i, point_text(cell[(r, t)]), ha="center", va="center", fontsize=6,
-                  color="white")
+        if (r, t) in cell:  # the value alone, large enough to read; white on dark cells
+          value = grid[i][j]
+          low, high = image.get_clim()
+          axis.text(j, i, f"{value:.3f}" if key == "auc_mean" else f"{value:.2f}",
+                    ha="center", va="center", fontsize=10,
+                    color="white" if value < (low + high) / 2 else "black")
     axis.set(xticks=range(len(taus)), xticklabels=[f"{t:g}" for t in taus],
              yticks=range(len(ratios)), yticklabels=[f"{r:g}" for r in ratios],
              xlabel="τ (units of σ1·C1)", ylabel="σ1/σ2", title=title)
-  figure.suptitle(f"Fig. 7/9 analogue: DP-AdaFEST at ε={report['epsilon']:g}")
+  figure.suptitle(f"Fig. 7/9 analogue: DP-AdaFEST at ε={report['epsilon']:g} "
+                  "(mean over seeds; the table gives the spread)")
   return figure
 
 
 def _streaming(report: dict, plt):
-  figure, (scatter, periods) = plt.subplots(1, 2, figsize=(13, 5))
+  figure, (scatter, periods) = plt.subplots(1, 2, figsize=(15, 5.5))
   _tradeoff_axis(scatter, report["points"],
                  f"Fig. 5 analogue: last period, ε={report['epsilon']:g} in all")
   for point in report["points"]:
     rows = point["periods"]
     periods.errorbar([r["period"] for r in rows], [r["auc_mean"] for r in rows],
-                     yerr=[r["auc_std"] for r in rows], marker="o", capsize=3,
-                     label=point["label"])
-    for row in rows:
-      periods.annotate(point_text(row), (row["period"], row["auc_mean"]),
-                       textcoords="offset points", xytext=(4, 4), fontsize=6)
-  periods.set(xlabel=f"period ({report['streaming_period']} day(s) each)",
+                     yerr=[r["auc_std"] for r in rows], capsize=3, label=point["label"],
+                     marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
+                     color=ALGORITHM_COLORS.get(point["algorithm"]),
+                     linestyle=["-", "--", ":", "-."][report["points"].index(point) % 4])
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  periods.xaxis.set_major_locator(MaxNLocator(integer=True))
+  lengths = report.get("streaming_periods") or [report["streaming_period"]]
+  periods.set(xlabel=f"period ({'/'.join(map(str, lengths))} day(s) each: T in the key)"
+              if len(lengths) > 1 else f"period ({lengths[0]} day(s) each)",
               ylabel="AUC on the evaluation days", title="each period, warm-started")
-  periods.legend(fontsize=7)
+  _legend(periods)
   return figure
 
 
 def _step_time(report: dict, plt):
-  figure, (steps, throughput) = plt.subplots(1, 2, figsize=(13, 5))
+  figure, (steps, throughput) = plt.subplots(1, 2, figsize=(15, 5.5))
   for trainer in dict.fromkeys(r["trainer"] for r in report["bench"]["results"]):
     rows = [r for r in report["bench"]["results"]
             if r["trainer"] == trainer and "seconds_per_step" in r]
-    steps.plot([r["vocab"] for r in rows], [r["seconds_per_step"] for r in rows], marker="o",
+    steps.plot([r["vocab"] for r in rows], [r["seconds_per_step"] for r in rows],
+               marker=ALGORITHM_MARKERS.get(_TRAINER_ALGORITHM.get(trainer, trainer), "o"),
+               color=ALGORITHM_COLORS.get(_TRAINER_ALGORITHM.get(trainer, trainer)),
                label=trainer)
   steps.set(xscale="log", yscale="log", xlabel="vocabulary size", ylabel="seconds per step",
             title="Table 4 analogue: one table, dim 64, batch 1024 (timing only)")
-  steps.legend(fontsize=7)
+  _legend(steps)
   for algorithm in dict.fromkeys(p["algorithm"] for p in report["points"]):
     rows = [p for p in report["points"] if p["algorithm"] == algorithm]
     throughput.plot([p["vocabulary_scale"] for p in rows],
-                    [p["examples_per_second"] for p in rows], marker="o",
+                    [p["examples_per_second"] for p in rows],
+                    marker=ALGORITHM_MARKERS.get(algorithm, "o"),
                     color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
     for row in rows:
-      throughput.annotate(point_text(row), (row["vocabulary_scale"], row["examples_per_second"]),
-                          textcoords="offset points", xytext=(4, 4), fontsize=6)
+      throughput.annotate(f"AUC {row['auc_mean']:.3f}", (row["vocabulary_scale"],
+                                                         row["examples_per_second"]),
+                          textcoords="offset points", xytext=(5, 3), fontsize=7)
   for line, scale in enumerate(report.get("not_run", [])):
     throughput.text(0.0, -0.16 - 0.06 * line,
                     f"x{scale['vocabulary_scale']:g} not run: {scale['reason']}",
                     transform=throughput.transAxes, fontsize=7, va="top", wrap=True)
   throughput.set(xscale="log", xlabel="vocabulary scale (x Table 3)",
                  ylabel="examples / second (fit wall time)", title="pCTR job throughput")
-  throughput.legend(fontsize=7)
+  _legend(throughput)
   return figure
 
+
+_TRAINER_ALGORITHM = {"nonprivate": "none"}  # `sparse-dp bench step` trainers' algorithms
 
 _FIGURES = {"tradeoffs": _tradeoffs, "epsilon": _epsilon, "heatmap": _heatmap,
             "streaming": _streaming, "step-time": _step_time}
@@ -156,7 +205,10 @@ def figure(report: dict):
   """The report's figure (a matplotlib ``Figure``; close it when done)."""
   plt = _pyplot()
   drawn = _FIGURES[report["study"]](report, plt)
-  drawn.tight_layout()
+  scale = scale_text(report)
+  if scale:
+    drawn.text(0.5, 0.0, scale, ha="center", va="bottom", fontsize=9)
+  drawn.tight_layout(rect=(0, 0.04, 1, 1))
   return drawn
 
 
@@ -164,6 +216,6 @@ def save(report: dict, json_path: pathlib.Path, png_path: pathlib.Path) -> None:
   """Draws the report as written to ``json_path`` into ``png_path``, stamped with its hash."""
   digest = hashlib.sha256(pathlib.Path(json_path).read_bytes()).hexdigest()
   drawn = figure(report)
-  drawn.savefig(png_path, dpi=110,
+  drawn.savefig(png_path, dpi=110, bbox_inches="tight",
                 metadata={"Source": f"{pathlib.Path(json_path).name} sha256={digest}"})
   _pyplot().close(drawn)

@@ -8,10 +8,18 @@ parser, so a point's numbers are those the command prints for the same flags.
 Each run's metrics are written to ``<folder>/runs/<key>.json`` (and its
 progress to ``<key>.log``); a study that finds them reuses them, so sweeps
 that share points (the epsilon sweep at the trade-off study's epsilon) train
-them once, and a killed study resumes.
+them once, and a killed study resumes. The key is a hash of everything that
+determines the run: the data's description, the point, the command's parsed
+settings (seed included) and the preset's ``version`` (from 2 on: version 1 adds
+nothing, so caches written before presets had versions stay valid). A run's file is written
+whole under another name and renamed, so a killed run leaves no file under its
+key and is trained again; ``from_cache`` reads the cache and trains nothing.
 
 Seeds vary the initial weights and the DP noise (a fixed noise seed per seed:
-reproducible experiments, never a release); the data stay fixed.
+reproducible experiments, never a release); the data stay fixed unless the
+preset resamples them per seed (``resample_data``: the synthetic generator's
+seed is the run's), so that the same seed is the same data for every point and
+two points' AUCs are compared seed by seed (:func:`paired_difference`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import hashlib
 import json
 import pathlib
 import statistics
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from sparse_dp.models import job_flags
 from sparse_dp.study.inputs import StudyInputs
@@ -57,11 +65,22 @@ class Point:
     return " ".join(parts)
 
 
-class Runner:
-  """Trains points of one :class:`StudyInputs` with one preset's model and schedule."""
+class MissingRun(LookupError):
+  """A run a ``from_cache`` runner does not find in its cache."""
 
-  def __init__(self, inputs: StudyInputs, preset: StudyPreset, folder: pathlib.Path):
-    self.inputs, self.preset = inputs, preset
+
+class Runner:
+  """Trains points of one :class:`StudyInputs` with one preset's model and schedule.
+
+  ``inputs_for_seed(seed)``, where given, gives each seed its own inputs (``inputs``
+  is then the first seed's, which describes the study); ``from_cache``: a run not in
+  the cache raises :class:`MissingRun` instead of training."""
+
+  def __init__(self, inputs: StudyInputs, preset: StudyPreset, folder: pathlib.Path,
+               inputs_for_seed: Optional[Callable[[int], StudyInputs]] = None,
+               from_cache: bool = False):
+    self.inputs, self.preset, self.from_cache = inputs, preset, from_cache
+    self._inputs_for_seed = inputs_for_seed or (lambda seed: inputs)
     self.folder = pathlib.Path(folder) / "runs"
     self.folder.mkdir(parents=True, exist_ok=True)
 
@@ -72,7 +91,7 @@ class Runner:
     p = self.preset
     flags = {"algorithm": point.algorithm, "epsilon": point.epsilon or 1.0,
              "epochs": p.epochs, "batch_size": p.batch_size, "learning_rate": p.learning_rate,
-             "hidden_units": ",".join(map(str, p.hidden_units)),
+             "l2_norm_clip": p.l2_norm_clip, "hidden_units": ",".join(map(str, p.hidden_units)),
              "selection_share": p.selection_share, "seed": seed,
              "noise_seed": 7919 * (seed + 1), "fest_k": point.fest_k,
              "tau_sigmas": point.tau_sigmas, "sigma_ratio": point.sigma_ratio,
@@ -83,28 +102,42 @@ class Runner:
     """The job's metrics for ``point`` at ``seed`` (from the cache when there)."""
     args = self.arguments(point, seed)
     settings = job_flags.fit_settings(args, epsilon=args.epsilon)
-    key = {"source": self.inputs.source, "point": dataclasses.asdict(point),
+    inputs = self._inputs_for_seed(seed)
+    key = {"source": inputs.source, "point": dataclasses.asdict(point),
            "settings": dataclasses.asdict(settings), "fest_k": args.fest_k,
            "selection_share": args.selection_share}
+    if self.preset.version != 1:
+      key["preset_version"] = self.preset.version
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
     if path.exists():
       return json.loads(path.read_text())["metrics"]
+    if self.from_cache:
+      raise MissingRun(f"{point.label} seed {seed}: no {path}")
     from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
     with open(self.folder / f"{name}.log", "w") as log, contextlib.redirect_stdout(log):
-      fit, _ = fitting.train_and_evaluate(
-          point.algorithm, settings, self.inputs.train, self.inputs.held_out,
-          list(self.inputs.vocabulary_sizes), fest_k=args.fest_k,
+      fit, preselection = fitting.train_and_evaluate(
+          point.algorithm, settings, inputs.train, inputs.held_out,
+          list(inputs.vocabulary_sizes), fest_k=args.fest_k,
           selection_share=args.selection_share)
+    metrics = dict(fit.metrics)
+    if inputs.test is not None:
+      metrics["test_auc"] = fitting.held_out_auc(fit.model, inputs.test, preselection)
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps({**key, "metrics": fit.metrics}, indent=1))
+    partial.write_text(json.dumps({**key, "metrics": metrics}, indent=1))
     partial.rename(path)
-    return fit.metrics
+    return metrics
 
   def summary(self, point: Point, **extra) -> dict:
-    """``point`` over the preset's seeds: AUC mean and spread, epsilon, reduction."""
+    """``point`` over the preset's seeds: AUC mean and spread (``auc``: the held-out, or
+    validation, split's; ``test_auc``: the test split's, where the inputs have one),
+    epsilon, reduction."""
     runs = [self.run(point, seed) for seed in self.preset.seeds]
     aucs = [r["auc"] for r in runs]
+    if all("test_auc" in r for r in runs):
+      tests = [r["test_auc"] for r in runs]
+      extra = {"test_auc": tests, "test_auc_mean": statistics.fmean(tests),
+               "test_auc_std": spread(tests), **extra}
     reductions = [r["gradient_size_reduction"] for r in runs]
     epsilons = [r["epsilon"] for r in runs if r["epsilon"] is not None]
     return {**dataclasses.asdict(point), **extra, "label": point.label,
@@ -120,3 +153,18 @@ class Runner:
 def spread(values) -> float:
   """Sample standard deviation over seeds (0 for one seed)."""
   return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def paired_difference(values: Sequence[float], baseline: Sequence[float]) -> dict:
+  """Mean of ``values[i] - baseline[i]`` over seeds (same seed: same data, same
+  initial weights) with its 95% Student-t interval, ``mean ± t_{0.975, n-1} sd /
+  sqrt(n)`` (``None`` for one seed)."""
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  if len(values) != len(baseline):
+    raise ValueError(f"paired over seeds: {len(values)} values, {len(baseline)} baselines")
+  differences = [v - b for v, b in zip(values, baseline)]
+  mean, n = statistics.fmean(differences), len(differences)
+  half = (stats.t.ppf(0.975, n - 1) * statistics.stdev(differences) / n ** 0.5
+          if n > 1 else None)
+  return {"mean": mean, "low": None if half is None else mean - half,
+          "high": None if half is None else mean + half, "n": n}

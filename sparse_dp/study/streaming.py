@@ -7,7 +7,8 @@ DP-AdaFEST adapts per batch; DP-FEST's top-k counts buckets of the first
 training day (``first-day``), all training days (``all-days``) or the days up
 to each period (``running``). A point is a stream repeated over the preset's
 seeds (``--seed``: the synthetic days and the initial weights); its AUC is the
-last period's, its reduction the mean over periods.
+last period's, its reduction the mean over periods. A preset with several
+``stream_periods`` (days per period, Fig. 5's T) runs every stream at each.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ from sparse_dp.study.runs import spread
 
 
 def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
-                  state: pathlib.Path) -> list[str]:
+                  state: pathlib.Path, period: int) -> list[str]:
   flags = {"--data": data, "--train-days": preset.stream_train_days,
            "--eval-days": preset.stream_eval_days,
-           "--streaming-period": preset.stream_period, "--algorithm": algorithm,
+           "--streaming-period": period, "--algorithm": algorithm,
            "--total-epsilon": preset.epsilon, "--fest-frequencies": source,
            "--examples-per-day": preset.stream_examples_per_day,
            "--eval-examples-per-day": preset.stream_eval_examples_per_day,
            "--synthetic-scale": preset.synthetic_scale, "--batch-size": preset.batch_size,
            "--epochs": preset.epochs, "--learning-rate": preset.learning_rate,
+           "--l2-norm-clip": preset.l2_norm_clip,
            "--hidden-units": ",".join(map(str, preset.hidden_units)),
            "--fest-k": preset.fest_ks[0], "--selection-share": preset.selection_share,
            "--tau-sigmas": preset.tau_sigmas[0],
@@ -41,10 +43,11 @@ def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, s
 
 
 def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
-               out: pathlib.Path) -> dict:
-  """``sparse-dp stream``'s summary for one stream (reused when its folder has one)."""
+               out: pathlib.Path, period: int) -> dict:
+  """``sparse-dp stream``'s summary for one stream of ``period`` days per period
+  (reused when its folder has one)."""
   from sparse_dp.models import stream_job  # pylint: disable=import-outside-toplevel
-  key = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."))
+  key = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."), period)
   name = f"{algorithm}-{source}-seed{seed}-" + hashlib.sha256(
       json.dumps(key).encode()).hexdigest()[:10]
   state = pathlib.Path(out) / "streams" / name
@@ -54,7 +57,7 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
   commands = argparse.ArgumentParser().add_subparsers()
   stream_job.add_parser(commands)
   args = commands.choices["stream"].parse_args(
-      _stream_flags(preset, data, algorithm, source, seed, state))
+      _stream_flags(preset, data, algorithm, source, seed, state, period))
   state.mkdir(parents=True, exist_ok=True)
   with open(state / "study.log", "w") as log, contextlib.redirect_stdout(log):
     summary = stream_job.stream(args)
@@ -63,15 +66,21 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
 
 
 def streaming(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
+  lengths = preset.stream_periods or (preset.stream_period,)
   points = []
-  for algorithm, source in preset.streams:
-    runs = [run_stream(preset, data, algorithm, source, seed, out)["periods"]
-            for seed in preset.seeds]
-    points.append(_point(algorithm, source if algorithm == "fest" else None, runs,
-                         list(preset.seeds), preset.epsilon))
+  for period in lengths:
+    for algorithm, source in preset.streams:
+      runs = [run_stream(preset, data, algorithm, source, seed, out, period)["periods"]
+              for seed in preset.seeds]
+      point = _point(algorithm, source if algorithm == "fest" else None, runs,
+                     list(preset.seeds), preset.epsilon)
+      if len(lengths) > 1:
+        point.update(streaming_period=period, label=f"{point['label']} T={period}")
+      points.append(point)
   return {"study": "streaming", "preset": preset.describe(), "data": data,
           "epsilon": preset.epsilon, "train_days": preset.stream_train_days,
           "eval_days": preset.stream_eval_days, "streaming_period": preset.stream_period,
+          **({"streaming_periods": list(lengths)} if len(lengths) > 1 else {}),
           "points": points}
 
 

@@ -14,6 +14,8 @@ from sparse_dp.study.sweeps import epsilon_sweep, heatmap, tradeoffs
 
 STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
+# Studies whose report is a function of cached runs alone (``--from-cache``).
+CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap")
 
 
 def output_paths(study: str, out) -> dict[str, pathlib.Path]:
@@ -22,13 +24,17 @@ def output_paths(study: str, out) -> dict[str, pathlib.Path]:
 
 
 def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
-              out="study-results", grid=None) -> dict:
+              out="study-results", grid=None, from_cache: bool = False) -> dict:
   """Runs ``study`` at ``preset`` on ``data`` (trained runs cached under ``out/runs``),
   writes its JSON, markdown table and figure under ``out``, and returns the report.
   ``grid`` (a grid file's path, ``tradeoffs`` only) gives the points instead of the
-  preset's sweep (:mod:`sparse_dp.study.grid`)."""
+  preset's sweep (:mod:`sparse_dp.study.grid`). ``from_cache``: train nothing, report
+  the runs in ``out/runs`` (the points not all there listed under ``missing``)."""
   if study not in STUDIES:
     raise ValueError(f"unknown study {study!r}; choose from {', '.join(STUDIES)}")
+  if from_cache and study not in CACHED_STUDIES:
+    raise ValueError(f"--from-cache: the {study} study is not drawn from the run cache; "
+                     f"give it to {', '.join(CACHED_STUDIES)}")
   sizes = named_preset(preset)
   points = None
   if grid is not None:
@@ -39,8 +45,12 @@ def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
     sizes, points = read.preset(sizes), list(read.points)
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  report = (tradeoffs(sizes, data, out, points) if points is not None
-            else STUDIES[study](sizes, data, out))
+  if points is not None:
+    report = tradeoffs(sizes, data, out, points, from_cache=from_cache)
+  elif from_cache:
+    report = STUDIES[study](sizes, data, out, from_cache=True)
+  else:
+    report = STUDIES[study](sizes, data, out)
   if grid is not None:
     report["grid"] = str(grid)
   publish(report, out)

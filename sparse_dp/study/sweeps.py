@@ -8,25 +8,68 @@
 * :func:`heatmap` (Fig. 7, Fig. 9): DP-AdaFEST over ``sigma1/sigma2 x tau``.
 
 Every point is trained over the preset's seeds (:class:`sparse_dp.study.runs.Runner`).
+Where the preset resamples the data per seed and holds out a test split (the
+``paper`` preset), each point also carries its test AUC and its paired difference
+from DP-SGD's AUC over seeds (mean and 95% t interval,
+:func:`sparse_dp.study.runs.paired_difference`); the frontier's points are picked
+on the validation AUC and reported on the test AUC. A preset with ``refine``
+adds a second grid around the coarse frontier (:func:`refined_points`). A
+``from_cache`` study trains nothing: it reports the cached points and lists
+the others under ``missing``.
 """
 
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Optional, Sequence
 
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.inputs import SYNTHETIC, StudyInputs
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import Point, Runner
+from sparse_dp.study.runs import MissingRun, Point, Runner, paired_difference
 
 # AUC losses relative to DP-SGD at which Fig. 3 reads the best reduction.
 AUC_LOSS_THRESHOLDS = (0.001, 0.005, 0.01, 0.02, 0.05)
 
 
-def runner(preset: StudyPreset, data: str, out: pathlib.Path) -> Runner:
-  inputs = StudyInputs.load(data, preset.examples, preset.synthetic_scale, preset.features,
-                            pathlib.Path(out) / "data", max_examples=preset.max_examples)
-  return Runner(inputs, preset, out)
+def runner(preset: StudyPreset, data: str, out: pathlib.Path,
+           from_cache: bool = False) -> Runner:
+  """The preset's runner on ``data``; synthetic data drawn per seed where the preset
+  resamples them (the last seed's inputs kept in memory; real files are read once)."""
+  resample = preset.resample_data and data == SYNTHETIC
+
+  def load(seed: int) -> StudyInputs:
+    return StudyInputs.load(data, preset.examples, preset.synthetic_scale, preset.features,
+                            pathlib.Path(out) / "data", max_examples=preset.max_examples,
+                            data_seed=seed if resample else 0, test_split=preset.test_split)
+  loaded: dict[int, StudyInputs] = {}
+
+  def inputs_for_seed(seed: int) -> StudyInputs:
+    if seed not in loaded:
+      loaded.clear()
+      loaded[seed] = load(seed)
+    return loaded[seed]
+  first = inputs_for_seed(preset.seeds[0])
+  return Runner(first, preset, out, inputs_for_seed if resample else None,
+                from_cache=from_cache)
+
+
+def summaries(runs: Runner, points: Sequence[Point]) -> tuple[list[dict], list[str]]:
+  """The points' summaries, seed by seed (one data set in memory at a time), and the
+  labels of the points a ``from_cache`` runner has not all runs of."""
+  for seed in runs.preset.seeds:  # trains (or reads) every run of one seed's data first
+    for point in points:
+      try:
+        runs.run(point, seed)
+      except MissingRun:
+        pass
+  done, missing = [], []
+  for point in points:
+    try:
+      done.append(runs.summary(point))
+    except MissingRun:
+      missing.append(point.label)
+  return done, missing
 
 
 def default_point(algorithm: str, epsilon: float, preset: StudyPreset) -> Point:
@@ -45,33 +88,103 @@ def _report(study: str, runs: Runner, points: list[dict], **extra) -> dict:
           "table_rows": runs.inputs.rows, "points": points, **extra}
 
 
+def sweep_points(preset: StudyPreset) -> list[Point]:
+  """The preset's coarse grid at its epsilon: the non-private model, DP-SGD, DP-FEST
+  over ``fest_ks`` (and at ``fest_shares``), DP-AdaFEST at the first noise ratio over
+  ``tau_sigmas`` and the absolute ``taus``, then (where there are ``taus``) at the
+  first threshold over the other noise ratios, and over the contribution clips ``C1``;
+  DP-AdaFEST+ at ``adafest_plus``'s ``(k, tau)`` and its first ``k`` over ``taus``.
+  The smoke and full presets' sweeps are the first, third and fifth of these."""
+  eps, ratio = preset.epsilon, preset.sigma_ratios[0]
+  points = [Point("none", None), Point("dpsgd", eps)]
+  points += [Point("fest", eps, fest_k=k) for k in preset.fest_ks]
+  points += [Point("fest", eps, fest_k=k, flags=(("selection_share", share),))
+             for k, share in preset.fest_shares]
+  points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio) for t in preset.tau_sigmas]
+  points += [Point("adafest", eps, sigma_ratio=ratio, flags=(("tau", t),)) for t in preset.taus]
+  if preset.taus:  # the paper preset: the noise ratios and C1 at the first threshold
+    points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=r)
+               for r in preset.sigma_ratios[1:]]
+  points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=ratio,
+                   flags=(("contribution_clip", c),)) for c in preset.contribution_clips[1:]]
+  points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
+             for k, t in preset.adafest_plus]
+  points += [Point("adafest+", eps, fest_k=preset.adafest_plus[0][0], sigma_ratio=ratio,
+                   flags=(("tau", t),)) for t in preset.taus]
+  return points
+
+
+def refined_points(points: list[dict], preset: StudyPreset, loss: float = 0.005) -> list[Point]:
+  """A second grid where the coarse one brackets the frontier: per algorithm, between
+  its sparsest point within ``loss`` of DP-SGD's validation AUC and the next sparser
+  point of its sweep, the geometric midpoint of the swept value (DP-FEST's ``k``,
+  DP-AdaFEST's ``tau_sigmas``; DP-AdaFEST+ both)."""
+  (baseline,) = [p for p in points if p["algorithm"] == "dpsgd"]
+  refined = []
+  for algorithm in ("fest", "adafest", "adafest+"):
+    swept = [p for p in points if p["algorithm"] == algorithm and not p["flags"]]
+    within = [p for p in swept if p["auc_mean"] >= baseline["auc_mean"] - loss]
+    if not within:
+      continue
+    best = max(within, key=lambda p: p["gradient_size_reduction"])
+    sparser = [p for p in swept if p["gradient_size_reduction"] > best["gradient_size_reduction"]
+               and p["auc_mean"] < baseline["auc_mean"] - loss]
+    if not sparser:
+      continue
+    nearest = min(sparser, key=lambda p: p["gradient_size_reduction"])
+    middle = {key: (None if best[key] is None or nearest[key] is None
+                    else math.sqrt(best[key] * nearest[key]))
+              for key in ("fest_k", "tau_sigmas")}
+    refined.append(Point(algorithm, preset.epsilon,
+                         fest_k=None if middle["fest_k"] is None else round(middle["fest_k"]),
+                         tau_sigmas=(None if middle["tau_sigmas"] is None
+                                     else round(middle["tau_sigmas"], 2)),
+                         sigma_ratio=best["sigma_ratio"]))
+  return [p for p in dict.fromkeys(refined) if p.label not in {q["label"] for q in points}]
+
+
 def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path,
-              points: Optional[Sequence[Point]] = None) -> dict:
-  """``points`` (a grid's, :mod:`sparse_dp.study.grid`; default: the preset's sweep)
-  over the preset's seeds, and the best reduction of each algorithm within an AUC loss
-  of the one DP-SGD point's AUC."""
-  if points is None:
-    eps, ratio = preset.epsilon, preset.sigma_ratios[0]
-    points = [Point("none", None), Point("dpsgd", eps)]
-    points += [Point("fest", eps, fest_k=k) for k in preset.fest_ks]
-    points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio)
-               for t in preset.tau_sigmas]
-    points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
-               for k, t in preset.adafest_plus]
+              points: Optional[Sequence[Point]] = None, from_cache: bool = False) -> dict:
+  """``points`` (a grid's, :mod:`sparse_dp.study.grid`; default: the preset's sweep,
+  refined where the preset says so) over the preset's seeds, and the best reduction of
+  each algorithm within an AUC loss of the one DP-SGD point's AUC."""
+  refine = points is None and preset.refine
+  points = list(sweep_points(preset) if points is None else points)
   baselines = [p for p in points if p.algorithm == "dpsgd"]
   if len(baselines) != 1:
     raise ValueError(f"the tradeoffs study compares every point with one DP-SGD point; "
                      f"give exactly one (got {[p.label for p in baselines]})")
-  runs = runner(preset, data, out)
-  summaries = [runs.summary(p) for p in points]
-  return _report("tradeoffs", runs, summaries, epsilon=baselines[0].epsilon,
-                 best_reduction=best_reduction(summaries, AUC_LOSS_THRESHOLDS))
+  runs = runner(preset, data, out, from_cache)
+  done, missing = summaries(runs, points)
+  if refine and not missing:
+    more, missing = summaries(runs, refined_points(done, preset))
+    done += more
+  if not any(p["algorithm"] == "dpsgd" for p in done):
+    raise MissingRun(f"the DP-SGD point is not in the cache under {runs.folder}: train it "
+                     "(run the study without --from-cache)")
+  pair_with_baseline(done)
+  return _report("tradeoffs", runs, done, epsilon=baselines[0].epsilon,
+                 best_reduction=best_reduction(done, AUC_LOSS_THRESHOLDS), missing=missing)
+
+
+def pair_with_baseline(points: list[dict]) -> None:
+  """Adds to each point its paired difference from DP-SGD's AUC over seeds
+  (``auc_vs_dpsgd``; ``test_auc_vs_dpsgd`` where there is a test split)."""
+  (baseline,) = [p for p in points if p["algorithm"] == "dpsgd"]
+  for point in points:
+    for key in ("auc", "test_auc"):
+      if key in point and key in baseline:
+        point[f"{key}_vs_dpsgd"] = paired_difference(point[key], baseline[key])
 
 
 def best_reduction(points: list[dict], thresholds) -> list[dict]:
   """Per private algorithm and AUC-loss threshold ``t``: its point of largest mean
-  gradient-size reduction among those with mean AUC >= DP-SGD's - ``t`` (Fig. 3)."""
+  gradient-size reduction among those with mean (validation) AUC >= DP-SGD's - ``t``
+  (Fig. 3), with its test AUC and paired differences from DP-SGD where the points
+  have them."""
   (baseline,) = [p for p in points if p["algorithm"] == "dpsgd"]
+  reported = ("gradient_size_reduction", "gradient_size_reduction_std", "auc_mean", "auc_std",
+              "epsilon_spent", "test_auc_mean", "auc_vs_dpsgd", "test_auc_vs_dpsgd")
   rows = []
   for algorithm in dict.fromkeys(p["algorithm"] for p in points):
     if algorithm in ("none", "dpsgd"):
@@ -82,21 +195,22 @@ def best_reduction(points: list[dict], thresholds) -> list[dict]:
       best = max(within, key=lambda p: p["gradient_size_reduction"], default=None)
       rows.append({"algorithm": algorithm, "auc_loss_threshold": threshold,
                    "label": best and best["label"],
-                   **{key: best and best[key] for key in (
-                       "gradient_size_reduction", "auc_mean", "auc_std", "epsilon_spent")}})
+                   **{key: best and best.get(key) for key in reported}})
   return rows
 
 
-def epsilon_sweep(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
-  runs = runner(preset, data, out)
-  points = [runs.summary(default_point(a, e, preset))
-            for e in preset.epsilons for a in preset.epsilon_algorithms]
-  return _report("epsilon", runs, points, epsilons=list(preset.epsilons))
+def epsilon_sweep(preset: StudyPreset, data: str, out: pathlib.Path,
+                  from_cache: bool = False) -> dict:
+  runs = runner(preset, data, out, from_cache)
+  points, missing = summaries(runs, [default_point(a, e, preset)
+                                     for e in preset.epsilons for a in preset.epsilon_algorithms])
+  return _report("epsilon", runs, points, epsilons=list(preset.epsilons), missing=missing)
 
 
-def heatmap(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
-  runs = runner(preset, data, out)
-  points = [runs.summary(Point("adafest", preset.epsilon, tau_sigmas=t, sigma_ratio=r))
-            for r in preset.sigma_ratios for t in preset.tau_sigmas]
-  return _report("heatmap", runs, points, epsilon=preset.epsilon,
+def heatmap(preset: StudyPreset, data: str, out: pathlib.Path, from_cache: bool = False) -> dict:
+  runs = runner(preset, data, out, from_cache)
+  points, missing = summaries(runs, [
+      Point("adafest", preset.epsilon, tau_sigmas=t, sigma_ratio=r)
+      for r in preset.sigma_ratios for t in preset.tau_sigmas])
+  return _report("heatmap", runs, points, epsilon=preset.epsilon, missing=missing,
                  sigma_ratios=list(preset.sigma_ratios), tau_sigmas=list(preset.tau_sigmas))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sparse_dp.study.claims import claims
+
 
 def _number(value, digits: int = 4) -> str:
   if value is None:
@@ -27,24 +29,54 @@ def reduction_cell(point: dict) -> str:
           f"{_number(point['gradient_size_reduction_std'])}")
 
 
+def interval_cell(paired) -> str:
+  """A paired difference from DP-SGD: mean [95% t interval] over seeds."""
+  if not paired:
+    return "-"
+  if paired["low"] is None:
+    return f"{paired['mean']:+.4f} (n=1)"
+  return f"{paired['mean']:+.4f} [{paired['low']:+.4f}, {paired['high']:+.4f}] (n={paired['n']})"
+
+
 def points_table(points: list[dict], extra: tuple[str, ...] = ()) -> str:
-  """One row per point: AUC mean ± sd over seeds, epsilon, gradient-size reduction."""
-  header = ["point", *extra, "target ε", "ε spent", "AUC (mean ± sd over seeds)",
+  """One row per point: AUC mean ± sd over seeds, epsilon, gradient-size reduction;
+  with a test split, the validation AUC, the test AUC and its paired difference from
+  DP-SGD's (mean and 95% t interval over seeds)."""
+  tested = any("test_auc_mean" in p for p in points)
+  header = ["point", *extra, "target ε", "ε spent",
+            "validation AUC (mean ± sd)" if tested else "AUC (mean ± sd over seeds)",
+            *(["test AUC", "test AUC - DP-SGD's (paired, 95%)"] if tested else []),
             "gradient-size reduction", "examples/s"]
   return _table(header, [[p["label"], *(p.get(key) for key in extra), p.get("epsilon"),
-                          p["epsilon_spent"], auc_cell(p), reduction_cell(p),
-                          p.get("examples_per_second")] for p in points])
+                          p["epsilon_spent"], auc_cell(p),
+                          *([_number(p.get("test_auc_mean")),
+                             interval_cell(p.get("test_auc_vs_dpsgd"))] if tested else []),
+                          reduction_cell(p), p.get("examples_per_second")] for p in points])
+
+
+def _missing(report: dict) -> str:
+  missing = report.get("missing") or []
+  return (f"\n\nNot yet in the run cache ({len(missing)} points): " + "; ".join(missing)
+          if missing else "")
 
 
 def _tradeoffs(report: dict) -> str:
   thresholds = sorted({r["auc_loss_threshold"] for r in report["best_reduction"]})
   algorithms = list(dict.fromkeys(r["algorithm"] for r in report["best_reduction"]))
   best = {(r["algorithm"], r["auc_loss_threshold"]): r for r in report["best_reduction"]}
-  rows = [[a] + [_number(best[(a, t)]["gradient_size_reduction"]) for t in thresholds]
-          for a in algorithms]
+  rows = [[a] + [_best_cell(best[(a, t)]) for t in thresholds] for a in algorithms]
   return (points_table(report["points"]) + "\n\nBest gradient-size reduction within an AUC "
-          "loss of DP-SGD's mean AUC (Fig. 3; '-': no point that close):\n\n"
-          + _table(["algorithm"] + [f"loss ≤ {t:g}" for t in thresholds], rows))
+          "loss of DP-SGD's mean (validation) AUC (Fig. 3; '-': no point that close; "
+          "[ ]: the point's test AUC minus DP-SGD's, paired over seeds, 95%):\n\n"
+          + _table(["algorithm"] + [f"loss ≤ {t:g}" for t in thresholds], rows)
+          + _missing(report))
+
+
+def _best_cell(row: dict) -> str:
+  if row["gradient_size_reduction"] is None:
+    return "-"
+  paired = row.get("test_auc_vs_dpsgd")
+  return _number(row["gradient_size_reduction"]) + (f" {interval_cell(paired)}" if paired else "")
 
 
 def _heatmap(report: dict) -> str:
@@ -52,10 +84,11 @@ def _heatmap(report: dict) -> str:
   header = ["σ1/σ2 \\ τ (σ1·C1)"] + [f"{t:g}" for t in report["tau_sigmas"]]
   grids = []
   for title, text in (("AUC (mean ± sd)", auc_cell), ("gradient-size reduction", reduction_cell)):
-    rows = [[f"{r:g}"] + [text(cell[(r, t)]) for t in report["tau_sigmas"]]
+    rows = [[f"{r:g}"] + [text(cell[(r, t)]) if (r, t) in cell else "-"
+                          for t in report["tau_sigmas"]]
             for r in report["sigma_ratios"]]
     grids.append(f"{title}, DP-AdaFEST at ε={report['epsilon']:g}:\n\n" + _table(header, rows))
-  return "\n\n".join(grids)
+  return "\n\n".join(grids) + _missing(report)
 
 
 def _streaming(report: dict) -> str:
@@ -88,8 +121,14 @@ def _not_run(scales: list[dict]) -> str:
 
 
 _TABLES = {"tradeoffs": _tradeoffs, "heatmap": _heatmap, "streaming": _streaming,
-           "step-time": _step_time, "epsilon": lambda report: points_table(report["points"])}
+           "step-time": _step_time,
+           "epsilon": lambda report: points_table(report["points"]) + _missing(report)}
 
 
 def markdown(report: dict) -> str:
-  return _TABLES[report["study"]](report) + "\n"
+  """The report's tables, closed by whether the paper's claims hold here
+  (:mod:`sparse_dp.study.claims`)."""
+  lines = claims(report)
+  verdict = ("\n\nThe paper's claims here (computed from this report):\n\n"
+             + "\n".join(f"- {line}" for line in lines)) if lines else ""
+  return _TABLES[report["study"]](report) + verdict + "\n"
