@@ -54,10 +54,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sparse_dp.__main__", "sparse_dp.cli"),
 )
 
-# sparse_dp/study/ is being reworked under another item of issue 25; its one
-# cycle is broken there. Remove the entry then (the test fails while it is stale).
-CYCLES_LEFT_TO_THE_STUDY_REWORK = (frozenset({"sparse_dp.study.grid", "sparse_dp.study.runs"}),)
-
 
 def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
   """Every module's dotted name and its file."""
@@ -148,11 +144,8 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_cycle():
-  found = cycles(import_graph())
-  for known in CYCLES_LEFT_TO_THE_STUDY_REWORK:
-    assert known in found, f"{sorted(known)} is no longer a cycle: remove it from the list"
-  new = [sorted(cycle) for cycle in found if cycle not in CYCLES_LEFT_TO_THE_STUDY_REWORK]
-  assert not new, f"import cycles: {new}"
+  found = [sorted(cycle) for cycle in cycles(import_graph())]
+  assert not found, f"import cycles: {found}"
 
 
 def test_every_module_has_a_layer():

@@ -29,22 +29,10 @@ import pathlib
 from typing import Any, Optional
 
 from sparse_dp.accounting import Algorithm
-from sparse_dp.models import job_flags, train_job
+from sparse_dp.models import job_flags
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import Point
-
-
-class _RefusingParser(argparse.ArgumentParser):
-  """An argument parser that raises ``ValueError`` where argparse would exit."""
-
-  def error(self, message):
-    raise ValueError(message)
-
-
-def _train_parser() -> argparse.ArgumentParser:
-  commands = _RefusingParser(prog="sparse-dp").add_subparsers()
-  train_job.add_parser(commands)
-  return commands.choices["train"]
+from sparse_dp.study.train_arguments import train_arguments
 
 
 def _fit_flag_names() -> set[str]:
@@ -63,23 +51,6 @@ _POINT_FIELDS = ("algorithm", "epsilon", "fest_k", "tau_sigmas", "sigma_ratio")
 _READ_BY = {"tau": lambda kind: kind.uses_contribution_map,
             "contribution_clip": lambda kind: kind.uses_contribution_map,
             "selection_share": lambda kind: kind.uses_top_k_selection}
-
-
-def train_arguments(flags: dict[str, Any]) -> argparse.Namespace:
-  """``sparse-dp train``'s parsed arguments for ``flags`` (``{"tau_sigmas": 2, ...}``);
-  a value the command refuses raises ``ValueError`` with its message."""
-  argv = ["train"]
-  for name, value in flags.items():
-    option = "--" + name.replace("_", "-")
-    if isinstance(value, bool):  # a switch: given or not
-      argv += [option] if value else []
-    else:
-      argv += [option, ",".join(map(str, value)) if isinstance(value, (list, tuple))
-               else str(value)]
-  parser = _train_parser()
-  args = parser.parse_args(argv[1:])
-  job_flags.fit_settings(args, epsilon=args.epsilon)  # the settings' own checks
-  return args
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 from sparse_dp.models import job_flags
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
+from sparse_dp.study.train_arguments import train_arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,6 @@ class Runner:
   def arguments(self, point: Point, seed: int) -> argparse.Namespace:
     """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model and
     schedule, then the point's flags."""
-    from sparse_dp.study.grid import train_arguments  # pylint: disable=import-outside-toplevel
     p = self.preset
     flags = {"algorithm": point.algorithm, "epsilon": point.epsilon or 1.0,
              "epochs": p.epochs, "batch_size": p.batch_size, "learning_rate": p.learning_rate,
