@@ -63,6 +63,13 @@ class PlattMechanism:
     """``C = sqrt(Z^2 + 1)``: the largest norm of one example's gradient in ``(a, b)``."""
     return math.sqrt(self.logit_clip ** 2 + 1.0)
 
+  def noisy_gradient_sum(self, logits: tf.Tensor, labels: tf.Tensor, slope: tf.Tensor,
+                         intercept: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """One release: :func:`noisy_gradient_sum` with noise ``sigma C`` and clip ``Z``, under XLA."""
+    noise_std = tf.constant(self.noise_multiplier * self.sensitivity, logits.dtype)
+    return _compiled_gradient_sum(logits, labels, slope, intercept, noise_std,
+                                  self.logit_clip, seed)
+
 
 def noisy_gradient_sum(logits: tf.Tensor, labels: tf.Tensor, slope: tf.Tensor,
                        intercept: tf.Tensor, noise_std: tf.Tensor, logit_clip: float,
@@ -72,6 +79,9 @@ def noisy_gradient_sum(logits: tf.Tensor, labels: tf.Tensor, slope: tf.Tensor,
   residual = tf.sigmoid(slope * clipped + intercept) - labels
   total = tf.stack([tf.reduce_sum(residual * clipped), tf.reduce_sum(residual)])
   return total + noise_std * tf.random.stateless_normal([2], seed, dtype=total.dtype)
+
+
+_compiled_gradient_sum = tf.function(noisy_gradient_sum, jit_compile=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +104,11 @@ class PlattScaling:
       raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     z = tf.reshape(tf.cast(logits, tf.float64), [-1])
     y = tf.reshape(tf.cast(labels, tf.float64), [-1])
-    noise_std = tf.constant(mechanism.noise_multiplier * mechanism.sensitivity, tf.float64)
-    step = tf.function(noisy_gradient_sum, jit_compile=True)
     theta = tf.Variable(tf.constant([1.0, 0.0], tf.float64))
     optimizer = keras.optimizers.Adam(mechanism.learning_rate)
     for t in range(mechanism.steps):
       seed = tf.constant([noise_seed, NOISE_STREAM + t], tf.int64)
-      gradient = step(z, y, theta[0], theta[1], noise_std, mechanism.logit_clip, seed)
+      gradient = mechanism.noisy_gradient_sum(z, y, theta[0], theta[1], seed)
       optimizer.apply_gradients([(gradient / num_examples, theta)])
       theta.assign(tf.stack([tf.maximum(theta[0], MIN_SLOPE), theta[1]]))
     slope, intercept = theta.numpy().tolist()
