@@ -35,6 +35,7 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.top_k import bucket_counts
 from sparse_dp.models.calibration import Reliability, calibration_metrics
+from sparse_dp.models import private_calibration
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
 from sparse_dp.models.pctr_data import StreamedExamples
@@ -218,6 +219,7 @@ def held_out_auc(model: keras.Model, held_out, preselection: Optional[Preselecti
 
 def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                        vocabulary_sizes, fest_k: int = 300, selection_share: float = 0.1,
+                       calibration_share: float = 0.0,
                        observers: Optional[Callable[[Optional[Preselection]], Sequence[
                            keras.callbacks.Callback]]] = None
                        ) -> tuple[FitResult, Optional[Preselection]]:
@@ -232,8 +234,19 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   ``observers(preselection)`` returns Keras callbacks that watch every step
   (:func:`fit_and_evaluate`). Returns the fit and the preselection (``None`` when
   the algorithm makes none).
+
+  ``calibration_share`` ``S > 0`` trains at ``(1 - S) epsilon`` and then spends the
+  rest on a private Platt scaling fitted on ``train``
+  (:mod:`sparse_dp.models.private_calibration`); the held-out calibration metrics
+  are then the calibrated model's, and the ``uncalibrated_*`` ones the model's before.
   """
   kind = Algorithm.parse(algorithm)
+  job_epsilon = settings.epsilon + settings.earlier_epsilon
+  if calibration_share:
+    _check_calibrated(kind, train)
+    settings = dataclasses.replace(
+        settings, epsilon=private_calibration.training_epsilon(settings.epsilon,
+                                                               calibration_share))
   preselection = None
   if kind.uses_top_k_selection:
     counted = train if hasattr(train, "num_examples") else train[0]["categorical"]
@@ -245,9 +258,38 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                          preselection=preselection,
                          observers=observers(preselection) if observers else ())
   fit.metrics["selection_epsilon"] = preselection.epsilon if preselection is not None else None
+  fit.metrics["calibration_share"] = calibration_share
+  if calibration_share:
+    _calibrate(fit, train, held_out, preselection, job_epsilon, settings.noise_seed)
   if fit.metrics["poisson_sampling"] is False:
     fit.metrics["privacy_caveat"] = NOT_POISSON
   return fit, preselection
+
+
+def _check_calibrated(kind: Algorithm, train) -> None:
+  """Refuses a private calibration the run cannot make."""
+  if not kind.is_private:
+    raise ValueError("--calibration-share spends a share of a DP run's epsilon: --algorithm "
+                     "none has none; drop --calibration-share")
+  if not isinstance(train, tuple):
+    raise ValueError("--calibration-share fits on the training examples held in memory: use "
+                     "--reader pandas, or drop --calibration-share")
+
+
+def _calibrate(fit: FitResult, train, held_out, preselection: Optional[Preselection],
+               job_epsilon: float, noise_seed: Optional[int]) -> None:
+  """Folds a private Platt scaling into ``fit.model`` and re-evaluates its calibration."""
+  (x_train, y_train), (x_eval, y_eval) = train, held_out
+  if preselection is not None:
+    x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
+    x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
+  before = {f"uncalibrated_{name}": fit.metrics[name]
+            for name in ("logloss", "ece", "mean_predicted")}
+  recalibration = private_calibration.recalibrate(fit.model, x_train, y_train, job_epsilon,
+                                                  fit.metrics["delta"], noise_seed)
+  calibration, fit.reliability = private_calibration.held_out_metrics(fit.model,
+                                                                      (x_eval, y_eval))
+  fit.metrics.update(before, **calibration, **recalibration.metrics())
 
 
 def job_optimizer(name: str, learning_rate: float) -> keras.optimizers.Optimizer:

@@ -65,6 +65,10 @@ def add_parser(commands) -> None:
                            "into those sizes (--vocabulary hashed)")
   parser.add_argument("--min-count", type=int, default=1,
                       help="frequency threshold of --vocabulary counted")
+  parser.add_argument("--calibration-share", type=float, default=0.0, metavar="S",
+                      help="share of --epsilon spent after training on a private Platt "
+                           "scaling of the logit, fitted on the training examples (docs/"
+                           "calibration.md; 0, the default: none; --reader pandas)")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
@@ -140,9 +144,11 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   private = [a for a in algorithms if Algorithm.parse(a).is_private]
   from sparse_dp.data import training_examples  # pylint: disable=import-outside-toplevel
   from sparse_dp.distribute import roles  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models import fitting, pctr_data  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models import (fitting, pctr_data,  # pylint: disable=import-outside-toplevel
+                                private_calibration)
 
   check_vocabulary_scale(args)
+  private_calibration.check_share(args.calibration_share)
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings)
@@ -174,7 +180,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
           f"{len(held_out[1]):,} held out", flush=True)
     fit, preselection = fitting.train_and_evaluate(
         algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
-        selection_share=args.selection_share)
+        selection_share=args.selection_share, calibration_share=args.calibration_share)
     metrics = {**fit.metrics, "vocabulary_scale": args.vocabulary_scale,
                "table_rows": sum(vocabulary.sizes), "skipped_lines": skipped,
                "noise_seed": args.noise_seed}

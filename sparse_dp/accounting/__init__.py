@@ -5,6 +5,7 @@ from sparse_dp.accounting.accountant import (AccountantKind, PrivacyAccountant, 
 from sparse_dp.accounting.algorithms import (Algorithm, effective_noise_multiplier,
                                              split_noise_multiplier)
 from sparse_dp.accounting.calibration import (UnreachableTargetError, calibrate,
+                                              calibrate_after,
                                               calibrate_noise_multiplier)
 from sparse_dp.accounting.report import PrivacyReport
 from sparse_dp.accounting.schedule import BatchPhase, BatchSchedule, steps_for_epochs
@@ -14,6 +15,6 @@ from sparse_dp.accounting.spec import PrivacySpec
 __all__ = [
     "AccountantKind", "Algorithm", "BatchPhase", "BatchSchedule", "PrivacyAccountant",
     "PrivacyReport", "PrivacySpec", "TopKSelectionCost", "Truncation", "UnreachableTargetError",
-    "calibrate", "calibrate_noise_multiplier", "effective_noise_multiplier",
+    "calibrate", "calibrate_after", "calibrate_noise_multiplier", "effective_noise_multiplier",
     "gaussian_steps_event", "split_noise_multiplier", "steps_for_epochs",
 ]

@@ -7,6 +7,8 @@ found by doubling, so that unreachable targets fail with a clear message.
 
 from __future__ import annotations
 
+import copy
+
 import dp_accounting
 
 from sparse_dp.accounting.accountant import AccountantKind, PrivacyAccountant
@@ -31,20 +33,50 @@ class UnreachableTargetError(ValueError):
 def calibrate_noise_multiplier(target_epsilon: float, delta: float,
                                schedule: BatchSchedule,
                                kind: "str | AccountantKind" = "pld") -> float:
-  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target.
+  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target
+  (:func:`_least_noise`)."""
+  check_positive("target epsilon", target_epsilon)
+  kind = AccountantKind.parse(kind)
+  if schedule.total_steps == 0:
+    raise UnreachableTargetError("the schedule has no steps: there is nothing to calibrate")
+  return _least_noise(
+      lambda sigma: PrivacyAccountant(kind).step_schedule(sigma, schedule).training_event(),
+      target_epsilon, delta, kind)
+
+
+def calibrate_after(spent: PrivacyAccountant, target_epsilon: float, delta: float,
+                    steps: int) -> float:
+  """Smallest ``sigma`` of ``steps`` more full-batch Gaussian steps (sampling rate 1,
+  noise multiplier ``sigma``) that keeps ``spent`` plus them at ``<= target_epsilon``.
+
+  The new steps are composed with ``spent``'s events by ``dp_accounting`` (one
+  accountant over ``ComposedDpEvent([spent's steps, SelfComposedDpEvent(
+  GaussianDpEvent(sigma), steps)])``; pure spends add), not split off with a
+  budget of their own: the same ``delta`` covers all of it.
+  """
+  check_positive("target epsilon", target_epsilon)
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  remaining = target_epsilon - spent.pure_epsilon
+  if remaining <= 0 or spent.get_training_epsilon(delta) >= remaining:
+    raise UnreachableTargetError(
+        f"epsilon {spent.get_epsilon(delta):g} is already spent of the target "
+        f"{target_epsilon:g}: nothing is left for {steps} more steps")
+
+  def event(sigma: float):
+    return copy.deepcopy(spent).step(sigma, 1.0, steps).training_event()
+
+  return _least_noise(event, remaining, delta, spent.kind)
+
+
+def _least_noise(event, target_epsilon: float, delta: float, kind: AccountantKind) -> float:
+  """Smallest ``sigma`` with ``epsilon(event(sigma), delta) <= target_epsilon``.
 
   A search on the coarse (pessimistic, fast) accountant finds a multiplier that
   meets the target. If the exact accountant puts it more than 0.5% under the
   target, a search on the exact accountant narrows it down from there. Either
   way the result meets the target exactly and comes within 0.5% of it.
   """
-  check_positive("target epsilon", target_epsilon)
-  kind = AccountantKind.parse(kind)
-  if schedule.total_steps == 0:
-    raise UnreachableTargetError("the schedule has no steps: there is nothing to calibrate")
-
-  def event(sigma: float):
-    return PrivacyAccountant(kind).step_schedule(sigma, schedule).training_event()
 
   def epsilon(sigma: float, coarse: bool) -> float:
     return kind.new(coarse, event(sigma)).compose(event(sigma)).get_epsilon(delta)

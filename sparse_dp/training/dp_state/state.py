@@ -130,6 +130,22 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
                                                   **_FIRST_REPLICA)
     self._untracked.active_run = run.run_id
 
+  def record_release(self, run: Run, steps: int) -> None:
+    """Records ``run`` as ``steps`` steps already taken on the host, outside the DP step
+    (a mechanism on the trained model, e.g. private Platt scaling,
+    :mod:`sparse_dp.mechanisms.platt_scaling`), after every step so far.
+
+    The DP step's active run is not changed, but a step it takes after this
+    would be counted as ``run``'s: record a release after the training.
+    """
+    if steps < 1:
+      raise ValueError(f"steps must be >= 1, got {steps}")
+    self.absorb_layers()
+    record = self.record
+    run = dataclasses.replace(run, first_step=record.steps_taken)
+    self.set_record(dataclasses.replace(record, runs=record.runs + (run,),
+                                        steps_taken=record.steps_taken + steps))
+
   def count_step(self, poisson: tf.Tensor) -> None:
     """In the DP step, after its batch is read: one more step, in every record.
 
