@@ -65,10 +65,11 @@ def add_parser(commands) -> None:
                            "into those sizes (--vocabulary hashed)")
   parser.add_argument("--min-count", type=int, default=1,
                       help="frequency threshold of --vocabulary counted")
-  parser.add_argument("--calibration-share", type=float, default=0.0, metavar="S",
+  parser.add_argument("--calibration-share", type=float, metavar="S",
                       help="share of --epsilon spent after training on a private Platt "
-                           "scaling of the logit, fitted on the training examples (docs/"
-                           "calibration.md; 0, the default: none; --reader pandas)")
+                           "scaling of the logit, fitted on the training examples "
+                           "(docs/calibration.md; default 0.05 for a DP run with --reader "
+                           "pandas on one machine, else 0; 0: off)")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
@@ -148,7 +149,8 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
                                 private_calibration)
 
   check_vocabulary_scale(args)
-  private_calibration.check_share(args.calibration_share)
+  if args.calibration_share is not None:
+    private_calibration.check_share(args.calibration_share)
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings)
@@ -180,7 +182,10 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
           f"{len(held_out[1]):,} held out", flush=True)
     fit, preselection = fitting.train_and_evaluate(
         algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
-        selection_share=args.selection_share, calibration_share=args.calibration_share)
+        selection_share=args.selection_share,
+        calibration_share=private_calibration.job_share(
+            args.calibration_share, Algorithm.parse(algorithm).is_private, args.reader,
+            args.strategy))
     metrics = {**fit.metrics, "vocabulary_scale": args.vocabulary_scale,
                "table_rows": sum(vocabulary.sizes), "skipped_lines": skipped,
                "noise_seed": args.noise_seed}

@@ -134,3 +134,22 @@ def test_a_non_private_run_refuses_a_calibration_share(tmp_path, capsys):
   assert main(["train", "--algorithm", "none", "--calibration-share", "0.1",
                "--max-examples", "100", "--out", str(tmp_path)]) == 2
   assert "--algorithm none has none" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("requested, private, reader, strategy, share", [
+    (None, True, "pandas", "default", private_calibration.DEFAULT_SHARE),  # the default job
+    (None, False, "pandas", "default", 0.0),  # non-private: nothing to calibrate privately
+    (None, True, "tfdata", "default", 0.0),  # streamed examples: not in memory to fit on
+    (None, True, "batches", "default", 0.0),
+    (None, True, "pandas", "ps", 0.0),  # a cluster's workers hold parts of the data
+    (None, True, "pandas", "multi-worker", 0.0),
+    (0.0, True, "pandas", "default", 0.0),  # turned off
+    (0.2, True, "pandas", "default", 0.2)])
+def test_the_job_calibrates_a_private_in_memory_run_by_default(requested, private, reader,
+                                                                strategy, share):
+  assert private_calibration.job_share(requested, private, reader, strategy) == share
+
+
+def test_an_explicit_bad_share_is_refused_even_where_the_default_is_off():
+  with pytest.raises(ValueError, match="--calibration-share must be in"):
+    private_calibration.job_share(1.0, True, "tfdata", "default")

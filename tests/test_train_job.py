@@ -51,6 +51,10 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
   assert len(training_examples.load(out)) == 2700
   if algorithm == "adafest":
     assert 0 < metrics["epsilon"] <= 1.0 and metrics["gradient_size_reduction"] > 1
+    # Calibrated by default: 0.05 of the epsilon on a private Platt scaling, in the total.
+    assert metrics["calibration_share"] == 0.05 and 0 < metrics["calibration_epsilon"] < 0.2
+  else:
+    assert metrics["calibration_share"] == 0.0
 
 
 @one_stack("tf2.15")
@@ -58,9 +62,11 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   out = tmp_path / "compare"
   # fest trains through this job in test_tfdata_reader_... (and its step in test_xla.py):
   # one algorithm without and one with a top-k preselection cover what --compare does.
+  # Uncalibrated (--calibration-share 0): the epsilon Keras logs is then the run's whole
+  # (tests/test_platt_scaling.py covers the calibration's share).
   assert main(["train", "--compare", "none,adafest+", "--max-examples", "2500",
                "--batch-size", "256", "--hidden-units", "32", "--fest-k", "40",
-               "--out", str(out), "--json"]) == 0
+               "--calibration-share", "0", "--out", str(out), "--json"]) == 0
   captured = capsys.readouterr()
   results = json.loads(captured.out)["results"]  # stdout: one JSON object
   assert [r["algorithm"] for r in results] == ["none", "adafest+"]

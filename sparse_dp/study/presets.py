@@ -74,8 +74,7 @@ class StudyPreset:
   # The paper preset's protocol (Ghazi et al., NeurIPS 2023, §4.1, App. D.1.1); the defaults are the
   # smoke and full presets' (one data set for every seed, one held-out split).
   version: int = 1  # part of every cached run's key: bump it when a run's meaning changes
-  # C2 of every study run: 1, the value their results were made with; the job's default
-  # is 10 for calibration, at ~0.01 AUC (docs/calibration.md). Part of the cache key.
+  # C2 of every study run (the job's default), part of the cache key.
   l2_norm_clip: float = 1.0
   resample_data: bool = False  # synthetic data drawn anew per seed (generator seed = seed)
   test_split: bool = False  # held-out halves: validation picks points, test reports them
