@@ -17,6 +17,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import sparse_dp  # noqa: E402
 from sparse_dp.distribute import ParameterServerTraining  # noqa: E402
+from graph_ops import ancestors  # noqa: E402
 from tiny_model import tiny_model  # noqa: E402
 
 VOCAB, BATCH, N, STEPS = 200, 64, 640, 2
@@ -75,19 +76,7 @@ def writes_after_count(strategy, algorithm):
 
   counts = set(writing([training.private.steps_taken]))
   writes = writing(training.model.trainable_weights)
-  return {"writes": len(writes), "after_count": sum(bool(counts & before(op)) for op in writes)}
-
-
-def before(op) -> set:
-  """Every op ``op`` waits for (its inputs' and control inputs' ops, transitively)."""
-  seen, todo = set(), [op]
-  while todo:
-    current = todo.pop()
-    for earlier in [tensor.op for tensor in current.inputs] + list(current.control_inputs):
-      if earlier not in seen:
-        seen.add(earlier)
-        todo.append(earlier)
-  return seen
+  return {"writes": len(writes), "after_count": sum(bool(counts & ancestors(op)) for op in writes)}
 
 
 if __name__ == "__main__":

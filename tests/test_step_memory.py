@@ -9,6 +9,7 @@ is a table-sized temporary: a dense read of the table, a densified
 import pytest
 import tensorflow as tf
 
+from graph_ops import ancestors
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
@@ -36,18 +37,6 @@ def _table_sized(op: tf.Operation) -> bool:
   return any(map(_table_sized_tensor, op.outputs))
 
 
-def _all_ancestors(op: tf.Operation) -> set:
-  """Ops ``op`` waits for, through data and control edges."""
-  seen, stack = set(), [op]
-  while stack:
-    current = stack.pop()
-    for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-      if parent not in seen:
-        seen.add(parent)
-        stack.append(parent)
-  return seen
-
-
 @pytest.mark.parametrize("algorithm", ["none", "adafest"])
 def test_sparse_steps_make_no_table_sized_tensor(algorithm):
   graph = _traced_step(algorithm)
@@ -63,7 +52,7 @@ def test_dpsgd_draws_one_table_noise_at_a_time_after_the_backward_pass():
                   if op.type == "StatelessRandomUniformFullIntV2" and _table_sized(op)),
                  key=lambda op: -op.outputs[0].shape[0])
   assert [op.outputs[0].shape[0] for op in draws] == list(ROWS)
-  first, second = (_all_ancestors(op) for op in draws)
+  first, second = (ancestors(op) for op in draws)
   # The first table's draw waits for the batch (its clipped sum), not only for the seed ...
   assert any(op.type == "Placeholder" and op.outputs[0].dtype == tf.int64 for op in first)
   # ... and the second table's for the first table's noisy gradient.
