@@ -19,5 +19,9 @@ def test_a_large_table_gets_one_shard_per_parameter_server(parameter_servers):
   table, kernel = tf.TensorShape([100_000, 16]), tf.TensorShape([16, 8])
   assert partitioner(table, tf.float32) == [parameter_servers, 1]
   assert partitioner(kernel, tf.float32) == [1, 1]  # a small Dense kernel stays whole
+  # A Dense kernel larger than a shard stays whole too: DP clipping reads it whole
+  # (the pCTR tower's 598 x 598 kernel is 1.4 MB).
+  assert partitioner(tf.TensorShape([598, 598]), tf.float32) == [1, 1]
+  assert partitioner(tf.TensorShape([100_000]), tf.float32) == [1]
   # An explicit count still caps it.
   assert table_partitioner(_cluster(parameter_servers), 1, 1024)(table, tf.float32) == [1, 1]

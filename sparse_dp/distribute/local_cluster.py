@@ -53,13 +53,13 @@ def start_local_cluster(workers: int = 2, parameter_servers: int = 2
 def parameter_server_strategy(table_shards: Optional[int] = None, min_shard_bytes: int = 1 << 16,
                               workers: int = 2, parameter_servers: int = 2
                               ) -> tf.distribute.experimental.ParameterServerStrategy:
-  """A ``ParameterServerStrategy`` whose variables of ``>= min_shard_bytes`` are sharded.
+  """A ``ParameterServerStrategy`` whose embedding tables of ``>= min_shard_bytes`` are sharded.
 
   With ``TF_CONFIG`` set, on the cluster it names (this process must be its
   ``chief``); else on :func:`start_local_cluster`. Variables are split into at
   most ``table_shards`` shards (default: one per parameter server of the
-  cluster) of at least ``min_shard_bytes`` each (``MinSizePartitioner``): the
-  embedding tables, not the small Dense kernels.
+  cluster) of at least ``min_shard_bytes`` each: the embedding tables, never a
+  Dense kernel (:class:`TablePartitioner`).
   """
   if os.environ.get("TF_CONFIG"):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -69,15 +69,33 @@ def parameter_server_strategy(table_shards: Optional[int] = None, min_shard_byte
       resolver, variable_partitioner=table_partitioner(resolver, table_shards, min_shard_bytes))
 
 
+# A variable with at least this many rows per column is shaped like an embedding
+# table (vocabulary x dimension); a Dense kernel (inputs x units) is not.
+TABLE_ROWS_PER_COLUMN = 8
+
+
+class TablePartitioner(tf.distribute.experimental.partitioners.MinSizePartitioner):
+  """``MinSizePartitioner`` over embedding-shaped variables only: a 2-D variable of at
+  least ``TABLE_ROWS_PER_COLUMN`` rows per column is split into shards of at least
+  ``min_shard_bytes``, every other variable (Dense kernels and biases, which DP
+  clipping reads whole) stays in one piece, whatever its size."""
+
+  def __call__(self, shape, dtype, axis=0):
+    shape = tf.TensorShape(shape)
+    if shape.rank == 2 and shape[0] >= TABLE_ROWS_PER_COLUMN * shape[1]:
+      return super().__call__(shape, dtype, axis)
+    return [1] * shape.rank
+
+
 def table_partitioner(resolver: tf.distribute.cluster_resolver.ClusterResolver,
                       table_shards: Optional[int] = None, min_shard_bytes: int = 1 << 16
                       ) -> tf.distribute.experimental.partitioners.Partitioner:
-  """Shards of at least ``min_shard_bytes``, at most ``table_shards`` (default: the
-  cluster's parameter servers, so that every server holds a part of each large table)."""
+  """Embedding tables in shards of at least ``min_shard_bytes``, at most
+  ``table_shards`` (default: the cluster's parameter servers, so that every server
+  holds a part of each large table); other variables whole (:class:`TablePartitioner`)."""
   if table_shards is None:
     table_shards = max(1, len(resolver.cluster_spec().as_dict().get("ps", [])))
-  return tf.distribute.experimental.partitioners.MinSizePartitioner(
-      min_shard_bytes=min_shard_bytes, max_shards=table_shards)
+  return TablePartitioner(min_shard_bytes=min_shard_bytes, max_shards=table_shards)
 
 
 @functools.lru_cache(maxsize=None)

@@ -100,8 +100,8 @@ class ParameterServerTraining:
       raise ValueError(
           f"the strategy's variable_partitioner sharded Dense layers {sharded_dense}: DP "
           "clipping reads each Dense layer's whole kernel. Shard only the embedding tables, "
-          "e.g. tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=...) "
-          "with min_shard_bytes above the largest Dense kernel's size in bytes")
+          "e.g. sparse_dp.distribute.local_cluster.TablePartitioner(min_shard_bytes=...), "
+          "which shards embedding-shaped variables only")
     self.coordinator = (tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
                         if is_parameter_server(strategy) else None)
     self._step = self._step_function(tf.constant([private.seed, _SAMPLE_SALT], tf.int64))
