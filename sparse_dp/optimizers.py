@@ -28,26 +28,10 @@ import logging
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.embedding_tables import is_embedding_table
 
 _LOG = logging.getLogger(__name__)
 _legacy = keras.optimizers.legacy
-
-# Set (True) on the table variable of every sparse_dp.layers.Embedding, and on each
-# of its shards: the variables RowwiseAdagrad gives one accumulator per row.
-_TABLE_MARK = "_sparse_dp_embedding_table"
-
-
-def mark_embedding_table(table) -> None:
-  """Marks ``table`` (a layer's table: a variable, a mirrored one, or a
-  ``ShardedVariable`` and its shards) as an embedding table for :class:`RowwiseAdagrad`."""
-  for variable in [table, *getattr(table, "variables", ())]:
-    setattr(variable, _TABLE_MARK, True)
-
-
-def is_embedding_table(variable) -> bool:
-  """Whether ``variable`` was marked by :func:`mark_embedding_table`."""
-  return getattr(variable, _TABLE_MARK, False) is True
-
 
 @keras.utils.register_keras_serializable(package="sparse_dp")
 class LazyAdam(_legacy.Adam):

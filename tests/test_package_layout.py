@@ -29,7 +29,8 @@ SOURCES = {"sparse_dp": "sparse_dp", "sparse_dp.models": "models", "sparse_dp.da
 # lazy: it loads ``sparse_dp.training`` by name when ``make_private`` is used).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # No TensorFlow: the facade, the accountant, the data readers.
-    ("sparse_dp", "sparse_dp._tensorflow_import", "sparse_dp.accounting", "sparse_dp.data"),
+    ("sparse_dp", "sparse_dp._tensorflow_import", "sparse_dp.accounting", "sparse_dp.data",
+     "sparse_dp.embedding_tables"),
     ("sparse_dp._keras",),
     # TensorFlow building blocks.
     ("sparse_dp.distribute", "sparse_dp.mechanisms", "sparse_dp.optimizers",
