@@ -291,3 +291,12 @@ def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_
   assert one.source["data_seed"] == 1 and "data_seed" not in zero.source
   assert not np.array_equal(one.train[0]["categorical"], zero.train[0]["categorical"])
   assert not np.array_equal(one.held_out[0]["categorical"], one.test[0]["categorical"])
+
+
+def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first_values():
+  from sparse_dp.models.job_flags import FitSettings
+  from sparse_dp.study.runs import _settings_key  # pylint: disable=protected-access
+  # The committed paper cache was keyed before FitSettings had these fields.
+  assert not {"optimizer", "embedding_dim"} & set(_settings_key(FitSettings()))
+  changed = _settings_key(FitSettings(optimizer="rowwise-adagrad", embedding_dim=8))
+  assert changed["optimizer"] == "rowwise-adagrad" and changed["embedding_dim"] == 8

@@ -39,6 +39,18 @@ from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.train_arguments import train_arguments
 
 
+# Settings added to FitSettings after the first cached runs, at the values those runs
+# trained with: left out of a run's key at these values, so the cache stays valid.
+_SETTINGS_ADDED = {"optimizer": "adam", "embedding_dim": None}
+
+
+def _settings_key(settings: job_flags.FitSettings) -> dict:
+  """The run's settings as its cache key holds them (:data:`_SETTINGS_ADDED` at their
+  first value left out)."""
+  return {name: value for name, value in dataclasses.asdict(settings).items()
+          if _SETTINGS_ADDED.get(name, object()) != value}
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One configuration: ``fest_k`` for DP-FEST / DP-AdaFEST+, ``tau_sigmas`` and
@@ -104,7 +116,7 @@ class Runner:
     settings = job_flags.fit_settings(args, epsilon=args.epsilon)
     inputs = self._inputs_for_seed(seed)
     key = {"source": inputs.source, "point": dataclasses.asdict(point),
-           "settings": dataclasses.asdict(settings), "fest_k": args.fest_k,
+           "settings": _settings_key(settings), "fest_k": args.fest_k,
            "selection_share": args.selection_share}
     if self.preset.version != 1:
       key["preset_version"] = self.preset.version
