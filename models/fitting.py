@@ -89,7 +89,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   sizes = list(vocabulary_sizes)
   if preselection is not None:
     sizes = list(preselection.vocabulary_sizes)
-    x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
+    x_eval = kept_buckets(x_eval, preselection)
   keras.utils.set_random_seed(settings.seed)
   if settings.strategy == "ps" and (streamed or sampled or not kind.is_private):
     raise ValueError("--strategy ps trains a DP model on in-memory examples (--reader pandas) "
@@ -139,13 +139,11 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     batches = (train.dataset().shuffle(train.shuffle_buffer, seed=shuffle_seed).repeat()
                .batch(batch_size).take(steps))
     if preselection is not None:
-      batches = batches.map(lambda x, y: ({**x, "categorical": preselection.apply(
-          x["categorical"])}, y))
+      batches = batches.map(lambda x, y: (kept_buckets(x, preselection), y))
     history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
   elif private.is_private:
     x_train, y_train = train
-    if preselection is not None:
-      x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
+    x_train = kept_buckets(x_train, preselection)
     if on_ps:
       logs = ParameterServerTraining(private, x_train, y_train).fit(epochs=settings.epochs)
       history = {name: [value] for name, value in logs.items() if name != "keys"}
@@ -212,9 +210,15 @@ def held_out_auc(model: keras.Model, held_out, preselection: Optional[Preselecti
   through the run's ``preselection`` as the model's own evaluation maps them (a study's
   test split, evaluated beside the validation split the fit reports)."""
   x, y = held_out
-  if preselection is not None:
-    x = {**x, "categorical": preselection.apply(x["categorical"])}
-  return _auc(y, model.predict(x, batch_size=8192, verbose=0))
+  return _auc(y, model.predict(kept_buckets(x, preselection), batch_size=8192, verbose=0))
+
+
+def kept_buckets(x: dict, preselection: Optional[Preselection]) -> dict:
+  """The features ``x`` with their categorical ids mapped to the kept buckets of
+  ``preselection`` (DP-FEST's and DP-AdaFEST+'s top-k); ``x`` itself when there is none."""
+  if preselection is None:
+    return x
+  return {**x, "categorical": preselection.apply(x["categorical"])}
 
 
 def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
@@ -280,9 +284,7 @@ def _calibrate(fit: FitResult, train, held_out, preselection: Optional[Preselect
                job_epsilon: float, noise_seed: Optional[int]) -> None:
   """Folds a private Platt scaling into ``fit.model`` and re-evaluates its calibration."""
   (x_train, y_train), (x_eval, y_eval) = train, held_out
-  if preselection is not None:
-    x_train = {**x_train, "categorical": preselection.apply(x_train["categorical"])}
-    x_eval = {**x_eval, "categorical": preselection.apply(x_eval["categorical"])}
+  x_train, x_eval = kept_buckets(x_train, preselection), kept_buckets(x_eval, preselection)
   before = {f"uncalibrated_{name}": fit.metrics[name]
             for name in ("logloss", "ece", "mean_predicted")}
   recalibration = private_calibration.recalibrate(fit.model, x_train, y_train, job_epsilon,
