@@ -36,6 +36,25 @@ def test_dpsgd_matches_dp_accounting(kind):
   assert report.accountant == kind
 
 
+def test_the_step_caching_pld_accountant_gives_dp_accountings_epsilon_bit_for_bit():
+  """Each distinct step's PLD is built once and reused: the same epsilon and delta as
+  dp_accounting's own accountant, on every event a run composes."""
+  from sparse_dp.accounting.accountant import StepCachingPLDAccountant
+  two_runs = dp_accounting.ComposedDpEvent([
+      gaussian_steps_event(1.3, Q, 700), gaussian_steps_event(0.8, 2 * Q, 300),
+      gaussian_steps_event(1.3, Q, 50)])  # the first step again: built once
+  unsampled = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(20.0), 3)
+  for interval in (1e-4, 1e-3):
+    for event in (gaussian_steps_event(0.9, Q, 2000), two_runs, unsampled,
+                  dp_accounting.ComposedDpEvent([two_runs, unsampled])):
+      for repeat in range(2):
+        cached = StepCachingPLDAccountant(value_discretization_interval=interval).compose(event)
+        plain = pld.PLDAccountant(value_discretization_interval=interval).compose(event)
+        assert cached.get_epsilon(1 / N) == plain.get_epsilon(1 / N), (interval, event, repeat)
+        assert cached.get_delta(2.0) == plain.get_delta(2.0)
+  assert isinstance(PrivacyAccountant("pld").kind.new(), StepCachingPLDAccountant)
+
+
 def test_adafest_is_one_gaussian_of_combined_noise():
   sigma1, sigma2 = 5.0, 1.1
   combined = (sigma1 ** -2 + sigma2 ** -2) ** -0.5

@@ -49,12 +49,39 @@ class WeightsMovedOutsideDPError(RuntimeError):
 
 def _signs(index: int, rows: tf.Tensor, width: int) -> tf.Tensor:
   """``r(i, j)`` for rows ``rows`` (int64 ``[n]``) and every column: ``[n, width]`` float64."""
-  rows = tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS)
-  columns = tf.range(width, dtype=tf.int64)
-  h = tf.math.floormod(rows[:, None] * _ROW + columns[None, :] * _COLUMN + index * _VARIABLE,
-                       _MODULUS)
-  h = tf.math.floormod(h * _MIX + 1, _MODULUS)
-  return 1.0 - 2.0 * tf.cast(tf.math.floormod(h // 7, 2), tf.float64)
+  return _signs_of_terms(_row_terms(rows), _column_terms(index, width))
+
+
+def _row_terms(rows: tf.Tensor) -> tf.Tensor:
+  """``i R mod M`` of each row ``i``."""
+  return tf.math.floormod(tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS) * _ROW, _MODULUS)
+
+
+def _column_terms(index, width: int) -> tf.Tensor:
+  """``(j C + v V) mod M`` of each column ``j`` of variable ``v``."""
+  return tf.math.floormod(tf.range(width, dtype=tf.int64) * _COLUMN + tf.cast(index, tf.int64)
+                          * _VARIABLE, _MODULUS)
+
+
+def _signs_of_terms(row_terms: tf.Tensor, column_terms: tf.Tensor) -> tf.Tensor:
+  """``r = 1 - 2 ((h // 7) mod 2)`` with ``h = ((i R + j C + v V) mod M) K + 1) mod M``,
+  ``M = 2^31 - 1``, from its row and column terms, without an integer division per weight:
+  the terms' sum less ``M`` once if it reaches ``M``; the second reduction by ``M``'s
+  Mersenne form (``x mod M`` is ``(x & M) + (x >> 31)``, less ``M`` once if it reaches ``M``,
+  exact for ``0 <= x < 2^62``); ``h // 7`` as ``floor(h / 7)`` in float64, exact for
+  ``h < 2^53``. The same integers as the direct formula, so the same signs: fingerprints
+  kept in older checkpoints stay valid.
+  """
+  h = _below_modulus(row_terms[:, None] + column_terms[None, :])
+  h = h * _MIX + 1
+  h = _below_modulus(tf.bitwise.bitwise_and(h, _MODULUS) + tf.bitwise.right_shift(h, 31))
+  quotient = tf.cast(tf.math.floor(tf.cast(h, tf.float64) / 7.0), tf.int64)
+  return 1.0 - 2.0 * tf.cast(tf.bitwise.bitwise_and(quotient, 1), tf.float64)
+
+
+def _below_modulus(h: tf.Tensor) -> tf.Tensor:
+  """``h mod M`` for ``0 <= h < 2 M``."""
+  return tf.where(h >= _MODULUS, h - _MODULUS, h)
 
 
 def _as_rows(values: tf.Tensor) -> tf.Tensor:
@@ -74,6 +101,14 @@ def _partial(index: int, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
   return tf.reduce_sum(_signs(index, rows, values.shape[-1]) * values)
 
 
+@tf.function(jit_compile=True)
+def _compiled_partial(row_terms: tf.Tensor, column_terms: tf.Tensor, values: tf.Tensor):
+  """``sum r w`` of one chunk of a large table in one pass fused by XLA (TensorFlow's
+  kernels would write each ``[rows, width]`` intermediate); the terms come in computed,
+  since XLA would recompute them, divisions included, for every weight."""
+  return tf.reduce_sum(_signs_of_terms(row_terms, column_terms) * tf.cast(values, tf.float64))
+
+
 class Fingerprint:
   """The fingerprint of ``variables`` (in a fixed order), kept in ``state_variable``."""
 
@@ -82,7 +117,9 @@ class Fingerprint:
     self.value = state_variable
 
   def compute(self) -> tuple[float, float]:
-    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager).
+    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager; a table of a
+    chunk or more through :func:`_compiled_partial`; ``sum |w|``, the tolerance's scale,
+    summed in float32).
 
     A table is read ``_CHUNK_ROWS`` rows at a time (``tf.gather`` of the
     variable): reading it whole would copy it, since a variable that sparse
@@ -94,11 +131,15 @@ class Fingerprint:
     for index, variable in enumerate(self.variables):
       values = None if variable.shape.rank == 2 else _as_rows(tf.convert_to_tensor(variable))
       num_rows = int(variable.shape[0]) if values is None else int(values.shape[0])
+      columns = _column_terms(index, int((variable if values is None else values).shape[-1]))
       for start in range(0, num_rows, _CHUNK_ROWS):
         rows = tf.range(start, min(start + _CHUNK_ROWS, num_rows), dtype=tf.int64)
         chunk = tf.gather(variable if values is None else values, rows)
-        total += float(_partial(index, rows, chunk))
-        magnitude += float(tf.reduce_sum(tf.abs(tf.cast(chunk, tf.float64))))
+        if num_rows >= _CHUNK_ROWS:  # XLA: one compile per width (and last chunk's rows)
+          total += float(_compiled_partial(_row_terms(rows), columns, chunk))
+        else:
+          total += float(_partial(index, rows, chunk))
+        magnitude += float(tf.reduce_sum(tf.abs(tf.cast(chunk, tf.float32))))
     return total, magnitude
 
   def reset(self) -> None:
