@@ -26,9 +26,12 @@ def test_signs_are_the_direct_formulas_for_any_row_column_and_variable():
                          rng.integers(0, 2**62, 2000)]).astype(np.int64)
   for index in (0, 1, 7, 25, 300):
     for width in (1, 3, 64, 598):
-      got = wf._signs(index, tf.constant(rows), width).numpy()
-      np.testing.assert_array_equal(got, _reference_signs(index, rows, width),
-                                    err_msg=f"variable {index}, width {width}")
+      expected = _reference_signs(index, rows, width)
+      in_step = wf._signs(index, tf.constant(rows), width).numpy()
+      full_read = wf._signs_of_terms(wf._row_terms(tf.constant(rows)),
+                                     wf._column_terms(index, width)).numpy()
+      np.testing.assert_array_equal(in_step, expected, err_msg=f"variable {index}, width {width}")
+      np.testing.assert_array_equal(full_read, expected, err_msg=f"variable {index}, width {width}")
   # Balanced enough to be a fingerprint: about half of the signs are -1.
   assert 0.45 < (wf._signs(3, tf.range(10_000, dtype=tf.int64), 64).numpy() < 0).mean() < 0.55
 

@@ -48,8 +48,19 @@ class WeightsMovedOutsideDPError(RuntimeError):
 
 
 def _signs(index: int, rows: tf.Tensor, width: int) -> tf.Tensor:
-  """``r(i, j)`` for rows ``rows`` (int64 ``[n]``) and every column: ``[n, width]`` float64."""
-  return _signs_of_terms(_row_terms(rows), _column_terms(index, width))
+  """``r(i, j)`` for rows ``rows`` (int64 ``[n]``) and every column: ``[n, width]`` float64.
+
+  The definition, as the DP step computes it on the rows it updates:
+  ``h = ((i R + j C + v V) mod M) K + 1) mod M``, ``r = 1 - 2 ((h // 7) mod 2)``,
+  ``M = 2^31 - 1`` (no int64 overflow: ``i mod M < 2^31`` and ``R < 2^31``). A full
+  read of a table computes the same integers by :func:`_signs_of_terms`.
+  """
+  rows = tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS)
+  columns = tf.range(width, dtype=tf.int64)
+  h = tf.math.floormod(rows[:, None] * _ROW + columns[None, :] * _COLUMN + index * _VARIABLE,
+                       _MODULUS)
+  h = tf.math.floormod(h * _MIX + 1, _MODULUS)
+  return 1.0 - 2.0 * tf.cast(tf.math.floormod(h // 7, 2), tf.float64)
 
 
 def _row_terms(rows: tf.Tensor) -> tf.Tensor:
@@ -64,13 +75,12 @@ def _column_terms(index, width: int) -> tf.Tensor:
 
 
 def _signs_of_terms(row_terms: tf.Tensor, column_terms: tf.Tensor) -> tf.Tensor:
-  """``r = 1 - 2 ((h // 7) mod 2)`` with ``h = ((i R + j C + v V) mod M) K + 1) mod M``,
-  ``M = 2^31 - 1``, from its row and column terms, without an integer division per weight:
+  """:func:`_signs` from its row and column terms, without an integer division per weight
+  (a full read of a 100x Table-3 model signs 3e9 weights; the DP step, a few thousand rows):
   the terms' sum less ``M`` once if it reaches ``M``; the second reduction by ``M``'s
   Mersenne form (``x mod M`` is ``(x & M) + (x >> 31)``, less ``M`` once if it reaches ``M``,
   exact for ``0 <= x < 2^62``); ``h // 7`` as ``floor(h / 7)`` in float64, exact for
-  ``h < 2^53``. The same integers as the direct formula, so the same signs: fingerprints
-  kept in older checkpoints stay valid.
+  ``h < 2^53``. The same integers as :func:`_signs` (``tests/test_weight_fingerprint.py``).
   """
   h = _below_modulus(row_terms[:, None] + column_terms[None, :])
   h = h * _MIX + 1
