@@ -43,6 +43,8 @@ CHECKS = (None, "parse-only", "slow")
 RUNNABLE = ("python", "bash")
 HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?([^\n]*)\n(.*?)^\1$", re.MULTILINE | re.DOTALL)
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
+# A redirection: alone (its target is the next word) or with its target attached.
+REDIRECTION = re.compile(r"^(?:\d*|&)(?:>>?|<)(?P<target>&\d+|\S+)?$")
 STACKS = ("tf2.15", "tf2.21")
 
 
@@ -103,7 +105,15 @@ def sparse_dp_command_lines(script: str) -> List[List[str]]:
   for line in script.splitlines():
     words = shlex.split(line, comments=True)
     command: List[str] = []
+    redirected = False
     for word in words + [";"]:
+      if redirected:  # the target of a redirection
+        redirected = False
+        continue
+      redirection = REDIRECTION.match(word)
+      if redirection:
+        redirected = redirection["target"] is None
+        continue
       if word not in SHELL_OPERATORS:
         command.append(word)
         continue
@@ -166,6 +176,13 @@ def test_the_parse_check_refuses_a_flag_the_command_does_not_have():
   assert sparse_dp_command_lines(block.code) == [["train", "--no-such-flag", "3"]]
   with pytest.raises(AssertionError, match="refused by its parser"):
     _parse(block)
+
+
+def test_redirections_are_not_arguments_of_the_command():
+  script = ("sparse-dp train --json > out.json 2>&1 && sparse-dp privacy --epsilon 1 2> err <in\n"
+            "sparse-dp audit --json >>log 2> /dev/null | tee x\n")
+  assert sparse_dp_command_lines(script) == [["train", "--json"], ["privacy", "--epsilon", "1"],
+                                             ["audit", "--json"]]
 
 
 def test_the_manual_builds_with_mkdocs_strict(tmp_path):
