@@ -159,6 +159,22 @@ def test_pld_grid_is_widened_only_where_the_default_would_not_fit():
   assert accountant.get_epsilon(1e-6) < 0.5 * independent_epsilon(0.1, 0.1, 1000, 1e-6, "rdp")
 
 
+def test_the_few_orders_shortcut_gives_the_all_orders_interval():
+  """The grid from a few RDP orders, where they suffice, is the one all the orders give."""
+  from sparse_dp.accounting import discretization
+  checked = set()
+  for sigma in (0.05, 0.1, 0.3, 1.0, 5.0):
+    for q in (1e-4, 0.01, 0.1, 0.5, 1.0):
+      for steps in (1, 100, 10_000):
+        for interval in (1e-4, 1e-3):
+          event = gaussian_steps_event(sigma, q, steps)
+          loss_range = rdp.RdpAccountant().compose(event).get_epsilon(discretization._TAIL_DELTA)
+          full = max(interval, loss_range / discretization.MAX_LOSS_POINTS)
+          assert pld_interval(event, interval) == full, (sigma, q, steps, interval)
+          checked.add(full > interval)
+  assert checked == {True, False}  # both branches taken
+
+
 def test_accountant_step_by_step_equals_bulk():
   stepwise = PrivacyAccountant()
   for _ in range(50):
