@@ -13,9 +13,9 @@ noise on every coordinate, whatever rows the batch touched.
   split(seed, K)``: distinct Philox keys, independent streams, so every coordinate of ``Z``
   is still i.i.d. ``N(0, 1)`` and the mechanism, and its accounting, are DP-SGD's
   (``tests/test_dense_noise.py`` tests the law across chunk boundaries). ``G`` is made in
-  one buffer: the clipped sum scattered into zeros, then each chunk's noise added to its
-  rows in place; each chunk's draw waits (a control dependency) for the previous chunk's
-  to be added, so one chunk's temporaries live at a time. A draw holds about four times
+  one buffer: each chunk's noise, plus the clipped rows that fall in it, written into its
+  rows in place; each chunk's draw waits (a control dependency) for the previous chunk to
+  be written, so one chunk's temporaries live at a time. A draw holds about four times
   its own bytes (Philox words, their two halves, the Box-Muller result): drawn whole, the
   largest table of the pCTR model at 100x Table 3 (8.3M x 107, 3.3 GiB) would hold ~13 GiB.
   ``G`` is returned as ``tf.IndexedSlices`` over every row (indices ``0 .. V-1``, distinct
@@ -34,6 +34,7 @@ from typing import Sequence, Union
 import tensorflow as tf
 
 from sparse_dp.mechanisms.gaussian import standard_normal
+from sparse_dp.mechanisms.padding import mask_rows
 from sparse_dp.mechanisms.seeds import split
 
 # Tables of more rows draw their noise in chunks of this many rows (at dimension 107, the
@@ -64,15 +65,27 @@ def add_dense_noise(clipped: tf.IndexedSlices, shape: Sequence[int], stddev, see
     noisy = tf.tensor_scatter_nd_add(draw, clipped.indices[:, None], clipped.values)
     return NoisyTable(noisy, tf.reduce_sum(tf.square(draw)))
   with tf.control_dependencies(after):
-    noisy = tf.scatter_nd(tf.cast(clipped.indices, tf.int64)[:, None], clipped.values,
-                          tf.constant([rows, width], tf.int64))
+    noisy = tf.zeros([rows, width], clipped.values.dtype)
+  indices = tf.cast(clipped.indices, tf.int64)
   squares = []
   for index, chunk_seed in enumerate(split(seed, -(-rows // CHUNK_ROWS))):
     start = index * CHUNK_ROWS
     stop = min(start + CHUNK_ROWS, rows)
-    with tf.control_dependencies([noisy]):  # the previous chunk is added: its draw is freed
+    with tf.control_dependencies([noisy]):  # the previous chunk is in place: its draw is freed
       draw = standard_normal([stop - start, width], chunk_seed) * stddev
     squares.append(tf.reduce_sum(tf.square(draw)))
-    noisy = tf.tensor_scatter_nd_add(noisy, tf.range(start, stop, dtype=tf.int64)[:, None], draw)
+    chunk = _plus_rows_within(draw, indices - start, clipped.values)
+    # An update of the buffer's rows in place (TensorFlow forwards a tensor with one reader;
+    # tensor_scatter_nd_add would copy the whole buffer).
+    noisy = tf.raw_ops.TensorStridedSliceUpdate(input=noisy, begin=[start, 0], end=[stop, width],
+                                                strides=[1, 1], value=chunk)
   return NoisyTable(tf.IndexedSlices(noisy, tf.range(rows, dtype=tf.int64),
                                      tf.constant([rows, width], tf.int64)), tf.add_n(squares))
+
+
+def _plus_rows_within(chunk: tf.Tensor, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """``chunk [m, d]`` plus ``values[i]`` at row ``rows[i]`` of it, for the ``rows`` in
+  ``[0, m)`` (repeats summed); the others add nothing."""
+  within = tf.logical_and(rows >= 0, rows < tf.shape(chunk, out_type=tf.int64)[0])
+  return tf.tensor_scatter_nd_add(chunk, tf.where(within, rows, tf.zeros_like(rows))[:, None],
+                                  mask_rows(values, within))
