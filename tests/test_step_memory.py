@@ -79,15 +79,15 @@ def test_dpsgd_on_large_tables_draws_one_chunk_at_a_time_into_one_gradient(monke
             if op.type == "TensorStridedSliceUpdate" and op.outputs[0].shape == (rows, 2)]
     assert len(adds) == -(-rows // 2**14)
     assert all(earlier in ancestors(later) for earlier, later in zip(adds, adds[1:]))
-  # The only ops with an output of a table's size make its gradient, in one chain: zeros,
+  # The only ops with an output of a table's size make its gradient, in one chain: a buffer,
   # each chunk written in, divided by the batch size, read for the norm, then the
   # optimizer's (SGD's -lr g, a scatter into the variable); no tensor of a table's size has
   # two readers of a table's size (no copy beside it, no densified update).
   whole = [op for op in graph.get_operations()
            if any(tuple(t.shape) in {(rows, 2) for rows in ROWS} for t in op.outputs)]
-  assert {op.type for op in whole} == {"Fill", "TensorStridedSliceUpdate", "RealDiv", "Identity",
-                                        "Neg", "Mul"}
+  assert {op.type for op in whole} == {"Empty", "TensorStridedSliceUpdate", "RealDiv",
+                                        "Identity", "Neg", "Mul"}
   for op in whole:
     readers = [c for c in op.outputs[0].consumers() if c in whole]
     assert len(readers) <= 1, (op.name, [c.name for c in readers])
-  assert len([op for op in whole if op.type == "Fill"]) == len(ROWS)
+  assert len([op for op in whole if op.type == "Empty"]) == len(ROWS)
