@@ -26,7 +26,8 @@ through ``/proc/self/clear_refs``), so the step's own temporaries are the last
 minus the first.
 
 Before a child trains, the memory it needs (tables, the optimizer's slots,
-DP-SGD's dense noise of its largest table, ``_OVERHEAD_BYTES``) is compared with the
+DP-SGD's noisy gradient of its largest table and one noise draw, ``_OVERHEAD_BYTES``) is
+compared with the
 machine's available memory less ``--reserve-gb`` for other users; a child
 that would not fit is not started and the JSON says why.
 """
@@ -47,9 +48,9 @@ ALGORITHMS = ("none", "dpsgd", "adafest")
 # rowwise-adagrad keeps one scalar per row: counted as none (this is a lower bound).
 OPTIMIZER_SLOTS = {"sgd": 0, "rowwise-adagrad": 0, "adagrad": 1, "adam": 2, "lazy-adam": 2}
 _OVERHEAD_BYTES = 2 * 2**30  # TensorFlow, the dense layers, the examples, the step's activations
-# DP-SGD's draw of one table (sparse_dp.mechanisms.gaussian): its uint64 Philox words and
-# their two halves, each of the table's bytes, then the noisy gradient itself.
-_DENSE_NOISE_TABLES = 4
+# A noise draw (sparse_dp.mechanisms.gaussian) holds its uint64 Philox words and their two
+# halves, each of the draw's bytes, then the draw itself.
+_DRAW_TEMPORARIES = 4
 
 
 def optimizer(name: str, learning_rate: float):
@@ -62,15 +63,26 @@ def optimizer(name: str, learning_rate: float):
 
 def bytes_needed(sizes, algorithm: str, optimizer_name: str) -> int:
   """Resident bytes a run on tables of ``sizes`` rows needs at least: the tables and the
-  optimizer's slots, ``_OVERHEAD_BYTES``, and for DP-SGD ``_DENSE_NOISE_TABLES`` times
-  its largest table (the step draws one table's dense noise at a time)."""
-  from sparse_dp.models.pctr import embedding_dim  # pylint: disable=import-outside-toplevel
+  optimizer's slots, ``_OVERHEAD_BYTES``, and for DP-SGD the most one table's noise holds
+  (the step makes one table's noisy gradient at a time: :func:`dense_noise_bytes`)."""
   from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
   needed = memory.resident_bytes_lower_bound(sizes, OPTIMIZER_SLOTS[optimizer_name])
   if algorithm == "dpsgd":
-    largest = memory.FLOAT32_BYTES * max(v * embedding_dim(v) for v in sizes)
-    needed += _DENSE_NOISE_TABLES * largest
+    needed += max(dense_noise_bytes(v) for v in sizes)
   return needed + _OVERHEAD_BYTES
+
+
+def dense_noise_bytes(rows: int) -> int:
+  """What DP-SGD's noise on a table of ``rows`` rows holds at its peak
+  (:mod:`sparse_dp.mechanisms.dense_noise`): a table of at most ``CHUNK_ROWS`` rows, its
+  draw (``_DRAW_TEMPORARIES`` times the table; the noisy gradient is made in it); a larger
+  one, its noisy gradient (the table's bytes) and one chunk's draw."""
+  from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models.pctr import embedding_dim  # pylint: disable=import-outside-toplevel
+  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
+  row_bytes = memory.FLOAT32_BYTES * embedding_dim(rows)
+  draw = _DRAW_TEMPORARIES * min(rows, CHUNK_ROWS) * row_bytes
+  return draw if rows <= CHUNK_ROWS else rows * row_bytes + draw
 
 
 def available_bytes() -> int:
@@ -110,7 +122,7 @@ def measure(settings: dict) -> dict:
     return {**settings, **tables, "not_run": (
         f"needs at least {needed / 2**30:.1f} GiB ({settings['optimizer']}: tables and "
         f"{OPTIMIZER_SLOTS[settings['optimizer']]} slots"
-        f"{', the largest table dense noise x4' if algorithm == 'dpsgd' else ''}, overhead), "
+        f"{', one noisy table gradient and draw' if algorithm == 'dpsgd' else ''}, overhead), "
         f"{usable / 2**30:.1f} GiB usable: MemAvailable {free / 2**30:.1f} GiB less "
         f"{settings['reserve_gb']:g} GiB left to others")}
   fit = FitSettings(batch_size=settings["batch_size"], noise_seed=settings["seed"],

@@ -33,8 +33,36 @@ from sparse_dp.embedding_tables import is_embedding_table
 _LOG = logging.getLogger(__name__)
 _legacy = keras.optimizers.legacy
 
+class _DistinctRowsUpdate:
+  """Applies an update over every row of a table without Keras's deduplication.
+
+  Keras's legacy optimizers sum a sparse gradient's repeated indices before
+  ``_resource_apply_sparse`` (``tf.unique`` and a segment sum: a temporary the size of the
+  update). DP-SGD's update of a large table (:mod:`sparse_dp.mechanisms.dense_noise`) is
+  ``tf.IndexedSlices`` over every row, indices ``0 .. V-1``: distinct, and the segment sum
+  would be a copy of a table's size. An update with as many indices as the table has
+  rows, strictly increasing (checked when the step runs), is applied as it is; any other
+  goes through Keras's deduplication. Both give the same update.
+  """
+
+  def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+    deduplicated = super()._resource_apply_sparse_duplicate_indices  # type: ignore[misc]
+    if indices.shape.rank != 1 or indices.shape[0] != handle.shape[0]:
+      return deduplicated(grad, handle, indices, **kwargs)
+
+    def as_it_is():
+      with tf.control_dependencies([self._resource_apply_sparse(grad, handle, indices, **kwargs)]):
+        return tf.constant(True)
+
+    def summed():
+      with tf.control_dependencies([deduplicated(grad, handle, indices, **kwargs)]):
+        return tf.constant(False)
+
+    return tf.cond(tf.reduce_all(indices[1:] > indices[:-1]), as_it_is, summed)
+
+
 @keras.utils.register_keras_serializable(package="sparse_dp")
-class LazyAdam(_legacy.Adam):
+class LazyAdam(_DistinctRowsUpdate, _legacy.Adam):
   """Adam (optionally AdamW) that updates only the rows of sparse gradients."""
 
   def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
@@ -85,7 +113,7 @@ class LazyAdam(_legacy.Adam):
 
 
 @keras.utils.register_keras_serializable(package="sparse_dp")
-class RowwiseAdagrad(_legacy.Optimizer):
+class RowwiseAdagrad(_DistinctRowsUpdate, _legacy.Optimizer):
   r"""Adagrad with one accumulator per embedding-table row (FBGEMM's
   ``EXACT_ROWWISE_ADAGRAD``, TorchRec's row-wise Adagrad).
 

@@ -14,6 +14,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import sparse_dp  # noqa: E402
+from sparse_dp.mechanisms import dense_noise  # noqa: E402
 from sparse_dp.optimizers import RowwiseAdagrad  # noqa: E402
 from tiny_model import tiny_model  # noqa: E402
 
@@ -23,6 +24,7 @@ VOCAB, BATCH = 200, 64
 def train(strategy, config):
   config = dict(config)
   optimizer = config.pop("optimizer", None)
+  dense_noise.CHUNK_ROWS = config.pop("chunk_rows", dense_noise.CHUNK_ROWS)
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.5, BATCH * 3) % VOCAB).astype("int64")
   labels = rng.integers(0, 2, (BATCH * 3, 1)).astype("float32")

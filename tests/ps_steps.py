@@ -15,12 +15,16 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.distribute import ParameterServerTraining, local_cluster
 from sparse_dp.layers import Embedding
+from sparse_dp.mechanisms import dense_noise
 
 VOCAB, BATCH, N = 200, 64, 640
 CONFIGS = {
     "dpsgd": {"algorithm": "dpsgd", "noise_multiplier": 1.0},
     "adafest": {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5},
+    "dpsgd-chunks": {"algorithm": "dpsgd", "noise_multiplier": 1.0},
 }
+# The table's noise in chunks of 64 rows (mechanisms.dense_noise): an update over every row.
+CHUNK_ROWS = {"dpsgd-chunks": 64}
 DATA = np.random.default_rng(0)
 IDS = (DATA.zipf(1.5, N) % VOCAB).astype("int64")
 LABELS = DATA.integers(0, 2, (N, 1)).astype("float32")
@@ -98,11 +102,14 @@ def lost_after_update(strategy, steps=4, lost_key=1):
 def main():
   strategy = local_cluster.parameter_server_strategy(table_shards=2, min_shard_bytes=1024)
   results = {}
+  single_draw = dense_noise.CHUNK_ROWS
   for name, config in CONFIGS.items():
     print("training", name, file=sys.stderr, flush=True)
+    dense_noise.CHUNK_ROWS = CHUNK_ROWS.get(name, single_draw)
     sharded = in_order(strategy, config)
     results[name] = {"cluster": sharded,
                      "alone": in_order(tf.distribute.get_strategy(), config, sharded["initial"])}
+  dense_noise.CHUNK_ROWS = single_draw
   print("keras fit, async", file=sys.stderr, flush=True)
   private, _ = private_model(strategy, CONFIGS["adafest"])
   try:

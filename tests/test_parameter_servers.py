@@ -26,7 +26,7 @@ def cluster():
   return printed_json(SCRIPT)
 
 
-@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+@pytest.mark.parametrize("algorithm", ["dpsgd", "dpsgd-chunks", "adafest"])
 def test_sharded_tables_get_the_single_process_update(cluster, algorithm):
   sharded, alone = cluster[algorithm]["cluster"], cluster[algorithm]["alone"]
   # The table is split over both parameter servers.

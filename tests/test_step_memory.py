@@ -1,4 +1,5 @@
-"""No temporary the size of a table in a training step, except DP-SGD's noise, one table at a time.
+"""No temporary the size of a table in a training step, except DP-SGD's noise, one table at a time
+(on a table of more rows than ``mechanisms.dense_noise.CHUNK_ROWS``, one chunk of it at a time).
 
 The checks read the traced step's graph (no step runs), on two tables whose
 row counts appear nowhere else in the model, so a tensor with that many rows
@@ -13,6 +14,7 @@ from graph_ops import ancestors
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
+from sparse_dp.mechanisms import dense_noise
 
 ROWS = (100_003, 70_001)
 
@@ -64,3 +66,28 @@ def test_dpsgd_draws_one_table_noise_at_a_time_after_the_backward_pass():
 
 def _table_sized_tensor(tensor: tf.Tensor) -> bool:
   return bool(tensor.shape.rank) and tensor.shape[0] in ROWS
+
+
+def test_dpsgd_on_large_tables_draws_one_chunk_at_a_time_into_one_gradient(monkeypatch):
+  monkeypatch.setattr(dense_noise, "CHUNK_ROWS", 2**14)  # 7 and 5 chunks
+  graph = _traced_step("dpsgd")
+  draws = [op for op in graph.get_operations() if op.type == "StatelessRandomUniformFullIntV2"]
+  assert max(op.outputs[0].shape.num_elements() or 0 for op in draws) == 2**14  # a chunk, dim 2
+  # Each table's chunks are drawn in order, each after the previous chunk's noise is added.
+  for rows in ROWS:
+    adds = [op for op in graph.get_operations()
+            if op.type == "TensorStridedSliceUpdate" and op.outputs[0].shape == (rows, 2)]
+    assert len(adds) == -(-rows // 2**14)
+    assert all(earlier in ancestors(later) for earlier, later in zip(adds, adds[1:]))
+  # The only ops with an output of a table's size make its gradient, in one chain: a buffer,
+  # each chunk written in, divided by the batch size, read for the norm, then the
+  # optimizer's (SGD's -lr g, a scatter into the variable); no tensor of a table's size has
+  # two readers of a table's size (no copy beside it, no densified update).
+  whole = [op for op in graph.get_operations()
+           if any(tuple(t.shape) in {(rows, 2) for rows in ROWS} for t in op.outputs)]
+  assert {op.type for op in whole} == {"Empty", "TensorStridedSliceUpdate", "RealDiv",
+                                        "Identity", "Neg", "Mul"}
+  for op in whole:
+    readers = [c for c in op.outputs[0].consumers() if c in whole]
+    assert len(readers) <= 1, (op.name, [c.name for c in readers])
+  assert len([op for op in whole if op.type == "Empty"]) == len(ROWS)

@@ -14,7 +14,7 @@ import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms import row_selection
+from sparse_dp.mechanisms import dense_noise, row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
 from sparse_dp.training.sampling import padded_batches
@@ -65,6 +65,20 @@ def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
                                        [5]))
     with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
       private.epsilon()
+
+
+@pytest.mark.parametrize("optimizer", [None, lambda: LazyAdam(0.05)], ids=["sgd", "lazy-adam"])
+def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(monkeypatch,
+                                                                                optimizer):
+  monkeypatch.setattr(dense_noise, "CHUNK_ROWS", 256)  # the table's 1,000 rows: 4 chunks
+  make = optimizer or (lambda: None)
+  graph, graph_logs, _ = trained("dpsgd", False, make())
+  compiled, logs, private = trained("dpsgd", True, make())
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  assert private.accountant.steps == 4
+  np.testing.assert_allclose(logs["noisy_gradient_norm"], graph_logs["noisy_gradient_norm"],
+                             rtol=1e-4)
 
 
 @pytest.mark.parametrize("algorithm,microbatch_size", [

@@ -14,6 +14,7 @@ from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
                                                     per_example_row_gradients,
                                                     restrict_to_rows, squared_norms,
                                                     zero_examples)
+from sparse_dp.mechanisms.dense_noise import NoisyTable, add_dense_noise
 from sparse_dp.mechanisms.gaussian import standard_normal
 from sparse_dp.mechanisms.padding import PAD, is_valid, padded_unique, safe_rows
 from sparse_dp.mechanisms.remapping import BucketRemapping
@@ -27,9 +28,10 @@ from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_position
 from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
-    "PAD", "Activations", "BucketRemapping", "ContributionMap", "RowGradients", "RowSelection",
-    "activations", "add_row_sparse_noise", "bernoulli_positions", "bucket_counts",
-    "clip_factors", "clipped_contribution_maps", "clipped_row_sum", "contribution_clip_weights",
+    "PAD", "Activations", "BucketRemapping", "ContributionMap", "NoisyTable", "RowGradients",
+    "RowSelection", "activations", "add_dense_noise", "add_row_sparse_noise", "bernoulli_positions",
+    "bucket_counts", "clip_factors", "clipped_contribution_maps", "clipped_row_sum",
+    "contribution_clip_weights",
     "contribution_maps", "distinct_pairs", "dp_top_k", "false_positive_capacity", "fold_in",
     "false_positive_probability", "is_valid", "padded_bernoulli_positions", "padded_unique",
     "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows", "safe_rows",

@@ -340,6 +340,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   std = noise.gradient_multiplier * noise.l2_norm_clip
   seeds = mechanisms.split(seed, 2 * len(leaves))
   gradients, signal, noise_squared = {}, [], []
+  squared_norms = {}  # gradient key -> the squared norm of a gradient read before the update
   nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
   previous_dense = []  # the last DP-SGD table's noisy gradient
 
@@ -367,15 +368,19 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
         # The draw depends on its seed only, so it could run before the backward pass
         # and every table's would be held at once (the size of all tables). It waits
         # for this table's clipped sum and for the previous table's noisy gradient: one
-        # table's dense noise at a time, made in place (each temporary has one reader).
-        with tf.control_dependencies([clipped.values, *previous_dense]):
-          draw = mechanisms.standard_normal(clipped.dense_shape, seeds[2 * i]) * std
-        draw = draw * adds_noise
+        # table's dense noise at a time (on a large table, one chunk of it at a time:
+        # mechanisms.dense_noise), made in place (each temporary has one reader).
+        noisy = mechanisms.add_dense_noise(
+            clipped, (layer.vocabulary_size, layer.output_dim), std * adds_noise, seeds[2 * i],
+            after=[clipped.values, *previous_dense])
         signal.append(tf.reduce_sum(tf.square(clipped.values)))
-        noise_squared.append(tf.reduce_sum(tf.square(draw)))
-        noisy = tf.tensor_scatter_nd_add(draw, clipped.indices[:, None], clipped.values)
-        previous_dense = [noisy / noise.expected_batch_size]
-        gradients[shards.gradient_key(layer.embeddings)] = previous_dense[0]
+        noise_squared.append(noisy.noise_squared)
+        key = shards.gradient_key(layer.embeddings)
+        gradient = _divided(noisy.sum, noise.expected_batch_size)
+        if isinstance(gradient, tf.IndexedSlices):  # a large table's, over every row
+          gradient, squared_norms[key] = _read_before_update(gradient)
+        previous_dense = [gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient]
+        gradients[key] = gradient
         nonzero_rows += layer.vocabulary_size
         nonzero_coordinates += layer.vocabulary_size * layer.output_dim
       continue
@@ -388,7 +393,8 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
       "nonzero_coordinates": tf.cast(nonzero_coordinates, tf.float32),
       "gradient_size_reduction": table_rows / tf.maximum(tf.cast(nonzero_rows, tf.float32), 1.0),
-      "noisy_gradient_norm": _norm(gradients.values()),
+      "noisy_gradient_norm": _norm([g for key, g in gradients.items() if key not in squared_norms],
+                                   list(squared_norms.values())),
   }
   if debug_metrics:
     stats["non_finite_examples"] = tf.cast(sums.non_finite, tf.float32)
@@ -402,8 +408,29 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   return gradients, {name: value * adds_noise for name, value in stats.items()}
 
 
-def _norm(gradients) -> tf.Tensor:
-  """L2 norm of the noisy update over every variable (dense or row-sparse)."""
+def _divided(gradient, divisor: float):
+  """A dense or row-sparse gradient divided by ``divisor``."""
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(gradient.values / divisor, gradient.indices, gradient.dense_shape)
+  return gradient / divisor
+
+
+def _read_before_update(gradient: tf.IndexedSlices):
+  """``(gradient, its squared norm)``, the gradient handed on only once the norm is read.
+
+  The optimizer then holds the gradient's only reference: TensorFlow updates a tensor
+  with one reader in place (SGD's ``-lr g``), where a pending read of the norm would make
+  it write a copy of a table's size.
+  """
+  squared = 2.0 * tf.nn.l2_loss(gradient.values)  # one pass, no [V, d] square
+  with tf.control_dependencies([squared]):
+    values = tf.identity(gradient.values)
+  return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape), squared
+
+
+def _norm(gradients, squared_norms=()) -> tf.Tensor:
+  """L2 norm of the noisy update over every variable (dense or row-sparse), with the
+  squared norms of gradients already read (:func:`_read_before_update`)."""
   squares = [tf.reduce_sum(tf.square(g.values if isinstance(g, tf.IndexedSlices) else g))
-             for g in gradients]
+             for g in gradients] + list(squared_norms)
   return tf.sqrt(tf.add_n(squares) if squares else tf.constant(0.0))
