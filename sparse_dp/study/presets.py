@@ -74,6 +74,9 @@ class StudyPreset:
   # The paper preset's protocol (Ghazi et al., NeurIPS 2023, §4.1, App. D.1.1); the defaults are the
   # smoke and full presets' (one data set for every seed, one held-out split).
   version: int = 1  # part of every cached run's key: bump it when a run's meaning changes
+  # ``--optimizer`` of every pCTR run and stream (``learning_rate`` is its step size);
+  # ``sparse-dp study --optimizer`` replaces it.
+  optimizer: str = "adam"
   # C2 of every study run (the job's default), part of the cache key.
   l2_norm_clip: float = 1.0
   resample_data: bool = False  # synthetic data drawn anew per seed (generator seed = seed)
