@@ -121,6 +121,15 @@ def test_committed_full_figures_match_their_json(study):
   assert paths["md"].read_text() == tables.markdown(report)
 
 
+def test_the_committed_vocabulary_scale_runs_train_past_the_transient():
+  # On 5,000 examples (13 steps) the full preset's throughput runs ranked the held-out
+  # examples backwards (AUC 0.42, docs/paper_study.md); on the sweeps' 60,000 they learn.
+  report = json.loads(output_paths("step-time", RESULTS)["json"].read_text())
+  assert report["preset"]["throughput_examples"] == FULL.throughput_examples == FULL.examples
+  assert {p["vocabulary_scale"] for p in report["points"]} == set(FULL.throughput_scales)
+  assert min(p["auc_mean"] for p in report["points"]) > 0.53
+
+
 @pytest.mark.parametrize("optimizer", job_flags.OPTIMIZERS)
 def test_memory_bound_counts_the_tables_and_the_optimizers_state_of_the_job_model(optimizer):
   sizes = (1_000, 37, 20_000)
