@@ -25,11 +25,11 @@ warm-up, and its peak over the timed steps (``VmHWM`` reset after the warm-up
 through ``/proc/self/clear_refs``), so the step's own temporaries are the last
 minus the first.
 
-Before a child trains, the memory it needs (tables, the optimizer's slots,
-DP-SGD's noisy gradient of its largest table and one noise draw, ``_OVERHEAD_BYTES``) is
-compared with the
-machine's available memory less ``--reserve-gb`` for other users; a child
-that would not fit is not started and the JSON says why.
+Before a child trains, the memory it needs (tables, the optimizer's state, DP-SGD's
+dense noise of its largest table, overhead: the step-time study's bound,
+:func:`sparse_dp.study.memory.bytes_needed`) is compared with the machine's available
+memory less ``--reserve-gb`` for other users; a child that would not fit is not
+started and the JSON says why.
 """
 
 from __future__ import annotations
@@ -43,14 +43,9 @@ import subprocess
 import sys
 import time
 
+from sparse_dp.models.job_flags import OPTIMIZERS
+
 ALGORITHMS = ("none", "dpsgd", "adafest")
-# Optimizer slots the size of each table: the memory bound before a run starts.
-# rowwise-adagrad keeps one scalar per row: counted as none (this is a lower bound).
-OPTIMIZER_SLOTS = {"sgd": 0, "rowwise-adagrad": 0, "adagrad": 1, "adam": 2, "lazy-adam": 2}
-_OVERHEAD_BYTES = 2 * 2**30  # TensorFlow, the dense layers, the examples, the step's activations
-# A noise draw (sparse_dp.mechanisms.gaussian) holds its uint64 Philox words and their two
-# halves, each of the draw's bytes, then the draw itself.
-_DRAW_TEMPORARIES = 4
 
 
 def optimizer(name: str, learning_rate: float):
@@ -59,30 +54,6 @@ def optimizer(name: str, learning_rate: float):
   from sparse_dp.models.fitting import job_optimizer  # pylint: disable=import-outside-toplevel
   from sparse_dp.optimizers import sparse_optimizer  # pylint: disable=import-outside-toplevel
   return sparse_optimizer(job_optimizer(name, learning_rate))
-
-
-def bytes_needed(sizes, algorithm: str, optimizer_name: str) -> int:
-  """Resident bytes a run on tables of ``sizes`` rows needs at least: the tables and the
-  optimizer's slots, ``_OVERHEAD_BYTES``, and for DP-SGD the most one table's noise holds
-  (the step makes one table's noisy gradient at a time: :func:`dense_noise_bytes`)."""
-  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
-  needed = memory.resident_bytes_lower_bound(sizes, OPTIMIZER_SLOTS[optimizer_name])
-  if algorithm == "dpsgd":
-    needed += max(dense_noise_bytes(v) for v in sizes)
-  return needed + _OVERHEAD_BYTES
-
-
-def dense_noise_bytes(rows: int) -> int:
-  """What DP-SGD's noise on a table of ``rows`` rows holds at its peak
-  (:mod:`sparse_dp.mechanisms.dense_noise`): a table of at most ``CHUNK_ROWS`` rows, its
-  draw (``_DRAW_TEMPORARIES`` times the table; the noisy gradient is made in it); a larger
-  one, its noisy gradient (the table's bytes) and one chunk's draw."""
-  from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.pctr import embedding_dim  # pylint: disable=import-outside-toplevel
-  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
-  row_bytes = memory.FLOAT32_BYTES * embedding_dim(rows)
-  draw = _DRAW_TEMPORARIES * min(rows, CHUNK_ROWS) * row_bytes
-  return draw if rows <= CHUNK_ROWS else rows * row_bytes + draw
 
 
 def available_bytes() -> int:
@@ -114,15 +85,13 @@ def measure(settings: dict) -> dict:
   scale, algorithm, examples = settings["scale"], settings["algorithm"], settings["examples"]
   synthetic = SyntheticCriteo(scale=scale, seed=settings["seed"])
   sizes = list(synthetic.vocabulary_sizes)
-  tables = {"table_rows": sum(sizes),
-            "table_bytes": memory.resident_bytes_lower_bound(sizes, slots=0)}
-  needed, free = bytes_needed(sizes, algorithm, settings["optimizer"]), available_bytes()
+  tables = {"table_rows": sum(sizes), "table_bytes": memory.table_bytes(sizes)}
+  needed = memory.bytes_needed(sizes, algorithm, settings["optimizer"])
+  free = available_bytes()
   usable = free - settings["reserve_gb"] * 2**30
   if needed > usable:
     return {**settings, **tables, "not_run": (
-        f"needs at least {needed / 2**30:.1f} GiB ({settings['optimizer']}: tables and "
-        f"{OPTIMIZER_SLOTS[settings['optimizer']]} slots"
-        f"{', one noisy table gradient and draw' if algorithm == 'dpsgd' else ''}, overhead), "
+        f"needs at least {memory.describe_needs(sizes, algorithm, settings['optimizer'])}, "
         f"{usable / 2**30:.1f} GiB usable: MemAvailable {free / 2**30:.1f} GiB less "
         f"{settings['reserve_gb']:g} GiB left to others")}
   fit = FitSettings(batch_size=settings["batch_size"], noise_seed=settings["seed"],
@@ -242,7 +211,7 @@ def main() -> int:
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("--scales", default="1,10,100", help="multiples of Table 3's vocabularies")
   parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
-  parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="sgd",
+  parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                       help="sgd (default; no slot), rowwise-adagrad (one scalar per row), adagrad "
                            "(one slot the size of the tables), adam or lazy-adam (two)")
   parser.add_argument("--learning-rate", type=float, default=3e-3)

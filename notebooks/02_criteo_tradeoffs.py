@@ -22,8 +22,10 @@
 # Parameters (environment variables): `SPARSE_DP_STUDY_PRESET` (`smoke`: minutes, for CI;
 # `full`: the results committed under `benchmarks/results/study`), `SPARSE_DP_STUDY_DATA`
 # (`synthetic`, or a glob of Criteo files), `SPARSE_DP_STUDY_OUT` (output folder; trained
-# runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it).
-# The same studies run from the shell: `sparse-dp study NAME --preset full --out DIR`.
+# runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it),
+# `SPARSE_DP_STUDY_OPTIMIZER` and `SPARSE_DP_STUDY_LEARNING_RATE` (every run's; unset: the
+# preset's). The same studies run from the shell: `sparse-dp study NAME --preset full
+# --out DIR [--optimizer NAME --learning-rate LR]`.
 
 # %% tags=["parameters"]
 import os
@@ -31,12 +33,15 @@ import os
 PRESET = os.environ.get("SPARSE_DP_STUDY_PRESET", "smoke")
 DATA = os.environ.get("SPARSE_DP_STUDY_DATA", "synthetic")
 OUT = os.environ.get("SPARSE_DP_STUDY_OUT", "study-results")
+OPTIMIZER = os.environ.get("SPARSE_DP_STUDY_OPTIMIZER") or None
+LEARNING_RATE = os.environ.get("SPARSE_DP_STUDY_LEARNING_RATE")
+LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
 
 # %%
 from sparse_dp.study.presets import preset
-from sparse_dp.study.studies import show
+from sparse_dp.study.studies import show, trained_with
 
-preset(PRESET).describe()
+trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 
 # %% [markdown]
 # ## Utility against gradient sparsity at epsilon 1 (Fig. 8), and the best reduction within an AUC loss of DP-SGD (Fig. 3)
@@ -45,7 +50,7 @@ preset(PRESET).describe()
 # and DP-AdaFEST+ larger still (over 10^6x on Criteo-Kaggle at AUC loss < 0.005).
 
 # %%
-tradeoffs = show("tradeoffs", PRESET, DATA, OUT)
+tradeoffs = show("tradeoffs", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)
 
 # %% [markdown]
 # ## Across epsilon (Fig. 4)
@@ -54,7 +59,7 @@ tradeoffs = show("tradeoffs", PRESET, DATA, OUT)
 # of Fig. 3 at every epsilon.
 
 # %%
-epsilons = show("epsilon", PRESET, DATA, OUT)
+epsilons = show("epsilon", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)
 
 # %% [markdown]
 # ## DP-AdaFEST's noise ratio and threshold (Fig. 7, 9)
@@ -63,4 +68,4 @@ epsilons = show("epsilon", PRESET, DATA, OUT)
 # threshold tau a sparser gradient, and past some value a sharp loss of AUC.
 
 # %%
-grid = show("heatmap", PRESET, DATA, OUT)
+grid = show("heatmap", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)

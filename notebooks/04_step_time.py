@@ -23,8 +23,10 @@
 # Parameters (environment variables): `SPARSE_DP_STUDY_PRESET` (`smoke`: minutes, for CI;
 # `full`: the results committed under `benchmarks/results/study`), `SPARSE_DP_STUDY_DATA`
 # (`synthetic`, or a glob of Criteo files), `SPARSE_DP_STUDY_OUT` (output folder; trained
-# runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it).
-# The same studies run from the shell: `sparse-dp study NAME --preset full --out DIR`.
+# runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it),
+# `SPARSE_DP_STUDY_OPTIMIZER` and `SPARSE_DP_STUDY_LEARNING_RATE` (every run's; unset: the
+# preset's). The same studies run from the shell: `sparse-dp study NAME --preset full
+# --out DIR [--optimizer NAME --learning-rate LR]`.
 
 # %% tags=["parameters"]
 import os
@@ -32,12 +34,15 @@ import os
 PRESET = os.environ.get("SPARSE_DP_STUDY_PRESET", "smoke")
 DATA = os.environ.get("SPARSE_DP_STUDY_DATA", "synthetic")
 OUT = os.environ.get("SPARSE_DP_STUDY_OUT", "study-results")
+OPTIMIZER = os.environ.get("SPARSE_DP_STUDY_OPTIMIZER") or None
+LEARNING_RATE = os.environ.get("SPARSE_DP_STUDY_LEARNING_RATE")
+LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
 
 # %%
 from sparse_dp.study.presets import preset
-from sparse_dp.study.studies import show
+from sparse_dp.study.studies import show, trained_with
 
-preset(PRESET).describe()
+trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 
 # %%
-timing = show("step-time", PRESET, DATA, OUT)
+timing = show("step-time", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)

@@ -12,6 +12,7 @@ from sparse_dp._keras import keras
 
 from sparse_dp.cli import main
 from sparse_dp.models import job_flags
+from sparse_dp.models.fitting import job_optimizer
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.optimizers import sparse_optimizer
@@ -19,11 +20,13 @@ from sparse_dp.study import plots, tables
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.study.grid import Grid
 from sparse_dp.study.inputs import StudyInputs
-from sparse_dp.study.memory import memory_limit_bytes, refusal, resident_bytes_lower_bound
+from sparse_dp.study.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_needed,
+                                    memory_limit_bytes, optimizer_bytes, refusal, table_bytes)
 from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
 from sparse_dp.study.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
-from sparse_dp.study.studies import output_paths, publish
+from sparse_dp.study.streaming import stream_folder
+from sparse_dp.study.studies import output_paths, publish, trained_with
 from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
 
 from conftest import one_stack
@@ -118,43 +121,100 @@ def test_committed_full_figures_match_their_json(study):
   assert paths["md"].read_text() == tables.markdown(report)
 
 
-def test_resident_bound_is_the_tables_and_the_optimizers_slots_of_the_job_model():
+def test_the_committed_vocabulary_scale_runs_train_past_the_transient():
+  # On 5,000 examples (13 steps) the full preset's throughput runs ranked the held-out
+  # examples backwards (AUC 0.42, docs/paper_study.md); on the sweeps' 60,000 they learn.
+  report = json.loads(output_paths("step-time", RESULTS)["json"].read_text())
+  assert report["preset"]["throughput_examples"] == FULL.throughput_examples == FULL.examples
+  assert {p["vocabulary_scale"] for p in report["points"]} == set(FULL.throughput_scales)
+  assert min(p["auc_mean"] for p in report["points"]) > 0.53
+
+
+@pytest.mark.parametrize("optimizer", job_flags.OPTIMIZERS)
+def test_memory_bound_counts_the_tables_and_the_optimizers_state_of_the_job_model(optimizer):
   sizes = (1_000, 37, 20_000)
   model = build_pctr_model(sizes, (4,))
   tables = [w for w in model.trainable_weights if "embedding" in w.name]
-  optimizer = sparse_optimizer(keras.optimizers.Adam(1e-3))
+  # A DP run's optimizer: the job's --optimizer in its sparse form.
+  compiled = sparse_optimizer(job_optimizer(optimizer, 1e-3))
   ids = tf.constant([0, 2])
-  optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([2, t.shape[1]]), ids, t.shape), t)
-                             for t in tables])
-  slots = [optimizer.get_slot(t, name) for t in tables for name in optimizer.get_slot_names()]
-  resident = sum(int(np.prod(v.shape)) for v in tables + slots) * 4
-  assert resident == resident_bytes_lower_bound(sizes)
-  assert refusal(sizes, resident) is None
-  assert "0.0 GB" in refusal(sizes, resident - 1) and "21,037 rows" in refusal(sizes, 1)
+  compiled.apply_gradients([(tf.IndexedSlices(tf.ones([2, t.shape[1]]), ids, t.shape), t)
+                            for t in tables])
+  slots = [compiled.get_slot(t, name) for t in tables for name in compiled.get_slot_names()]
+  assert table_bytes(sizes) == 4 * sum(int(np.prod(t.shape)) for t in tables)
+  assert optimizer_bytes(sizes, optimizer) == 4 * sum(int(np.prod(v.shape)) for v in slots)
+  resident = table_bytes(sizes) + optimizer_bytes(sizes, optimizer)
+  assert bytes_needed(sizes, "adafest", optimizer) == resident + OVERHEAD_BYTES
+  largest = max(int(np.prod(t.shape)) for t in tables) * 4
+  assert bytes_needed(sizes, "dpsgd", optimizer) == (resident + OVERHEAD_BYTES
+                                                     + DRAW_TEMPORARIES * largest)
+  assert refusal(sizes, resident + OVERHEAD_BYTES, "adafest", optimizer) is None
+  assert "21,037 rows" in refusal(sizes, resident + OVERHEAD_BYTES - 1, "adafest", optimizer)
+
+
+def test_dp_sgd_noise_on_a_table_over_one_chunk_is_its_gradient_and_one_chunks_draw():
+  from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS
+  from sparse_dp.models.pctr import embedding_dim
+  rows = 3 * CHUNK_ROWS + 5
+  row_bytes = 4 * embedding_dim(rows)
+  assert bytes_needed([rows, 10], "dpsgd", "sgd") - bytes_needed([rows, 10], "adafest", "sgd") \
+      == rows * row_bytes + DRAW_TEMPORARIES * CHUNK_ROWS * row_bytes
+
+
+def test_a_refusal_names_the_optimizer_and_its_state():
+  sizes = [hashed_vocabulary(100).sizes[f] for f in FULL.features]
+  assert sum(sizes) == 31_610_016
+  assert "adam's 2 table-sized slots 22.2" in refusal(sizes, 24 * 10**9, "adafest", "adam")
+  assert "adagrad's 1 table-sized slot 11.1" in refusal(sizes, 1, "adafest", "adagrad")
+  assert "sgd's no slot 0.00" in refusal(sizes, 1, "adafest", "sgd")
+  dense = refusal(sizes, 1, "dpsgd", "rowwise-adagrad")
+  assert "rowwise-adagrad's one accumulator per row 0.12" in dense
+  assert "DP-SGD's dense noise" in dense and "DP-SGD" not in refusal(sizes, 1, "adafest", "sgd")
+  # 100x Table 3 (the full preset's tables): row-wise Adagrad's state is 1/d of Adagrad's,
+  # so DP-AdaFEST fits a 24 GB machine with it, and not with Adam.
+  assert refusal(sizes, 24 * 10**9, "adafest", "rowwise-adagrad") is None
+  # DP-SGD's noise is drawn in chunks into one table-sized gradient: it fits too.
+  assert refusal(sizes, 24 * 10**9, "dpsgd", "rowwise-adagrad") is None
+  with pytest.raises(ValueError, match="--optimizer 'adamw'"):
+    refusal(sizes, 1, "adafest", "adamw")
 
 
 def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_path):
-  preset = dataclasses.replace(SMOKE, throughput_scales=(0.01, 0.1))
+  preset = dataclasses.replace(trained_with(SMOKE, "rowwise-adagrad", 0.05),
+                               throughput_scales=(0.01, 0.1))
   small, large = ([hashed_vocabulary(s).sizes[f] for f in SMOKE.features] for s in (0.01, 0.1))
   points, not_run = throughput(preset, "synthetic", tmp_path,
-                               memory_limit=resident_bytes_lower_bound(large) - 1)
+                               memory_limit=bytes_needed(large, "adafest", "rowwise-adagrad") - 1)
   assert [(p["vocabulary_scale"], p["algorithm"]) for p in points] == [(0.01, "adafest")]
-  assert resident_bytes_lower_bound(small) < resident_bytes_lower_bound(large)
+  (cached,) = (json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json"))
+  assert (cached["settings"]["optimizer"], cached["settings"]["learning_rate"]) == (
+      "rowwise-adagrad", 0.05)
   (refused,) = not_run
   assert refused["vocabulary_scale"] == 0.1 and refused["table_rows"] == sum(large)
-  assert refused["algorithms"] == [points[0]["label"]] and "Adam's 2 slots" in refused["reason"]
+  assert refused["algorithms"] == [points[0]["label"]]
+  assert "rowwise-adagrad's one accumulator per row" in refused["reason"]
   runs_before = sorted((tmp_path / "runs").glob("*.json"))
   assert throughput(preset, "synthetic", tmp_path, memory_limit=1) == ([], [
       {**refused, "vocabulary_scale": s, "table_rows": sum(v), "memory_limit_bytes": 1,
-       "resident_bytes_lower_bound": resident_bytes_lower_bound(v),
-       "reason": refusal(v, 1)} for s, v in ((0.01, small), (0.1, large))])
+       "bytes_needed": bytes_needed(v, "adafest", "rowwise-adagrad"),
+       "reason": refusal(v, 1, "adafest", "rowwise-adagrad")}
+      for s, v in ((0.01, small), (0.1, large))])
   assert sorted((tmp_path / "runs").glob("*.json")) == runs_before
-  report = {"study": "step-time", "bench": {"results": []}, "table4": [], "points": points,
+  # DP-SGD needs more (its dense noise): its own reason, beside DP-AdaFEST's.
+  both = dataclasses.replace(preset, throughput_algorithms=("dpsgd", "adafest"))
+  nothing, refusals = throughput(both, "synthetic", tmp_path, memory_limit=1)
+  assert nothing == [] and [(r["vocabulary_scale"], r["algorithms"]) for r in refusals] == [
+      (s, a) for s in (0.01, 0.1) for a in (["dpsgd"], [points[0]["label"]])]
+  assert "DP-SGD's dense noise" in refusals[0]["reason"]
+  report = {"study": "step-time", "preset": preset.describe(),
+            "bench": {"results": [], "optimizer": "sgd"}, "table4": [], "points": points,
             "not_run": not_run}
-  assert "| 0.1 | " + f"{sum(large)} | {points[0]['label']} | {refused['reason']} |" in \
-      tables.markdown(report)
+  table = tables.markdown(report)
+  assert table.startswith("Trained with `--optimizer rowwise-adagrad --learning-rate 0.05`.")
+  assert "| 0.1 | " + f"{sum(large)} | {points[0]['label']} | {refused['reason']} |" in table
   figure = plots.figure(report)
-  assert f"x0.1 not run: {refused['reason']}" in {t.get_text() for t in figure.axes[1].texts}
+  assert (f"x0.1 {points[0]['label']} not run: {refused['reason']}"
+          in {t.get_text() for t in figure.axes[1].texts})
   plots._pyplot().close(figure)  # pylint: disable=protected-access
   assert 0 < memory_limit_bytes()
 
@@ -246,6 +306,29 @@ def test_a_grid_sets_the_optimizer_of_its_runs(tmp_path):
                   tmp_path)
   args = runner.arguments(grid.points[1], 0)
   assert job_flags.fit_settings(args, epsilon=1.0).optimizer == "rowwise-adagrad"
+
+
+def test_the_studys_optimizer_trains_every_run_and_keeps_adams_cache_keys(tmp_path, capsys):
+  rowwise = trained_with(SMOKE, "rowwise-adagrad")
+  assert (rowwise.optimizer, rowwise.learning_rate) == ("rowwise-adagrad", SMOKE.learning_rate)
+  assert trained_with(SMOKE, learning_rate=0.1).optimizer == SMOKE.optimizer == "adam"
+  with pytest.raises(ValueError, match="--learning-rate must be > 0"):
+    trained_with(SMOKE, "sgd", -1.0)
+  runner = Runner(StudyInputs.load("synthetic", 30, 0.01, (2,), tmp_path / "data"), rowwise,
+                  tmp_path)
+  assert runner.arguments(Point("adafest", 1.0), 0).optimizer == "rowwise-adagrad"
+  assert runner.arguments(Point("adafest", 1.0, flags=(("optimizer", "sgd"),)), 0).optimizer \
+      == "sgd"  # a grid's point sets its own
+  # A stream's folder at Adam is the one named before the studies took --optimizer.
+  assert stream_folder(SMOKE, "synthetic", "fest", "running", 0, 1) == \
+      "fest-running-seed0-7a05c2e7cc"
+  assert stream_folder(rowwise, "synthetic", "fest", "running", 0, 1) != \
+      "fest-running-seed0-7a05c2e7cc"
+  with pytest.raises(SystemExit):
+    main(["study", "heatmap", "--optimizer", "adamw"])
+  assert "--optimizer" in capsys.readouterr().err
+  assert main(["study", "step-time", "--learning-rate", "0", "--out", str(tmp_path)]) == 2
+  assert "--learning-rate must be > 0" in capsys.readouterr().err
 
 
 def test_real_files_are_read_whole_unless_capped(tmp_path):

@@ -1,10 +1,11 @@
 """``sparse-dp study NAME --preset {smoke,full,paper} --data ... --out DIR [--grid FILE]
-[--from-cache]``."""
+[--from-cache] [--optimizer NAME] [--learning-rate LR]``."""
 
 from __future__ import annotations
 
 import argparse
 
+from sparse_dp.models.job_flags import OPTIMIZERS
 from sparse_dp.study.presets import PRESETS
 
 _STUDIES = {"tradeoffs": "Fig. 3 / 8: reduction vs AUC of DP-SGD, DP-FEST, DP-AdaFEST(+)",
@@ -41,6 +42,15 @@ def add_parser(commands) -> None:
                        help="'synthetic' (default) or a path or glob of Criteo files "
                             "(streaming: Criteo-1TB day_N files)")
     study.add_argument("--out", default="study-results", help="output folder")
+    study.add_argument("--optimizer", choices=OPTIMIZERS,
+                       help="every run's `sparse-dp train --optimizer` (default: the "
+                            "preset's, adam); it keeps the preset's learning rate unless "
+                            "--learning-rate is given (docs/optimizers.md: row-wise Adagrad "
+                            "wants its own)" + (
+                                "; Table 4's `sparse-dp bench step` keeps SGD"
+                                if name == "step-time" else ""))
+    study.add_argument("--learning-rate", type=float,
+                       help="every run's step size (default: the preset's)")
     if name == "tradeoffs":
       study.add_argument("--grid", metavar="FILE", help=_GRID_HELP)
     if name in ("tradeoffs", "epsilon", "heatmap"):
@@ -54,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
   from sparse_dp.study.studies import output_paths, run_study  # pylint: disable=import-outside-toplevel
   from sparse_dp.study.tables import markdown  # pylint: disable=import-outside-toplevel
   report = run_study(args.study, args.preset, args.data, args.out, getattr(args, "grid", None),
-                     getattr(args, "from_cache", False))
+                     getattr(args, "from_cache", False), args.optimizer, args.learning_rate)
   print(markdown(report))
   print("wrote " + ", ".join(str(p) for p in output_paths(args.study, args.out).values()))
   return 0

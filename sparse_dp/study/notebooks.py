@@ -3,7 +3,8 @@
 The kernel is this interpreter (a kernel spec written to a scratch folder and
 put first on ``JUPYTER_PATH``), so a fresh virtual environment runs them
 without registering anything. The notebooks read their parameters from the
-environment (``SPARSE_DP_STUDY_PRESET``, ``_DATA``, ``_OUT``).
+environment (``SPARSE_DP_STUDY_PRESET``, ``_DATA``, ``_OUT``, and ``_OPTIMIZER`` and
+``_LEARNING_RATE``, empty for the preset's).
 
 ``python -m sparse_dp.study.notebooks --preset full --out benchmarks/results/study``
 executes every notebook from its jupytext ``.py`` source and writes the
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from typing import Iterator, Optional
+
+from sparse_dp.models.job_flags import OPTIMIZERS
 
 # The notebooks ship with the repository, not the installed package: run from its root.
 NOTEBOOKS = pathlib.Path("notebooks")
@@ -57,9 +60,11 @@ def _environment(**values: str):
 
 
 def execute(source: pathlib.Path, preset: str, out: pathlib.Path, data: str = "synthetic",
-            cell_timeout: Optional[int] = None):
+            cell_timeout: Optional[int] = None, optimizer: Optional[str] = None,
+            learning_rate: Optional[float] = None):
   """Runs the notebook of ``source`` (``.py`` or ``.ipynb``) in a fresh kernel of this
-  interpreter, in the folder ``out``; returns the executed notebook (``nbformat``)."""
+  interpreter, in the folder ``out``, its studies trained with ``optimizer`` and
+  ``learning_rate`` (None: the preset's); returns the executed notebook (``nbformat``)."""
   import jupytext  # pylint: disable=import-outside-toplevel
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
   notebook = jupytext.read(source)
@@ -67,6 +72,8 @@ def execute(source: pathlib.Path, preset: str, out: pathlib.Path, data: str = "s
   out.mkdir(parents=True, exist_ok=True)
   with this_interpreter_kernel() as kernel, _environment(
       SPARSE_DP_STUDY_PRESET=preset, SPARSE_DP_STUDY_DATA=data, SPARSE_DP_STUDY_OUT=str(out),
+      SPARSE_DP_STUDY_OPTIMIZER=optimizer or "",
+      SPARSE_DP_STUDY_LEARNING_RATE="" if learning_rate is None else repr(learning_rate),
       TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")):
     NotebookClient(notebook, kernel_name=kernel, timeout=cell_timeout,
                    resources={"metadata": {"path": str(out)}}).execute()
@@ -80,6 +87,9 @@ def main(argv=None) -> int:
   parser.add_argument("--preset", choices=["smoke", "full"], default="smoke")
   parser.add_argument("--data", default="synthetic")
   parser.add_argument("--out", default="study-results")
+  parser.add_argument("--optimizer", choices=OPTIMIZERS,
+                      help="every study's runs (default: the preset's); `sparse-dp study --help`")
+  parser.add_argument("--learning-rate", type=float, help="default: the preset's")
   parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.py")
   args = parser.parse_args(argv)
   import jupytext  # pylint: disable=import-outside-toplevel
@@ -89,7 +99,8 @@ def main(argv=None) -> int:
                  "name the notebooks/*.py files")
   for source in sources:
     start = time.perf_counter()
-    notebook = execute(source, args.preset, pathlib.Path(args.out), args.data)
+    notebook = execute(source, args.preset, pathlib.Path(args.out), args.data,
+                       optimizer=args.optimizer, learning_rate=args.learning_rate)
     jupytext.write(notebook, source.with_suffix(".ipynb"))
     print(f"{source.name}: {time.perf_counter() - start:.0f} s", flush=True)
   return 0

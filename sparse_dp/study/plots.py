@@ -23,7 +23,8 @@ ALGORITHM_MARKERS = {"none": "*", "dpsgd": "s", "fest": "^", "adafest": "o", "ad
 
 
 def scale_text(report: dict) -> str:
-  """The report's scale: training and held-out examples, table rows, seeds."""
+  """The report's scale: training and held-out examples, table rows, seeds, preset and
+  optimizer."""
   source, preset = report.get("source") or {}, report.get("preset") or {}
   parts = []
   if "train_examples" in source:
@@ -37,6 +38,8 @@ def scale_text(report: dict) -> str:
                  + (" (data drawn per seed)" if preset.get("resample_data") else ""))
   if preset.get("name"):
     parts.append(f"preset {preset['name']}")
+  if preset.get("optimizer"):
+    parts.append(f"{preset['optimizer']} at learning rate {preset['learning_rate']:g}")
   return ", ".join(parts)
 
 
@@ -173,7 +176,8 @@ def _step_time(report: dict, plt):
                color=ALGORITHM_COLORS.get(_TRAINER_ALGORITHM.get(trainer, trainer)),
                label=trainer)
   steps.set(xscale="log", yscale="log", xlabel="vocabulary size", ylabel="seconds per step",
-            title="Table 4 analogue: one table, dim 64, batch 1024 (timing only)")
+            title="Table 4 analogue: one table, dim 64, batch 1024, "
+                  f"{report['bench']['optimizer']} (timing only)")
   _legend(steps)
   for algorithm in dict.fromkeys(p["algorithm"] for p in report["points"]):
     rows = [p for p in report["points"] if p["algorithm"] == algorithm]
@@ -187,7 +191,8 @@ def _step_time(report: dict, plt):
                           textcoords="offset points", xytext=(5, 3), fontsize=7)
   for line, scale in enumerate(report.get("not_run", [])):
     throughput.text(0.0, -0.16 - 0.06 * line,
-                    f"x{scale['vocabulary_scale']:g} not run: {scale['reason']}",
+                    f"x{scale['vocabulary_scale']:g} {', '.join(scale['algorithms'])} "
+                    f"not run: {scale['reason']}",
                     transform=throughput.transAxes, fontsize=7, va="top", wrap=True)
   throughput.set(xscale="log", xlabel="vocabulary scale (x Table 3)",
                  ylabel="examples / second (fit wall time)", title="pCTR job throughput")

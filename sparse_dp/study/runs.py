@@ -44,11 +44,17 @@ from sparse_dp.study.train_arguments import train_arguments
 _SETTINGS_ADDED = {"optimizer": "adam", "embedding_dim": None}
 
 
+def at_first_value(name: str, value) -> bool:
+  """Whether ``name`` is a setting of :data:`_SETTINGS_ADDED` at the value the first
+  cached runs trained with (left out of a cache key, so those keys stay valid)."""
+  return name in _SETTINGS_ADDED and _SETTINGS_ADDED[name] == value
+
+
 def _settings_key(settings: job_flags.FitSettings) -> dict:
   """The run's settings as its cache key holds them (:data:`_SETTINGS_ADDED` at their
   first value left out)."""
   return {name: value for name, value in dataclasses.asdict(settings).items()
-          if _SETTINGS_ADDED.get(name, object()) != value}
+          if not at_first_value(name, value)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +104,12 @@ class Runner:
     self.folder.mkdir(parents=True, exist_ok=True)
 
   def arguments(self, point: Point, seed: int) -> argparse.Namespace:
-    """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model and
-    schedule, then the point's flags."""
+    """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model,
+    optimizer and schedule, then the point's flags."""
     p = self.preset
     flags = {"algorithm": point.algorithm, "epsilon": point.epsilon or 1.0,
              "epochs": p.epochs, "batch_size": p.batch_size, "learning_rate": p.learning_rate,
+             "optimizer": p.optimizer,
              "l2_norm_clip": p.l2_norm_clip, "hidden_units": ",".join(map(str, p.hidden_units)),
              "selection_share": p.selection_share, "seed": seed,
              "noise_seed": 7919 * (seed + 1), "fest_k": point.fest_k,

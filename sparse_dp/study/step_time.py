@@ -6,9 +6,10 @@
 * The pCTR job at the Table-3 vocabulary sizes times each of the preset's
   scales, per algorithm and seed: examples per second as the job reports them
   (``model.fit``'s wall time, tracing included), with AUC, epsilon and
-  gradient-size reduction. A scale whose tables and Adam slots cannot fit in
-  this machine's memory (:mod:`sparse_dp.study.memory`) is listed under
-  ``not_run`` with the bound, instead of training.
+  gradient-size reduction, every run with the preset's ``--optimizer``. A point
+  whose tables, optimizer state and (DP-SGD) dense noise cannot fit in this
+  machine's memory (:mod:`sparse_dp.study.memory`) is listed under ``not_run``
+  with the bound, instead of training.
 """
 
 from __future__ import annotations
@@ -52,21 +53,24 @@ def table4(bench: dict) -> list[dict]:
 
 def throughput(preset: StudyPreset, data: str, out: pathlib.Path,
                memory_limit: Optional[int] = None) -> tuple[list[dict], list[dict]]:
-  """The pCTR job's points at each of the preset's vocabulary scales, and the scales
-  whose full-vocabulary algorithms cannot fit in ``memory_limit`` bytes (default: this
-  machine's), each with the reason."""
+  """The pCTR job's points at each of the preset's vocabulary scales, and per scale the
+  full-vocabulary points that cannot fit in ``memory_limit`` bytes (default: this
+  machine's) with the preset's optimizer, grouped by the reason."""
   limit = memory.memory_limit_bytes() if memory_limit is None else memory_limit
   points, not_run = [], []
   for scale in preset.throughput_scales:
     sizes = hashed_vocabulary(scale).sizes
     sizes = sizes if preset.features is None else [sizes[f] for f in preset.features]
     wanted = [default_point(a, preset.epsilon, preset) for a in preset.throughput_algorithms]
-    reason = memory.refusal(sizes, limit)
-    refused = [p for p in wanted if reason and p.fest_k is None]
-    if refused:
+    reasons = {p: memory.refusal(sizes, limit, p.algorithm, preset.optimizer)
+               for p in wanted if p.fest_k is None}  # DP-FEST's tables hold its top-k rows
+    refused = {p: reason for p, reason in reasons.items() if reason}
+    for reason in dict.fromkeys(refused.values()):
+      held = [p for p, r in refused.items() if r == reason]
       not_run.append({"vocabulary_scale": scale, "table_rows": sum(sizes), "reason": reason,
-                      "algorithms": [p.label for p in refused], "memory_limit_bytes": limit,
-                      "resident_bytes_lower_bound": memory.resident_bytes_lower_bound(sizes)})
+                      "algorithms": [p.label for p in held], "memory_limit_bytes": limit,
+                      "bytes_needed": memory.bytes_needed(sizes, held[0].algorithm,
+                                                          preset.optimizer)})
     trained = [p for p in wanted if p not in refused]
     if not trained:
       continue

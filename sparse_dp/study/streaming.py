@@ -6,7 +6,8 @@ period warm-started from the previous one and evaluated on the evaluation days.
 DP-AdaFEST adapts per batch; DP-FEST's top-k counts buckets of the first
 training day (``first-day``), all training days (``all-days``) or the days up
 to each period (``running``). A point is a stream repeated over the preset's
-seeds (``--seed``: the synthetic days and the initial weights); its AUC is the
+seeds (``--seed``: the synthetic days and the initial weights), trained with the
+preset's ``--optimizer`` and ``--learning-rate``; its AUC is the
 last period's, its reduction the mean over periods. A preset with several
 ``stream_periods`` (days per period, Fig. 5's T) runs every stream at each.
 """
@@ -19,27 +20,44 @@ import hashlib
 import json
 import pathlib
 import statistics
+from typing import Any
 
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import spread
+from sparse_dp.study.runs import at_first_value, spread
 
 
 def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
-                  state: pathlib.Path, period: int) -> list[str]:
-  flags = {"--data": data, "--train-days": preset.stream_train_days,
-           "--eval-days": preset.stream_eval_days,
-           "--streaming-period": period, "--algorithm": algorithm,
-           "--total-epsilon": preset.epsilon, "--fest-frequencies": source,
-           "--examples-per-day": preset.stream_examples_per_day,
-           "--eval-examples-per-day": preset.stream_eval_examples_per_day,
-           "--synthetic-scale": preset.synthetic_scale, "--batch-size": preset.batch_size,
-           "--epochs": preset.epochs, "--learning-rate": preset.learning_rate,
-           "--l2-norm-clip": preset.l2_norm_clip,
-           "--hidden-units": ",".join(map(str, preset.hidden_units)),
-           "--fest-k": preset.fest_ks[0], "--selection-share": preset.selection_share,
-           "--tau-sigmas": preset.tau_sigmas[0],
-           "--sigma-ratio": preset.sigma_ratios[0], "--seed": seed, "--state": state}
+                  state: pathlib.Path, period: int) -> dict[str, Any]:
+  return {"--data": data, "--train-days": preset.stream_train_days,
+          "--eval-days": preset.stream_eval_days,
+          "--streaming-period": period, "--algorithm": algorithm,
+          "--total-epsilon": preset.epsilon, "--fest-frequencies": source,
+          "--examples-per-day": preset.stream_examples_per_day,
+          "--eval-examples-per-day": preset.stream_eval_examples_per_day,
+          "--synthetic-scale": preset.synthetic_scale, "--batch-size": preset.batch_size,
+          "--epochs": preset.epochs, "--learning-rate": preset.learning_rate,
+          "--optimizer": preset.optimizer,
+          "--l2-norm-clip": preset.l2_norm_clip,
+          "--hidden-units": ",".join(map(str, preset.hidden_units)),
+          "--fest-k": preset.fest_ks[0], "--selection-share": preset.selection_share,
+          "--tau-sigmas": preset.tau_sigmas[0],
+          "--sigma-ratio": preset.sigma_ratios[0], "--seed": seed, "--state": state}
+
+
+def _argv(flags: dict[str, Any]) -> list[str]:
   return [str(part) for item in flags.items() for part in item]
+
+
+def stream_folder(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
+                  period: int) -> str:
+  """The name of one stream's folder under ``OUT/streams``: a hash of its flags, a
+  setting added since the first streams left out at the value they trained with (as in
+  a run's key, :func:`sparse_dp.study.runs.at_first_value`), so their folders stay valid."""
+  flags = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."), period)
+  key = _argv({flag: value for flag, value in flags.items()
+               if not at_first_value(flag[2:].replace("-", "_"), value)})
+  return f"{algorithm}-{source}-seed{seed}-" + hashlib.sha256(
+      json.dumps(key).encode()).hexdigest()[:10]
 
 
 def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
@@ -47,17 +65,15 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
   """``sparse-dp stream``'s summary for one stream of ``period`` days per period
   (reused when its folder has one)."""
   from sparse_dp.models import stream_job  # pylint: disable=import-outside-toplevel
-  key = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."), period)
-  name = f"{algorithm}-{source}-seed{seed}-" + hashlib.sha256(
-      json.dumps(key).encode()).hexdigest()[:10]
-  state = pathlib.Path(out) / "streams" / name
+  state = (pathlib.Path(out) / "streams"
+           / stream_folder(preset, data, algorithm, source, seed, period))
   done = state / "study_summary.json"
   if done.exists():
     return json.loads(done.read_text())
   commands = argparse.ArgumentParser().add_subparsers()
   stream_job.add_parser(commands)
   args = commands.choices["stream"].parse_args(
-      _stream_flags(preset, data, algorithm, source, seed, state, period))
+      _argv(_stream_flags(preset, data, algorithm, source, seed, state, period)))
   state.mkdir(parents=True, exist_ok=True)
   with open(state / "study.log", "w") as log, contextlib.redirect_stdout(log):
     summary = stream_job.stream(args)

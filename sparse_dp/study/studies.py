@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
+from typing import Optional
 
 from sparse_dp.study import plots, tables
 from sparse_dp.study.grid import Grid
+from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.presets import preset as named_preset
 from sparse_dp.study.step_time import step_time
 from sparse_dp.study.streaming import streaming
 from sparse_dp.study.sweeps import epsilon_sweep, heatmap, tradeoffs
+from sparse_dp.study.train_arguments import train_arguments
 
 STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
@@ -23,19 +27,34 @@ def output_paths(study: str, out) -> dict[str, pathlib.Path]:
   return {suffix: stem.with_suffix(f".{suffix}") for suffix in ("json", "md", "png")}
 
 
+def trained_with(preset: StudyPreset, optimizer: Optional[str] = None,
+                 learning_rate: Optional[float] = None) -> StudyPreset:
+  """``preset`` with every run's ``--optimizer`` and ``--learning-rate`` where given (an
+  optimizer alone keeps the preset's learning rate); a value ``sparse-dp train`` refuses
+  is refused here, naming the flag, before anything trains."""
+  changes = {name: value for name, value in (("optimizer", optimizer),
+                                             ("learning_rate", learning_rate))
+             if value is not None}
+  train_arguments(changes)
+  return dataclasses.replace(preset, **changes)
+
+
 def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
-              out="study-results", grid=None, from_cache: bool = False) -> dict:
+              out="study-results", grid=None, from_cache: bool = False,
+              optimizer: Optional[str] = None, learning_rate: Optional[float] = None) -> dict:
   """Runs ``study`` at ``preset`` on ``data`` (trained runs cached under ``out/runs``),
   writes its JSON, markdown table and figure under ``out``, and returns the report.
   ``grid`` (a grid file's path, ``tradeoffs`` only) gives the points instead of the
   preset's sweep (:mod:`sparse_dp.study.grid`). ``from_cache``: train nothing, report
-  the runs in ``out/runs`` (the points not all there listed under ``missing``)."""
+  the runs in ``out/runs`` (the points not all there listed under ``missing``).
+  ``optimizer`` and ``learning_rate``: every run's, in place of the preset's
+  (:func:`trained_with`)."""
   if study not in STUDIES:
     raise ValueError(f"unknown study {study!r}; choose from {', '.join(STUDIES)}")
   if from_cache and study not in CACHED_STUDIES:
     raise ValueError(f"--from-cache: the {study} study is not drawn from the run cache; "
                      f"give it to {', '.join(CACHED_STUDIES)}")
-  sizes = named_preset(preset)
+  sizes = trained_with(named_preset(preset), optimizer, learning_rate)
   points = None
   if grid is not None:
     if study != "tradeoffs":
@@ -68,10 +87,12 @@ def publish(report: dict, out) -> dict[str, pathlib.Path]:
 
 
 def show(study: str, preset: str = "smoke", data: str = "synthetic",
-         out="study-results") -> dict:
+         out="study-results", optimizer: Optional[str] = None,
+         learning_rate: Optional[float] = None) -> dict:
   """:func:`run_study`, then displays its table and figure (in a notebook)."""
   from IPython.display import Image, Markdown, display  # pylint: disable=import-outside-toplevel
-  report = run_study(study, preset, data, out)
+  report = run_study(study, preset, data, out, optimizer=optimizer,
+                     learning_rate=learning_rate)
   display(Markdown(tables.markdown(report)))
   display(Image(filename=str(output_paths(study, out)["png"])))
   return report

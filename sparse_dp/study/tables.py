@@ -104,7 +104,8 @@ def _step_time(report: dict) -> str:
   trainers = list(dict.fromkeys(r["trainer"] for r in report["bench"]["results"]))
   rows = [[row["vocab"]] + [row.get(t) for t in trainers] + [row.get("reduction_factor")]
           for row in report["table4"]]
-  return ("Seconds per step (median), one table of dim 64, batch 1024 (Table 4):\n\n"
+  return (f"Seconds per step (median), one table of dim 64, batch 1024, "
+          f"{report['bench']['optimizer']} (Table 4, `sparse-dp bench step`):\n\n"
           + _table(["vocabulary"] + trainers + ["dpsgd / adafest"], rows)
           + "\n\npCTR job by vocabulary scale:\n\n"
           + points_table(report["points"], extra=("vocabulary_scale", "table_rows"))
@@ -125,10 +126,20 @@ _TABLES = {"tradeoffs": _tradeoffs, "heatmap": _heatmap, "streaming": _streaming
            "epsilon": lambda report: points_table(report["points"]) + _missing(report)}
 
 
+def _trained_with(report: dict) -> str:
+  """The runs' optimizer and learning rate (reports written before the presets named an
+  optimizer trained with Adam and show none)."""
+  preset = report.get("preset") or {}
+  if "optimizer" not in preset:
+    return ""
+  return (f"Trained with `--optimizer {preset['optimizer']} --learning-rate "
+          f"{preset['learning_rate']:g}`.\n\n")
+
+
 def markdown(report: dict) -> str:
-  """The report's tables, closed by whether the paper's claims hold here
-  (:mod:`sparse_dp.study.claims`)."""
+  """The report's tables, opened by the runs' optimizer and closed by whether the paper's
+  claims hold here (:mod:`sparse_dp.study.claims`)."""
   lines = claims(report)
   verdict = ("\n\nThe paper's claims here (computed from this report):\n\n"
              + "\n".join(f"- {line}" for line in lines)) if lines else ""
-  return _TABLES[report["study"]](report) + verdict + "\n"
+  return _trained_with(report) + _TABLES[report["study"]](report) + verdict + "\n"
