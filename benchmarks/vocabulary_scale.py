@@ -27,7 +27,7 @@ minus the first.
 
 Before a child trains, the memory it needs (tables, the optimizer's state, DP-SGD's
 dense noise of its largest table, overhead: the step-time study's bound,
-:func:`sparse_dp.study.memory.bytes_needed`) is compared with the machine's available
+:func:`sparse_dp.models.memory.bytes_needed`) is compared with the machine's available
 memory less ``--reserve-gb`` for other users; a child that would not fit is not
 started and the JSON says why.
 """
@@ -80,7 +80,7 @@ def measure(settings: dict) -> dict:
   from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
   from sparse_dp.models.job_flags import FitSettings  # pylint: disable=import-outside-toplevel
   from sparse_dp.models.pctr import build_pctr_model  # pylint: disable=import-outside-toplevel
-  from sparse_dp.study import memory  # pylint: disable=import-outside-toplevel
+  from sparse_dp.models import memory  # pylint: disable=import-outside-toplevel
 
   scale, algorithm, examples = settings["scale"], settings["algorithm"], settings["examples"]
   synthetic = SyntheticCriteo(scale=scale, seed=settings["seed"])

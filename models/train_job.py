@@ -123,6 +123,30 @@ def check_vocabulary_scale(args) -> None:
                      + ": drop --vocabulary-scale or use --vocabulary hashed")
 
 
+def check_memory(args, algorithms: list[str], settings) -> None:
+  """Refuses, before any data is read or written, a run whose hashed tables and optimizer
+  state alone exceed this machine's memory (:mod:`sparse_dp.models.memory`, a lower
+  bound): the kernel would kill it part-way. Tables sized by the data (a vocabulary
+  file, a sample's) and DP-FEST's top-k tables are not checked."""
+  from sparse_dp.models import memory, pctr_data  # pylint: disable=import-outside-toplevel
+  if args.vocabulary != "hashed" or args.reader == "batches":
+    return
+  sizes = list(pctr_data.hashed_vocabulary(args.vocabulary_scale).sizes)
+  limit = memory.memory_limit_bytes()
+  for algorithm in algorithms:
+    if Algorithm.parse(algorithm).uses_top_k_selection:
+      continue
+    needed = memory.bytes_needed(sizes, algorithm, settings.optimizer, settings.embedding_dim)
+    if needed > limit:
+      raise ValueError(
+          f"--vocabulary-scale {args.vocabulary_scale:g} with --optimizer {settings.optimizer}: "
+          f"{algorithm} needs at least "
+          f"{memory.describe_needs(sizes, algorithm, settings.optimizer, settings.embedding_dim)}"
+          f", more than this machine's {limit / memory.GIB:.1f} GiB: use --optimizer "
+          "rowwise-adagrad or sgd (no table-sized optimizer state), or a smaller "
+          "--vocabulary-scale or --embedding-dim")
+
+
 def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
   """The Criteo files to read and the scale of their tables relative to Table 3."""
   if args.data != "synthetic":
@@ -154,6 +178,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   sampling_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings)
+  check_memory(args, algorithms, settings)
   out = roles.output_folder(pathlib.Path(args.out))  # the chief's is --out
   out.mkdir(parents=True, exist_ok=True)
   recorded = None  # the training examples, when held in memory (--reader pandas)

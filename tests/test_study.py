@@ -20,7 +20,7 @@ from sparse_dp.study import plots, tables
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.study.grid import Grid
 from sparse_dp.study.inputs import StudyInputs
-from sparse_dp.study.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_needed,
+from sparse_dp.models.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_needed,
                                     memory_limit_bytes, optimizer_bytes, refusal, table_bytes)
 from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
 from sparse_dp.study.runs import Point, Runner, paired_difference

@@ -172,3 +172,28 @@ def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, 
   held_out.write_text("\n".join(lines) + "\n")
   assert main([*common, "--eval-data", str(held_out), "--out", str(tmp_path / "o")]) == 2
   assert "day_3:42: expected 40 tab-separated fields" in capsys.readouterr().err
+
+
+def test_a_vocabulary_scale_beyond_this_machines_memory_is_refused_before_any_data(
+    tmp_path, capsys, monkeypatch):
+  """At 100x Table 3 the tables are 11.5 GiB: Adam's two slots cannot fit 24 GiB, row-wise
+  Adagrad's one float per row can (DP-SGD's chunked noise too). Refused in one line naming
+  the flags, before synthetic data is written."""
+  from sparse_dp.models import memory
+  monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 24 * memory.GIB)
+  out = tmp_path / "run"
+  assert main(["train", "--vocabulary-scale", "100", "--out", str(out)]) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and "--vocabulary-scale 100 with --optimizer adam" in error[0]
+  assert "adam's 2 table-sized slots" in error[0] and "--optimizer rowwise-adagrad" in error[0]
+  assert not any(out.rglob("*.txt"))  # no synthetic day written
+  from sparse_dp.models.job_flags import fit_settings
+  from sparse_dp.models.train_job import check_memory
+  for algorithm in ("none", "adafest", "dpsgd"):
+    args = build_parser().parse_args(["train", "--vocabulary-scale", "100", "--optimizer",
+                                      "rowwise-adagrad", "--algorithm", algorithm])
+    check_memory(args, [algorithm], fit_settings(args, epsilon=args.epsilon))
+  args = build_parser().parse_args(["train", "--vocabulary-scale", "100", "--embedding-dim",
+                                    "300", "--optimizer", "sgd"])
+  with pytest.raises(ValueError, match="--embedding-dim"):
+    check_memory(args, ["adafest"], fit_settings(args, epsilon=args.epsilon))

@@ -8,7 +8,7 @@
   (``model.fit``'s wall time, tracing included), with AUC, epsilon and
   gradient-size reduction, every run with the preset's ``--optimizer``. A point
   whose tables, optimizer state and (DP-SGD) dense noise cannot fit in this
-  machine's memory (:mod:`sparse_dp.study.memory`) is listed under ``not_run``
+  machine's memory (:mod:`sparse_dp.models.memory`) is listed under ``not_run``
   with the bound, instead of training.
 """
 
@@ -21,7 +21,7 @@ import sys
 from typing import Optional
 
 from sparse_dp.models.pctr_data import hashed_vocabulary
-from sparse_dp.study import memory
+from sparse_dp.models import memory
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import Runner

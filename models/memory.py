@@ -52,9 +52,10 @@ OVERHEAD_BYTES = 2 * GIB  # TensorFlow, the dense layers, the examples, the step
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
-def table_bytes(vocabulary_sizes: Sequence[int]) -> int:
-  """Bytes of the float32 tables of ``vocabulary_sizes`` rows at the paper's dimensions."""
-  return FLOAT32_BYTES * sum(v * embedding_dim(v) for v in vocabulary_sizes)
+def table_bytes(vocabulary_sizes: Sequence[int], dim: Optional[int] = None) -> int:
+  """Bytes of the float32 tables of ``vocabulary_sizes`` rows at the paper's dimensions, or
+  at ``dim`` for every table (``--embedding-dim``)."""
+  return FLOAT32_BYTES * sum(v * (dim or embedding_dim(v)) for v in vocabulary_sizes)
 
 
 def _state(optimizer: str) -> tuple[int, int]:
@@ -63,47 +64,52 @@ def _state(optimizer: str) -> tuple[int, int]:
   return OPTIMIZER_STATE[optimizer]
 
 
-def optimizer_bytes(vocabulary_sizes: Sequence[int], optimizer: str) -> int:
+def optimizer_bytes(vocabulary_sizes: Sequence[int], optimizer: str,
+                    dim: Optional[int] = None) -> int:
   """Bytes of ``optimizer``'s state for the tables (:data:`OPTIMIZER_STATE`)."""
   slots, per_row = _state(optimizer)
-  return slots * table_bytes(vocabulary_sizes) + FLOAT32_BYTES * per_row * sum(vocabulary_sizes)
+  return (slots * table_bytes(vocabulary_sizes, dim)
+          + FLOAT32_BYTES * per_row * sum(vocabulary_sizes))
 
 
-def dense_noise_bytes(vocabulary_sizes: Sequence[int], algorithm: str) -> int:
+def dense_noise_bytes(vocabulary_sizes: Sequence[int], algorithm: str,
+                      dim: Optional[int] = None) -> int:
   """The most DP-SGD's noise on one table holds (0 for the other algorithms)."""
   if algorithm != "dpsgd":
     return 0
-  return max(_table_noise_bytes(v) for v in vocabulary_sizes)
+  return max(_table_noise_bytes(v, dim) for v in vocabulary_sizes)
 
 
-def _table_noise_bytes(rows: int) -> int:
+def _table_noise_bytes(rows: int, dim: Optional[int]) -> int:
   """A table of at most ``CHUNK_ROWS`` rows: its draw (the noisy gradient is made in it);
   a larger one: its noisy gradient and one chunk's draw."""
   from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS  # pylint: disable=import-outside-toplevel
-  row_bytes = FLOAT32_BYTES * embedding_dim(rows)
+  row_bytes = FLOAT32_BYTES * (dim or embedding_dim(rows))
   draw = DRAW_TEMPORARIES * min(rows, CHUNK_ROWS) * row_bytes
   return draw if rows <= CHUNK_ROWS else rows * row_bytes + draw
 
 
-def bytes_needed(vocabulary_sizes: Sequence[int], algorithm: str, optimizer: str) -> int:
+def bytes_needed(vocabulary_sizes: Sequence[int], algorithm: str, optimizer: str,
+                 dim: Optional[int] = None) -> int:
   """Resident bytes a run of ``algorithm`` with every row of the tables needs at least:
   the tables, the optimizer's state, DP-SGD's dense noise and :data:`OVERHEAD_BYTES`."""
-  return (table_bytes(vocabulary_sizes) + optimizer_bytes(vocabulary_sizes, optimizer)
-          + dense_noise_bytes(vocabulary_sizes, algorithm) + OVERHEAD_BYTES)
+  return (table_bytes(vocabulary_sizes, dim) + optimizer_bytes(vocabulary_sizes, optimizer, dim)
+          + dense_noise_bytes(vocabulary_sizes, algorithm, dim) + OVERHEAD_BYTES)
 
 
-def describe_needs(vocabulary_sizes: Sequence[int], algorithm: str, optimizer: str) -> str:
+def describe_needs(vocabulary_sizes: Sequence[int], algorithm: str, optimizer: str,
+                   dim: Optional[int] = None) -> str:
   """:func:`bytes_needed` in GiB with its parts: ``'14.1 GiB (tables 11.1 + ...)'``."""
   slots, per_row = _state(optimizer)
   state = (f"{slots} table-sized slot{'s' if slots > 1 else ''}" if slots
            else "one accumulator per row" if per_row else "no slot")
-  parts = [f"tables {table_bytes(vocabulary_sizes) / GIB:.2f}",
-           f"{optimizer}'s {state} {optimizer_bytes(vocabulary_sizes, optimizer) / GIB:.2f}"]
+  parts = [f"tables {table_bytes(vocabulary_sizes, dim) / GIB:.2f}",
+           f"{optimizer}'s {state} {optimizer_bytes(vocabulary_sizes, optimizer, dim) / GIB:.2f}"]
   if algorithm == "dpsgd":
     parts.append(f"DP-SGD's dense noise of one table "
-                 f"{dense_noise_bytes(vocabulary_sizes, algorithm) / GIB:.2f}")
+                 f"{dense_noise_bytes(vocabulary_sizes, algorithm, dim) / GIB:.2f}")
   parts.append(f"TensorFlow and the step {OVERHEAD_BYTES / GIB:.2f}")
-  return (f"{bytes_needed(vocabulary_sizes, algorithm, optimizer) / GIB:.1f} GiB ("
+  return (f"{bytes_needed(vocabulary_sizes, algorithm, optimizer, dim) / GIB:.1f} GiB ("
           + " + ".join(parts) + f" GiB; {sum(vocabulary_sizes):,} rows)")
 
 
