@@ -228,9 +228,17 @@ def main() -> int:
                       help="memory left to other users of the machine")
   parser.add_argument("--timeout", type=float, default=3600, help="seconds per child")
   parser.add_argument("--out", default="benchmarks/results/vocabulary_scale.json")
+  parser.add_argument("--figure-of", nargs="+", metavar="JSON",
+                      help="train nothing: draw the trained results of these earlier runs' JSON "
+                           "files in one figure, --out with the suffix .png")
   args = parser.parse_args()
   if args.child:
     print(json.dumps(measure(json.loads(args.child))))
+    return 0
+  if args.figure_of:
+    plot([r for path in args.figure_of
+          for r in json.loads(pathlib.Path(path).read_text())["results"]],
+         pathlib.Path(args.out).with_suffix(".png"))
     return 0
   algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
   unknown = sorted(set(algorithms) - set(ALGORITHMS))
