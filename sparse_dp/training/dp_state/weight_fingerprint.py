@@ -141,11 +141,13 @@ class Fingerprint:
     for index, variable in enumerate(self.variables):
       values = None if variable.shape.rank == 2 else _as_rows(tf.convert_to_tensor(variable))
       num_rows = int(variable.shape[0]) if values is None else int(values.shape[0])
-      columns = _column_terms(index, int((variable if values is None else values).shape[-1]))
+      compiled = num_rows >= _CHUNK_ROWS  # XLA: one compile per width (and last chunk's rows)
+      if compiled:
+        columns = _column_terms(index, int((variable if values is None else values).shape[-1]))
       for start in range(0, num_rows, _CHUNK_ROWS):
         rows = tf.range(start, min(start + _CHUNK_ROWS, num_rows), dtype=tf.int64)
         chunk = tf.gather(variable if values is None else values, rows)
-        if num_rows >= _CHUNK_ROWS:  # XLA: one compile per width (and last chunk's rows)
+        if compiled:
           total += float(_compiled_partial(_row_terms(rows), columns, chunk))
         else:
           total += float(_partial(index, rows, chunk))
