@@ -358,6 +358,10 @@ def test_the_paper_preset_grid_spans_the_papers_ranges_and_refines_its_frontier(
   flags = [dict(p.flags) for p in points]
   assert {f["tau"] for f in flags if "tau" in f} == {1.0, 10.0, 100.0}
   assert {f.get("contribution_clip", 1.0) for f in flags} == {1.0, 5.0, 10.0}
+  # C1 is swept at one absolute tau (in sigma units every C1 would be the same point).
+  assert {(f["tau"], f.get("contribution_clip", 1.0)) for f in flags if "tau" in f} >= {
+      (100.0, 1.0), (100.0, 5.0), (100.0, 10.0)}
+  assert all("tau" in f for f in flags if "contribution_clip" in f)
   assert {f["selection_share"] for f in flags if "selection_share" in f} == {0.5}
   coarse = [{**_point("dpsgd", 0.70, 1.0), "flags": ()}] + [
       {**_point("adafest", auc, reduction, f"adafest tau={t:g}s s1/s2=5"), "flags": (),

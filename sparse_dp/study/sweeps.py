@@ -92,7 +92,8 @@ def sweep_points(preset: StudyPreset) -> list[Point]:
   """The preset's coarse grid at its epsilon: the non-private model, DP-SGD, DP-FEST
   over ``fest_ks`` (and at ``fest_shares``), DP-AdaFEST at the first noise ratio over
   ``tau_sigmas`` and the absolute ``taus``, then (where there are ``taus``) at the
-  first threshold over the other noise ratios, and over the contribution clips ``C1``;
+  first threshold over the other noise ratios, and at the largest absolute ``tau`` over
+  the contribution clips ``C1``;
   DP-AdaFEST+ at ``adafest_plus``'s ``(k, tau)`` and its first ``k`` over ``taus``.
   The smoke and full presets' sweeps are the first, third and fifth of these."""
   eps, ratio = preset.epsilon, preset.sigma_ratios[0]
@@ -102,11 +103,14 @@ def sweep_points(preset: StudyPreset) -> list[Point]:
              for k, share in preset.fest_shares]
   points += [Point("adafest", eps, tau_sigmas=t, sigma_ratio=ratio) for t in preset.tau_sigmas]
   points += [Point("adafest", eps, sigma_ratio=ratio, flags=(("tau", t),)) for t in preset.taus]
-  if preset.taus:  # the paper preset: the noise ratios and C1 at the first threshold
+  if preset.taus:  # the paper preset: the other noise ratios at the first threshold
     points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=r)
                for r in preset.sigma_ratios[1:]]
-  points += [Point("adafest", eps, tau_sigmas=preset.tau_sigmas[0], sigma_ratio=ratio,
-                   flags=(("contribution_clip", c),)) for c in preset.contribution_clips[1:]]
+  # C1 at the largest absolute threshold: with tau in sigma units the map, its noise
+  # sigma1 C1 and tau all scale with C1 while the clip binds, so every C1 is one point.
+  points += [Point("adafest", eps, sigma_ratio=ratio,
+                   flags=(("tau", max(preset.taus)), ("contribution_clip", c)))
+             for c in preset.contribution_clips[1:]]
   points += [Point("adafest+", eps, fest_k=k, tau_sigmas=t, sigma_ratio=ratio)
              for k, t in preset.adafest_plus]
   points += [Point("adafest+", eps, fest_k=preset.adafest_plus[0][0], sigma_ratio=ratio,
