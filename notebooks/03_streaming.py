@@ -25,11 +25,13 @@
 #
 # Parameters (environment variables): `SPARSE_DP_STUDY_PRESET` (`smoke`: minutes, for CI;
 # `full`: the results committed under `benchmarks/results/study`), `SPARSE_DP_STUDY_DATA`
-# (`synthetic`, or a glob of Criteo files), `SPARSE_DP_STUDY_OUT` (output folder; trained
-# runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it),
-# `SPARSE_DP_STUDY_OPTIMIZER` and `SPARSE_DP_STUDY_LEARNING_RATE` (every run's; unset: the
-# preset's). The same studies run from the shell: `sparse-dp study NAME --preset full
-# --out DIR [--optimizer NAME --learning-rate LR]`.
+# (`synthetic`, or a glob of Criteo files), `SPARSE_DP_STUDY_OUT` (output folder; each
+# finished stream is cached in `OUT/streams`, so a rerun resumes), `SPARSE_DP_STUDY_FROM_CACHE`
+# (`1`: train nothing, draw the finished streams), `SPARSE_DP_STUDY_OPTIMIZER` and
+# `SPARSE_DP_STUDY_LEARNING_RATE` (every run's; unset: the preset's). The same study runs
+# from the shell: `sparse-dp study streaming --preset full --out DIR [--from-cache]
+# [--optimizer NAME --learning-rate LR]`; the `paper` preset runs every stream at T = 1, 2
+# and 3 days a period.
 
 # %% tags=["parameters"]
 import os
@@ -37,15 +39,24 @@ import os
 PRESET = os.environ.get("SPARSE_DP_STUDY_PRESET", "smoke")
 DATA = os.environ.get("SPARSE_DP_STUDY_DATA", "synthetic")
 OUT = os.environ.get("SPARSE_DP_STUDY_OUT", "study-results")
+FROM_CACHE = os.environ.get("SPARSE_DP_STUDY_FROM_CACHE") == "1"
 OPTIMIZER = os.environ.get("SPARSE_DP_STUDY_OPTIMIZER") or None
 LEARNING_RATE = os.environ.get("SPARSE_DP_STUDY_LEARNING_RATE")
 LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
 
 # %%
 from sparse_dp.study.presets import preset
-from sparse_dp.study.studies import show, trained_with
+from sparse_dp.study.studies import show, show_claims, trained_with
 
 trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 
 # %%
-streams = show("streaming", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)
+streams = show("streaming", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE, FROM_CACHE)
+
+# %% [markdown]
+# ## Does the paper's claim hold here?
+#
+# Computed from the report above.
+
+# %%
+verdict = show_claims(streams)

@@ -40,9 +40,17 @@ LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
 
 # %%
 from sparse_dp.study.presets import preset
-from sparse_dp.study.studies import show, trained_with
+from sparse_dp.study.studies import show, show_claims, trained_with
 
 trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 
 # %%
 timing = show("step-time", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)
+
+# %% [markdown]
+# ## Does the paper's claim hold here?
+#
+# Computed from the report above.
+
+# %%
+verdict = show_claims(timing)

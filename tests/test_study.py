@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from sparse_dp.models.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_nee
 from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
 from sparse_dp.study.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
-from sparse_dp.study.streaming import stream_folder
+from sparse_dp.study.streaming import stream_folder, streaming
 from sparse_dp.study.studies import output_paths, publish, trained_with
 from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
 
@@ -387,3 +388,26 @@ def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first
   assert not {"optimizer", "embedding_dim"} & set(_settings_key(FitSettings()))
   changed = _settings_key(FitSettings(optimizer="rowwise-adagrad", embedding_dim=8))
   assert changed["optimizer"] == "rowwise-adagrad" and changed["embedding_dim"] == 8
+
+
+@one_stack("tf2.15")
+def test_streams_train_seed_by_seed_resume_and_draw_from_their_cache(tmp_path):
+  two_seeds = dataclasses.replace(SMOKE, seeds=(0, 1), stream_periods=(1,))
+  first = streaming(two_seeds, "synthetic", tmp_path)
+  assert not first["missing"] and [p["seeds"] for p in first["points"]] == [[0, 1], [0, 1]]
+  assert first["source"] == {"train_examples": 200, "held_out_examples": 100}
+  folders = {seed: tmp_path / "streams" / stream_folder(two_seeds, "synthetic", "fest",
+                                                         "running", seed, 1)
+             for seed in (0, 1)}
+  shutil.rmtree(folders[1])  # a stream never trained (an interrupted one resumes its state)
+  cached = streaming(two_seeds, "synthetic", tmp_path, from_cache=True)
+  assert cached["missing"] == ["2 streams of seeds 1"]
+  assert [p["seeds"] for p in cached["points"]] == [[0], [0]]
+  assert not (folders[1] / "study_summary.json").exists()  # from the cache: nothing trained
+  kept = (folders[0] / "study_summary.json").stat().st_mtime_ns
+  resumed = streaming(two_seeds, "synthetic", tmp_path)
+  assert not resumed["missing"] and (folders[0] / "study_summary.json").stat().st_mtime_ns == kept
+  # Seed 0's streams are read back; seed 1's retrained with fresh noise (a stream's noise
+  # is keyed by a secret seed of its state, not by --seed).
+  assert [p["seeds"] for p in resumed["points"]] == [[0, 1], [0, 1]]
+  assert [p["auc"][0] for p in resumed["points"]] == [p["auc"][0] for p in first["points"]]

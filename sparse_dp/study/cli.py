@@ -53,10 +53,11 @@ def add_parser(commands) -> None:
                        help="every run's step size (default: the preset's)")
     if name == "tradeoffs":
       study.add_argument("--grid", metavar="FILE", help=_GRID_HELP)
-    if name in ("tradeoffs", "epsilon", "heatmap"):
+    if name in ("tradeoffs", "epsilon", "heatmap", "streaming"):
       study.add_argument("--from-cache", action="store_true",
-                         help="train nothing: report the finished runs in OUT/runs and list "
-                              "the points not yet trained under 'missing'")
+                         help="train nothing: report the finished runs in OUT/runs (streams: "
+                              "OUT/streams) and list the points not yet trained under "
+                              "'missing'")
     study.set_defaults(run=run)
 
 

@@ -3,13 +3,15 @@
 The kernel is this interpreter (a kernel spec written to a scratch folder and
 put first on ``JUPYTER_PATH``), so a fresh virtual environment runs them
 without registering anything. The notebooks read their parameters from the
-environment (``SPARSE_DP_STUDY_PRESET``, ``_DATA``, ``_OUT``, and ``_OPTIMIZER`` and
-``_LEARNING_RATE``, empty for the preset's).
+environment (``SPARSE_DP_STUDY_PRESET``, ``_DATA``, ``_OUT``, ``_FROM_CACHE`` and
+``_OPTIMIZER`` and ``_LEARNING_RATE``, empty for the preset's).
 
 ``python -m sparse_dp.study.notebooks --preset full --out benchmarks/results/study``
 executes every notebook from its jupytext ``.py`` source and writes the
-executed ``.ipynb`` beside it (the committed notebooks carry the full run's
-outputs).
+executed ``.ipynb`` beside it. The committed trade-off notebook is the paper preset
+drawn from its committed run cache (``--preset paper --from-cache --out
+benchmarks/results/study/paper notebooks/02_criteo_tradeoffs.py``); the others carry
+the full preset's outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from typing import Iterator, Optional
 
 from sparse_dp.models.job_flags import OPTIMIZERS
+from sparse_dp.study.presets import PRESETS
 
 # The notebooks ship with the repository, not the installed package: run from its root.
 NOTEBOOKS = pathlib.Path("notebooks")
@@ -61,10 +64,11 @@ def _environment(**values: str):
 
 def execute(source: pathlib.Path, preset: str, out: pathlib.Path, data: str = "synthetic",
             cell_timeout: Optional[int] = None, optimizer: Optional[str] = None,
-            learning_rate: Optional[float] = None):
+            learning_rate: Optional[float] = None, from_cache: bool = False):
   """Runs the notebook of ``source`` (``.py`` or ``.ipynb``) in a fresh kernel of this
   interpreter, in the folder ``out``, its studies trained with ``optimizer`` and
-  ``learning_rate`` (None: the preset's); returns the executed notebook (``nbformat``)."""
+  ``learning_rate`` (None: the preset's), or drawn from ``out/runs`` alone where
+  ``from_cache``; returns the executed notebook (``nbformat``)."""
   import jupytext  # pylint: disable=import-outside-toplevel
   from nbclient import NotebookClient  # pylint: disable=import-outside-toplevel
   notebook = jupytext.read(source)
@@ -72,7 +76,7 @@ def execute(source: pathlib.Path, preset: str, out: pathlib.Path, data: str = "s
   out.mkdir(parents=True, exist_ok=True)
   with this_interpreter_kernel() as kernel, _environment(
       SPARSE_DP_STUDY_PRESET=preset, SPARSE_DP_STUDY_DATA=data, SPARSE_DP_STUDY_OUT=str(out),
-      SPARSE_DP_STUDY_OPTIMIZER=optimizer or "",
+      SPARSE_DP_STUDY_OPTIMIZER=optimizer or "", SPARSE_DP_STUDY_FROM_CACHE=str(int(from_cache)),
       SPARSE_DP_STUDY_LEARNING_RATE="" if learning_rate is None else repr(learning_rate),
       TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")):
     NotebookClient(notebook, kernel_name=kernel, timeout=cell_timeout,
@@ -84,12 +88,15 @@ def execute(source: pathlib.Path, preset: str, out: pathlib.Path, data: str = "s
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--preset", choices=["smoke", "full"], default="smoke")
+  parser.add_argument("--preset", choices=list(PRESETS), default="smoke")
   parser.add_argument("--data", default="synthetic")
   parser.add_argument("--out", default="study-results")
   parser.add_argument("--optimizer", choices=OPTIMIZERS,
                       help="every study's runs (default: the preset's); `sparse-dp study --help`")
   parser.add_argument("--learning-rate", type=float, help="default: the preset's")
+  parser.add_argument("--from-cache", action="store_true",
+                      help="train nothing: draw the cached studies from OUT/runs (the "
+                           "trade-off notebook; `sparse-dp study --from-cache`)")
   parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.py")
   args = parser.parse_args(argv)
   import jupytext  # pylint: disable=import-outside-toplevel
@@ -100,7 +107,8 @@ def main(argv=None) -> int:
   for source in sources:
     start = time.perf_counter()
     notebook = execute(source, args.preset, pathlib.Path(args.out), args.data,
-                       optimizer=args.optimizer, learning_rate=args.learning_rate)
+                       optimizer=args.optimizer, learning_rate=args.learning_rate,
+                       from_cache=args.from_cache)
     jupytext.write(notebook, source.with_suffix(".ipynb"))
     print(f"{source.name}: {time.perf_counter() - start:.0f} s", flush=True)
   return 0

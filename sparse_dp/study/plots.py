@@ -146,23 +146,30 @@ def _heatmap(report: dict, plt):
 
 
 def _streaming(report: dict, plt):
-  figure, (scatter, periods) = plt.subplots(1, 2, figsize=(15, 5.5))
+  """The last period's AUC against the reduction, and per period length (Fig. 5's T) each
+  stream's AUC after every period, placed at the period's last training day."""
+  lengths = report.get("streaming_periods") or [report["streaming_period"]]
+  rows = (len(lengths) + 2) // 2
+  figure, axes = plt.subplots(rows, 2, figsize=(15, 5.5 * rows), squeeze=False)
+  scatter, panels = axes.flat[0], list(axes.flat[1:])
   _tradeoff_axis(scatter, report["points"],
                  f"Fig. 5 analogue: last period, ε={report['epsilon']:g} in all")
-  for point in report["points"]:
-    rows = point["periods"]
-    periods.errorbar([r["period"] for r in rows], [r["auc_mean"] for r in rows],
-                     yerr=[r["auc_std"] for r in rows], capsize=3, label=point["label"],
-                     marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
-                     color=ALGORITHM_COLORS.get(point["algorithm"]),
-                     linestyle=["-", "--", ":", "-."][report["points"].index(point) % 4])
   from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
-  periods.xaxis.set_major_locator(MaxNLocator(integer=True))
-  lengths = report.get("streaming_periods") or [report["streaming_period"]]
-  periods.set(xlabel=f"period ({'/'.join(map(str, lengths))} day(s) each: T in the key)"
-              if len(lengths) > 1 else f"period ({lengths[0]} day(s) each)",
-              ylabel="AUC on the evaluation days", title="each period, warm-started")
-  _legend(periods)
+  for length, axis in zip(lengths, panels):
+    shown = [p for p in report["points"] if p.get("streaming_period", length) == length]
+    for index, point in enumerate(shown):
+      periods = point["periods"]
+      axis.errorbar([max(r["days"]) for r in periods], [r["auc_mean"] for r in periods],
+                    yerr=[r["auc_std"] for r in periods], capsize=3, label=point["label"],
+                    marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
+                    color=ALGORITHM_COLORS.get(point["algorithm"]),
+                    linestyle=["-", "--", ":", "-."][index % 4])
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set(xlabel="last training day of the period", ylabel="AUC on the evaluation days",
+             title=f"T = {length} day(s) a period, each warm-started from the last")
+    _legend(axis)
+  for axis in panels[len(lengths):]:
+    axis.set_axis_off()
   return figure
 
 

@@ -9,7 +9,9 @@ to each period (``running``). A point is a stream repeated over the preset's
 seeds (``--seed``: the synthetic days and the initial weights), trained with the
 preset's ``--optimizer`` and ``--learning-rate``; its AUC is the
 last period's, its reduction the mean over periods. A preset with several
-``stream_periods`` (days per period, Fig. 5's T) runs every stream at each.
+``stream_periods`` (days per period, Fig. 5's T) runs every stream at each. Each
+stream's summary is cached in its folder, so a study resumes where it stopped and
+``from_cache`` draws the finished ones.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import hashlib
 import json
 import pathlib
 import statistics
-from typing import Any
+from typing import Any, Optional
 
+from sparse_dp.models.stream_job import parse_days
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import at_first_value, spread
 
@@ -61,15 +64,17 @@ def stream_folder(preset: StudyPreset, data: str, algorithm: str, source: str, s
 
 
 def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
-               out: pathlib.Path, period: int) -> dict:
+               out: pathlib.Path, period: int, from_cache: bool = False) -> Optional[dict]:
   """``sparse-dp stream``'s summary for one stream of ``period`` days per period
-  (reused when its folder has one)."""
+  (reused when its folder has one; None where it has none and ``from_cache``)."""
   from sparse_dp.models import stream_job  # pylint: disable=import-outside-toplevel
   state = (pathlib.Path(out) / "streams"
            / stream_folder(preset, data, algorithm, source, seed, period))
   done = state / "study_summary.json"
   if done.exists():
     return json.loads(done.read_text())
+  if from_cache:
+    return None
   commands = argparse.ArgumentParser().add_subparsers()
   stream_job.add_parser(commands)
   args = commands.choices["stream"].parse_args(
@@ -81,23 +86,43 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
   return summary
 
 
-def streaming(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
+def streaming(preset: StudyPreset, data: str, out: pathlib.Path,
+              from_cache: bool = False) -> dict:
+  """Every stream at every period length, seed by seed (so that an interrupted study
+  has whole seeds to show). A period length's points pair the seeds all its streams
+  have finished; the others are listed under ``missing`` (``from_cache``: train none)."""
   lengths = preset.stream_periods or (preset.stream_period,)
-  points = []
+  finished = {}
+  for seed in preset.seeds:
+    for period in lengths:
+      for algorithm, source in preset.streams:
+        summary = run_stream(preset, data, algorithm, source, seed, out, period, from_cache)
+        if summary is not None:
+          finished[period, algorithm, source, seed] = summary["periods"]
+  points, missing = [], []
   for period in lengths:
-    for algorithm, source in preset.streams:
-      runs = [run_stream(preset, data, algorithm, source, seed, out, period)["periods"]
-              for seed in preset.seeds]
-      point = _point(algorithm, source if algorithm == "fest" else None, runs,
-                     list(preset.seeds), preset.epsilon)
+    seeds = [seed for seed in preset.seeds
+             if all((period, a, s, seed) in finished for a, s in preset.streams)]
+    suffix = f" T={period}" if len(lengths) > 1 else ""
+    if len(seeds) < len(preset.seeds):
+      missing.append(f"{len(preset.streams)} streams{suffix} of seeds "
+                     + ",".join(str(s) for s in preset.seeds if s not in seeds))
+    for algorithm, source in preset.streams if seeds else ():
+      point = _point(algorithm, source if algorithm == "fest" else None,
+                     [finished[period, algorithm, source, seed] for seed in seeds], seeds,
+                     preset.epsilon)
       if len(lengths) > 1:
-        point.update(streaming_period=period, label=f"{point['label']} T={period}")
+        point.update(streaming_period=period, label=point["label"] + suffix)
       points.append(point)
-  return {"study": "streaming", "preset": preset.describe(), "data": data,
+  source = {"train_examples": len(parse_days(preset.stream_train_days, "train days"))
+            * preset.stream_examples_per_day,
+            "held_out_examples": len(parse_days(preset.stream_eval_days, "eval days"))
+            * preset.stream_eval_examples_per_day}
+  return {"study": "streaming", "preset": preset.describe(), "data": data, "source": source,
           "epsilon": preset.epsilon, "train_days": preset.stream_train_days,
           "eval_days": preset.stream_eval_days, "streaming_period": preset.stream_period,
           **({"streaming_periods": list(lengths)} if len(lengths) > 1 else {}),
-          "points": points}
+          "points": points, "missing": missing}
 
 
 def _point(algorithm: str, source, runs: list[list[dict]], seeds: list[int],

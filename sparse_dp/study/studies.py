@@ -8,6 +8,7 @@ import pathlib
 from typing import Optional
 
 from sparse_dp.study import plots, tables
+from sparse_dp.study.claims import claims
 from sparse_dp.study.grid import Grid
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.presets import preset as named_preset
@@ -19,7 +20,7 @@ from sparse_dp.study.train_arguments import train_arguments
 STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
 # Studies whose report is a function of cached runs alone (``--from-cache``).
-CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap")
+CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap", "streaming")
 
 
 def output_paths(study: str, out) -> dict[str, pathlib.Path]:
@@ -88,11 +89,21 @@ def publish(report: dict, out) -> dict[str, pathlib.Path]:
 
 def show(study: str, preset: str = "smoke", data: str = "synthetic",
          out="study-results", optimizer: Optional[str] = None,
-         learning_rate: Optional[float] = None) -> dict:
+         learning_rate: Optional[float] = None, from_cache: bool = False) -> dict:
   """:func:`run_study`, then displays its table and figure (in a notebook)."""
   from IPython.display import Image, Markdown, display  # pylint: disable=import-outside-toplevel
   report = run_study(study, preset, data, out, optimizer=optimizer,
-                     learning_rate=learning_rate)
+                     learning_rate=learning_rate, from_cache=from_cache)
   display(Markdown(tables.markdown(report)))
   display(Image(filename=str(output_paths(study, out)["png"])))
   return report
+
+
+def show_claims(*reports: dict) -> list[str]:
+  """Displays (in a notebook) and returns whether the paper's claims hold in ``reports``,
+  one line per claim with its numbers (:func:`sparse_dp.study.claims.claims`), opened by
+  the study that measured it."""
+  from IPython.display import Markdown, display  # pylint: disable=import-outside-toplevel
+  lines = [f"{report['study']}: {line}" for report in reports for line in claims(report)]
+  display(Markdown("\n".join(f"- {line}" for line in lines)))
+  return lines

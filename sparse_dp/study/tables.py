@@ -97,7 +97,7 @@ def _streaming(report: dict) -> str:
           for p in report["points"] for r in p["periods"]]
   return (points_table(report["points"]) + "\n\nEach period:\n\n"
           + _table(["stream", "period", "days", "ε spent so far", "AUC (mean ± sd)",
-                    "gradient-size reduction"], rows))
+                    "gradient-size reduction"], rows) + _missing(report))
 
 
 def _step_time(report: dict) -> str:
