@@ -102,6 +102,9 @@ class Runner:
     self._inputs_for_seed = inputs_for_seed or (lambda seed: inputs)
     self.folder = pathlib.Path(folder) / "runs"
     self.folder.mkdir(parents=True, exist_ok=True)
+    # Each run's metrics once read or trained: a summary over seeds then loads no seed's
+    # data again (a seed's synthetic draw takes seconds to read).
+    self._metrics: dict[tuple[Point, int], dict] = {}
 
   def arguments(self, point: Point, seed: int) -> argparse.Namespace:
     """``sparse-dp train``'s arguments of ``point`` at ``seed``: the preset's model,
@@ -119,6 +122,11 @@ class Runner:
 
   def run(self, point: Point, seed: int) -> dict:
     """The job's metrics for ``point`` at ``seed`` (from the cache when there)."""
+    if (point, seed) not in self._metrics:
+      self._metrics[point, seed] = self._read_or_train(point, seed)
+    return self._metrics[point, seed]
+
+  def _read_or_train(self, point: Point, seed: int) -> dict:
     args = self.arguments(point, seed)
     settings = job_flags.fit_settings(args, epsilon=args.epsilon)
     inputs = self._inputs_for_seed(seed)
