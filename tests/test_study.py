@@ -27,7 +27,7 @@ from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
 from sparse_dp.study.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
 from sparse_dp.study.streaming import stream_folder, streaming
-from sparse_dp.study.studies import output_paths, publish, trained_with
+from sparse_dp.study.studies import output_paths, publish, run_study, trained_with
 from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
 
 from conftest import one_stack
@@ -413,3 +413,43 @@ def test_streams_train_seed_by_seed_resume_and_draw_from_their_cache(tmp_path):
   # is keyed by a secret seed of its state, not by --seed).
   assert [p["seeds"] for p in resumed["points"]] == [[0, 1], [0, 1]]
   assert [p["auc"][0] for p in resumed["points"]] == [p["auc"][0] for p in first["points"]]
+
+
+@one_stack("tf2.15")
+def test_the_epsilon_and_heatmap_studies_take_a_grid(tmp_path):
+  epsilons = tmp_path / "epsilons.yaml"
+  epsilons.write_text("algorithm: [dpsgd, adafest]\nepsilon: [1, 4]\nseeds: 1\n")
+  assert main(["study", "epsilon", "--grid", str(epsilons), "--out", str(tmp_path)]) == 0
+  report = json.loads(output_paths("epsilon", tmp_path)["json"].read_text())
+  assert report["epsilons"] == [1.0, 4.0] and len(report["points"]) == 4
+  cells = tmp_path / "cells.yaml"
+  cells.write_text("algorithm: adafest\nsigma_ratio: [2, 5]\ntau_sigmas: 4\nseeds: 1\n")
+  assert main(["study", "heatmap", "--grid", str(cells), "--out", str(tmp_path)]) == 0
+  paths = output_paths("heatmap", tmp_path)
+  heat = json.loads(paths["json"].read_text())
+  assert (heat["sigma_ratios"], heat["tau_sigmas"], heat["epsilon"]) == ([2.0, 5.0], [4.0], 1.0)
+  # The cell (2, 4) is the epsilon grid's adafest point at epsilon 1 (sparse-dp train's
+  # defaults): read, not retrained.
+  assert len(list((tmp_path / "runs").glob("*.json"))) == 5
+  assert_figure_matches_report(paths["json"], paths["png"])
+
+
+@pytest.mark.parametrize("study, grid, named", [
+    ("epsilon", "algorithm: [none, adafest]\n", "none has none"),
+    ("heatmap", "algorithm: [dpsgd, adafest]\n", "dpsgd has no cell"),
+    ("heatmap", "algorithm: adafest\ntau: [5]\n", "has no cell"),
+    ("heatmap", "algorithm: adafest\nepsilon: [1, 2]\n", "one epsilon"),
+    ("heatmap", "algorithm: adafest\nlearning_rate: [0.1, 0.01]\n", "share one"),
+    ("streaming", "algorithm: adafest\n", "gives the points of tradeoffs"),
+])
+def test_a_grid_a_study_cannot_draw_is_refused_before_training(tmp_path, capsys, study, grid,
+                                                               named):
+  path = tmp_path / "grid.yaml"
+  path.write_text(grid)
+  if study == "streaming":  # the command has no --grid: run_study refuses it by name
+    with pytest.raises(ValueError, match=named):
+      run_study(study, grid=path, out=tmp_path)
+  else:
+    assert main(["study", study, "--grid", str(path), "--out", str(tmp_path)]) == 2
+    assert named in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()  # refused before a run or its folder

@@ -22,7 +22,12 @@ _GRID_HELP = (
     "trained at each seed (seeds: a count or a list); a flag an algorithm does not read "
     "adds none of its points; flags not given take the preset's value, then the "
     "command's default; max_examples caps the lines read of --data (default: every "
-    "line of real files). Give exactly one dpsgd point: the AUC loss is measured from it")
+    "line of real files)")
+# What each study asks of its grid's points.
+_GRID_POINTS = {
+    "tradeoffs": "Give exactly one dpsgd point: the AUC loss is measured from it",
+    "epsilon": "Each point is drawn in the panel of its epsilon; no algorithm none",
+    "heatmap": "One adafest point per (sigma_ratio, tau_sigmas) cell, at one epsilon"}
 
 
 def add_parser(commands) -> None:
@@ -51,8 +56,8 @@ def add_parser(commands) -> None:
                                 if name == "step-time" else ""))
     study.add_argument("--learning-rate", type=float,
                        help="every run's step size (default: the preset's)")
-    if name == "tradeoffs":
-      study.add_argument("--grid", metavar="FILE", help=_GRID_HELP)
+    if name in _GRID_POINTS:
+      study.add_argument("--grid", metavar="FILE", help=f"{_GRID_HELP}. {_GRID_POINTS[name]}")
     if name in ("tradeoffs", "epsilon", "heatmap", "streaming"):
       study.add_argument("--from-cache", action="store_true",
                          help="train nothing: report the finished runs in OUT/runs (streams: "

@@ -21,6 +21,8 @@ STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
 # Studies whose report is a function of cached runs alone (``--from-cache``).
 CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap", "streaming")
+# Studies whose points a grid file gives (``--grid``, :mod:`sparse_dp.study.grid`).
+GRID_STUDIES = ("tradeoffs", "epsilon", "heatmap")
 
 
 def output_paths(study: str, out) -> dict[str, pathlib.Path]:
@@ -45,7 +47,7 @@ def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
               optimizer: Optional[str] = None, learning_rate: Optional[float] = None) -> dict:
   """Runs ``study`` at ``preset`` on ``data`` (trained runs cached under ``out/runs``),
   writes its JSON, markdown table and figure under ``out``, and returns the report.
-  ``grid`` (a grid file's path, ``tradeoffs`` only) gives the points instead of the
+  ``grid`` (a grid file's path; :data:`GRID_STUDIES`) gives the points instead of the
   preset's sweep (:mod:`sparse_dp.study.grid`). ``from_cache``: train nothing, report
   the runs in ``out/runs`` (the points not all there listed under ``missing``).
   ``optimizer`` and ``learning_rate``: every run's, in place of the preset's
@@ -56,21 +58,17 @@ def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
     raise ValueError(f"--from-cache: the {study} study is not drawn from the run cache; "
                      f"give it to {', '.join(CACHED_STUDIES)}")
   sizes = trained_with(named_preset(preset), optimizer, learning_rate)
-  points = None
+  options = {"from_cache": True} if from_cache else {}
   if grid is not None:
-    if study != "tradeoffs":
-      raise ValueError(f"--grid: the {study} study runs its preset's sweep; a grid gives the "
-                       "points of the tradeoffs study (`sparse-dp study tradeoffs --grid FILE`)")
+    if study not in GRID_STUDIES:
+      raise ValueError(f"--grid: the {study} study runs its preset's streams or scales; a grid "
+                       f"gives the points of {', '.join(GRID_STUDIES)} "
+                       f"(`sparse-dp study tradeoffs --grid FILE`)")
     read = Grid.read(grid)
-    sizes, points = read.preset(sizes), list(read.points)
+    sizes, options["points"] = read.preset(sizes), list(read.points)
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  if points is not None:
-    report = tradeoffs(sizes, data, out, points, from_cache=from_cache)
-  elif from_cache:
-    report = STUDIES[study](sizes, data, out, from_cache=True)
-  else:
-    report = STUDIES[study](sizes, data, out)
+  report = STUDIES[study](sizes, data, out, **options)
   if grid is not None:
     report["grid"] = str(grid)
   publish(report, out)

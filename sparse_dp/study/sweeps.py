@@ -204,17 +204,54 @@ def best_reduction(points: list[dict], thresholds) -> list[dict]:
 
 
 def epsilon_sweep(preset: StudyPreset, data: str, out: pathlib.Path,
-                  from_cache: bool = False) -> dict:
+                  points: Optional[Sequence[Point]] = None, from_cache: bool = False) -> dict:
+  """``points`` (a grid's; default: each of the preset's algorithms' first point at each
+  of its epsilons), one panel per target epsilon (Fig. 4)."""
+  if points is None:
+    points = [default_point(a, e, preset) for e in preset.epsilons
+              for a in preset.epsilon_algorithms]
+  unprivate = [p.label for p in points if p.epsilon is None]
+  if unprivate:
+    raise ValueError(f"--grid: the epsilon study draws each point at its target epsilon; "
+                     f"{', '.join(unprivate)} has none: leave algorithm none out")
   runs = runner(preset, data, out, from_cache)
-  points, missing = summaries(runs, [default_point(a, e, preset)
-                                     for e in preset.epsilons for a in preset.epsilon_algorithms])
-  return _report("epsilon", runs, points, epsilons=list(preset.epsilons), missing=missing)
+  done, missing = summaries(runs, points)
+  return _report("epsilon", runs, done, missing=missing,
+                 epsilons=sorted({p.epsilon for p in points}))
 
 
-def heatmap(preset: StudyPreset, data: str, out: pathlib.Path, from_cache: bool = False) -> dict:
+def heatmap(preset: StudyPreset, data: str, out: pathlib.Path,
+            points: Optional[Sequence[Point]] = None, from_cache: bool = False) -> dict:
+  """DP-AdaFEST over sigma1/sigma2 x tau (Fig. 7/9): the preset's ``sigma_ratios`` x
+  ``tau_sigmas``, or a grid's points, one per (sigma_ratio, tau_sigmas) cell at one
+  epsilon."""
+  if points is None:
+    points = [Point("adafest", preset.epsilon, tau_sigmas=t, sigma_ratio=r)
+              for r in preset.sigma_ratios for t in preset.tau_sigmas]
+  _check_heatmap(points)
   runs = runner(preset, data, out, from_cache)
-  points, missing = summaries(runs, [
-      Point("adafest", preset.epsilon, tau_sigmas=t, sigma_ratio=r)
-      for r in preset.sigma_ratios for t in preset.tau_sigmas])
-  return _report("heatmap", runs, points, epsilon=preset.epsilon, missing=missing,
-                 sigma_ratios=list(preset.sigma_ratios), tau_sigmas=list(preset.tau_sigmas))
+  done, missing = summaries(runs, points)
+  return _report("heatmap", runs, done, epsilon=points[0].epsilon, missing=missing,
+                 sigma_ratios=sorted({p.sigma_ratio for p in points}),
+                 tau_sigmas=sorted({p.tau_sigmas for p in points}))
+
+
+def _check_heatmap(points: Sequence[Point]) -> None:
+  """The heatmap's cells are (sigma1/sigma2, tau in units of sigma1 C1) at one epsilon:
+  refuses a grid whose points leave a cell without its axes or give it twice."""
+  off_axes = [p.label for p in points if p.tau_sigmas is None or p.sigma_ratio is None]
+  if off_axes:
+    raise ValueError(f"--grid: the heatmap's axes are sigma_ratio and tau_sigmas of "
+                     f"DP-AdaFEST (or DP-AdaFEST+); {', '.join(off_axes)} has no cell: give "
+                     "algorithm adafest with tau_sigmas (not tau) and sigma_ratio")
+  epsilons = sorted({p.epsilon for p in points})
+  if len(epsilons) > 1:
+    raise ValueError(f"--grid: the heatmap is drawn at one epsilon; the grid gives {epsilons}")
+  cells: dict = {}
+  for p in points:
+    cells.setdefault((p.sigma_ratio, p.tau_sigmas), []).append(p.label)
+  shared = [labels for labels in cells.values() if len(labels) > 1]
+  if shared:
+    raise ValueError(f"--grid: the heatmap has one point per (sigma_ratio, tau_sigmas) cell; "
+                     f"{' and '.join(shared[0])} share one: vary only sigma_ratio and "
+                     "tau_sigmas")
