@@ -17,6 +17,8 @@ import hashlib
 import math
 import pathlib
 
+from sparse_dp.study.claims import PAPER_FRONTIER, PAPER_LOSS, reduction_ceiling
+
 ALGORITHM_COLORS = {"none": "black", "dpsgd": "tab:gray", "fest": "tab:blue",
                     "adafest": "tab:red", "adafest+": "tab:purple"}
 ALGORITHM_MARKERS = {"none": "*", "dpsgd": "s", "fest": "^", "adafest": "o", "adafest+": "D"}
@@ -61,26 +63,55 @@ def _legend(axis) -> None:
     axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True) -> None:
-  """AUC (error bars over seeds) against gradient-size reduction, one colour and marker
-  per algorithm, each point labelled with its configuration (``legend``: the key, to
-  the right of the axis)."""
+def paired_with_dpsgd(report: dict) -> bool:
+  """Whether the report's figure shows each private point's AUC as its paired difference
+  from DP-SGD's: a preset whose seeds draw their own data (``resample_data``), where the
+  spread over seeds is mostly the data's and hides the differences between points."""
+  return bool((report.get("preset") or {}).get("resample_data")) and all(
+      "auc_vs_dpsgd" in p for p in report["points"])
+
+
+def _auc_bar(point: dict, paired: bool) -> tuple[float, float]:
+  """(y, half height of its error bar): mean AUC ± sd over seeds, or, ``paired``, the
+  mean of the seedwise differences from DP-SGD's AUC ± its 95% t half-width."""
+  if not paired:
+    return point["auc_mean"], point["auc_std"]
+  difference = point["auc_vs_dpsgd"]
+  return difference["mean"], (0.0 if difference["high"] is None
+                              else difference["high"] - difference["mean"])
+
+
+def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True,
+                   paired: bool = False) -> None:
+  """AUC (error bars over seeds; ``paired``: the paired difference from DP-SGD's, the
+  non-private point left to the title) against gradient-size reduction, one colour and
+  marker per algorithm, each point labelled with its configuration (``legend``: the
+  key, to the right of the axis)."""
   labelled = set()
   for point in points:
     algorithm = point["algorithm"]
-    axis.errorbar(point["gradient_size_reduction"], point["auc_mean"], yerr=point["auc_std"],
+    if paired and algorithm == "none":
+      continue
+    auc, bar = _auc_bar(point, paired)
+    axis.errorbar(point["gradient_size_reduction"], auc, yerr=bar,
                   xerr=point["gradient_size_reduction_std"],
                   fmt=ALGORITHM_MARKERS.get(algorithm, "o"), capsize=3,
                   color=ALGORITHM_COLORS.get(algorithm),
                   label=None if algorithm in labelled else algorithm)
     labelled.add(algorithm)
-    axis.annotate(configuration(point), (point["gradient_size_reduction"], point["auc_mean"]),
+    axis.annotate(configuration(point), (point["gradient_size_reduction"], auc),
                   textcoords="offset points", xytext=(5, 3), fontsize=7)
   axis.set_xscale("log")
   from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
   axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a short decade collide
+  if paired:
+    axis.axhline(0.0, color=ALGORITHM_COLORS["dpsgd"], linewidth=1)
+    (none,) = [p for p in points if p["algorithm"] == "none"] or [None]
+    if none is not None:
+      title += f"\n(non-private: {none['auc_vs_dpsgd']['mean']:+.3f} from DP-SGD)"
   axis.set(xlabel="gradient-size reduction (rows / rows updated per step)",
-           ylabel="held-out AUC (mean ± sd over seeds)", title=title)
+           ylabel=("validation AUC − DP-SGD's (paired over seeds, 95% t)" if paired
+                   else "held-out AUC (mean ± sd over seeds)"), title=title)
   if legend:
     _legend(axis)
 
@@ -88,7 +119,8 @@ def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True) ->
 def _tradeoffs(report: dict, plt):
   figure, (scatter, best) = plt.subplots(1, 2, figsize=(15, 5.5))
   _tradeoff_axis(scatter, report["points"],
-                 f"Fig. 8 analogue: utility / sparsity at ε={report['epsilon']:g}")
+                 f"Fig. 8 analogue: utility / sparsity at ε={report['epsilon']:g}",
+                 paired=paired_with_dpsgd(report))
   for algorithm in dict.fromkeys(r["algorithm"] for r in report["best_reduction"]):
     rows = [r for r in report["best_reduction"] if r["algorithm"] == algorithm
             and r["gradient_size_reduction"] is not None]
@@ -97,15 +129,34 @@ def _tradeoffs(report: dict, plt):
                   yerr=[r.get("gradient_size_reduction_std") or 0.0 for r in rows],
                   marker=ALGORITHM_MARKERS.get(algorithm, "o"), capsize=3,
                   color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
-    for row in rows:
-      best.annotate(row["label"].split(" ", 1)[1] if " " in row["label"] else "",
-                    (row["auc_loss_threshold"], row["gradient_size_reduction"]),
-                    textcoords="offset points", xytext=(5, 3), fontsize=7)
+    for before, row in zip([None] + rows, rows):  # a point's label once, where it first wins
+      if before is None or before["label"] != row["label"]:
+        best.annotate(configuration(row), (row["auc_loss_threshold"],
+                                           row["gradient_size_reduction"]),
+                      textcoords="offset points", xytext=(5, 3), fontsize=7)
+  _frontier_marks(best, report)
   best.set(xscale="log", yscale="log", xlabel="AUC loss allowed vs DP-SGD (validation)",
            ylabel="best gradient-size reduction (± sd over seeds)",
            title=f"Fig. 3 analogue: best reduction within an AUC loss (ε={report['epsilon']:g})")
   _legend(best)
   return figure
+
+
+def _frontier_marks(axis, report: dict) -> None:
+  """Where the data stop short: the most any run on these tables can show (one row a
+  step), and per algorithm the paper's reduction and this package's target at AUC loss
+  0.005 (:data:`sparse_dp.study.claims.PAPER_FRONTIER`)."""
+  ceiling = reduction_ceiling(report)
+  if ceiling:
+    axis.axhline(ceiling, color="black", linestyle=":", linewidth=1,
+                 label=f"ceiling: {ceiling:,.0f} rows / 1 row a step")
+  shown = {r["algorithm"] for r in report["best_reduction"]}
+  for algorithm, paper, target in PAPER_FRONTIER:
+    if algorithm in shown:
+      axis.plot([PAPER_LOSS], [paper], marker="*", markersize=12, linestyle="none",
+                color=ALGORITHM_COLORS[algorithm], label=f"{algorithm}: the paper, {paper:.0e}x")
+      axis.plot([PAPER_LOSS], [target], marker="_", markersize=20, linestyle="none",
+                color=ALGORITHM_COLORS[algorithm], label=f"{algorithm}: target, {target:.0e}x")
 
 
 def _epsilon(report: dict, plt):
