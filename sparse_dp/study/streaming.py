@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import pathlib
+import shutil
 import statistics
 from typing import Any, Optional
 
@@ -80,10 +81,23 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
   args = commands.choices["stream"].parse_args(
       _argv(_stream_flags(preset, data, algorithm, source, seed, state, period)))
   state.mkdir(parents=True, exist_ok=True)
-  with open(state / "study.log", "w") as log, contextlib.redirect_stdout(log):
-    summary = stream_job.stream(args)
+  with open(state / "study.log", "a") as log, contextlib.redirect_stdout(log):
+    summary = stream_job.stream(args)  # resumes a stream an earlier study left unfinished
   done.write_text(json.dumps(summary, indent=1))
+  _drop_period_models(state)
   return summary
+
+
+def _drop_period_models(state: pathlib.Path) -> None:
+  """Removes a finished stream's per-period SavedModels and weights (about 170 MB a
+  period at the paper scale, 132 periods a seed); the study reads the summary, and the
+  ledger and each period's metrics stay."""
+  for period in (state / "periods").iterdir():
+    if not period.is_dir():
+      continue
+    if (period / "model").is_dir():
+      shutil.rmtree(period / "model")
+    (period / "weights.npz").unlink(missing_ok=True)
 
 
 def streaming(preset: StudyPreset, data: str, out: pathlib.Path,
