@@ -372,6 +372,14 @@ def test_the_paper_preset_grid_spans_the_papers_ranges_and_refines_its_frontier(
       for t, auc, reduction in ((2.0, 0.699, 100.0), (8.0, 0.68, 10_000.0))]
   (refined,) = refined_points(coarse, PAPER)
   assert refined == Point("adafest", PAPER.epsilon, tau_sigmas=4.0, sigma_ratio=5.0)
+  # Along a sweep of the absolute tau (C1 = 5 alone on its own sweep: nothing to bracket).
+  absolute = [{**_point("adafest", auc, reduction, f"adafest tau={t} {c}"), "sigma_ratio": 5.0,
+               "flags": [["tau", t]] + ([["contribution_clip", c]] if c != 1.0 else [])}
+              for t, c, auc, reduction in ((10.0, 1.0, 0.699, 30.0), (100.0, 1.0, 0.68, 4e4),
+                                           (100.0, 5.0, 0.699, 2e3))]
+  (tau_midpoint,) = refined_points(coarse[:1] + absolute, PAPER)
+  assert tau_midpoint == Point("adafest", PAPER.epsilon, sigma_ratio=5.0,
+                               flags=(("tau", 31.6),))
 
 
 def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_path):

@@ -85,7 +85,7 @@ class StudyPreset:
   test_split: bool = False  # held-out halves: validation picks points, test reports them
   taus: tuple[float, ...] = ()  # absolute AdaFEST thresholds (``--tau``), beside tau_sigmas
   contribution_clips: tuple[float, ...] = ()  # C1 values (``--contribution-clip``)
-  refine: bool = False  # a second grid around the coarse frontier (sweeps.refined_points)
+  refine: bool = False  # finer grids around the coarse frontier (sweeps.refined_points)
   # DP-FEST points (k, selection share) beside the sweep at ``selection_share``: at the
   # paper's 0.01 of epsilon 1 and 90,000 training examples the top-k's Gumbel noise
   # (scale k x tables / epsilon_1) is above every count, so the top-k is noise.

@@ -13,7 +13,8 @@ Where the preset resamples the data per seed and holds out a test split (the
 from DP-SGD's AUC over seeds (mean and 95% t interval,
 :func:`sparse_dp.study.runs.paired_difference`); the frontier's points are picked
 on the validation AUC and reported on the test AUC. A preset with ``refine``
-adds a second grid around the coarse frontier (:func:`refined_points`). A
+adds finer grids around the coarse frontier (:func:`refined_points`, in
+:data:`REFINE_ROUNDS` rounds). A
 ``from_cache`` study trains nothing: it reports the cached points and lists
 the others under ``missing``.
 """
@@ -28,6 +29,9 @@ from sparse_dp.study.inputs import SYNTHETIC, StudyInputs
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import MissingRun, Point, Runner, paired_difference
 
+# Rounds of refinement after the coarse grid (:func:`refined_points`), each between the
+# frontier's bracket of the grid trained so far.
+REFINE_ROUNDS = 2
 # AUC losses relative to DP-SGD at which Fig. 3 reads the best reduction.
 AUC_LOSS_THRESHOLDS = (0.001, 0.005, 0.01, 0.02, 0.05)
 
@@ -119,23 +123,19 @@ def sweep_points(preset: StudyPreset) -> list[Point]:
 
 
 def refined_points(points: list[dict], preset: StudyPreset, loss: float = 0.005) -> list[Point]:
-  """A second grid where the coarse one brackets the frontier: per algorithm, between
+  """A finer grid where the trained one brackets the frontier: per algorithm, between
   its sparsest point within ``loss`` of DP-SGD's validation AUC and the next sparser
   point of its sweep, the geometric midpoint of the swept value (DP-FEST's ``k``,
-  DP-AdaFEST's ``tau_sigmas``; DP-AdaFEST+ both)."""
+  DP-AdaFEST's ``tau_sigmas``; DP-AdaFEST+ both); and the same along each sweep of the
+  absolute ``tau`` (:func:`_absolute_tau_midpoints`)."""
   (baseline,) = [p for p in points if p["algorithm"] == "dpsgd"]
   refined = []
   for algorithm in ("fest", "adafest", "adafest+"):
     swept = [p for p in points if p["algorithm"] == algorithm and not p["flags"]]
-    within = [p for p in swept if p["auc_mean"] >= baseline["auc_mean"] - loss]
-    if not within:
+    bracket = _bracket(swept, baseline["auc_mean"] - loss)
+    if bracket is None:
       continue
-    best = max(within, key=lambda p: p["gradient_size_reduction"])
-    sparser = [p for p in swept if p["gradient_size_reduction"] > best["gradient_size_reduction"]
-               and p["auc_mean"] < baseline["auc_mean"] - loss]
-    if not sparser:
-      continue
-    nearest = min(sparser, key=lambda p: p["gradient_size_reduction"])
+    best, nearest = bracket
     middle = {key: (None if best[key] is None or nearest[key] is None
                     else math.sqrt(best[key] * nearest[key]))
               for key in ("fest_k", "tau_sigmas")}
@@ -144,7 +144,44 @@ def refined_points(points: list[dict], preset: StudyPreset, loss: float = 0.005)
                          tau_sigmas=(None if middle["tau_sigmas"] is None
                                      else round(middle["tau_sigmas"], 2)),
                          sigma_ratio=best["sigma_ratio"]))
+  refined += _absolute_tau_midpoints(points, baseline["auc_mean"] - loss, preset.epsilon)
   return [p for p in dict.fromkeys(refined) if p.label not in {q["label"] for q in points}]
+
+
+def _bracket(swept: list[dict], floor: float) -> Optional[tuple[dict, dict]]:
+  """The sparsest of ``swept`` with validation AUC >= ``floor`` and the least sparse
+  sparser one below it, or None where they do not bracket the frontier."""
+  within = [p for p in swept if p["auc_mean"] >= floor]
+  if not within:
+    return None
+  best = max(within, key=lambda p: p["gradient_size_reduction"])
+  sparser = [p for p in swept if p["gradient_size_reduction"] > best["gradient_size_reduction"]
+             and p["auc_mean"] < floor]
+  if not sparser:
+    return None
+  return best, min(sparser, key=lambda p: p["gradient_size_reduction"])
+
+
+def _absolute_tau_midpoints(points: list[dict], floor: float, epsilon: float) -> list[Point]:
+  """Along each sweep of the absolute threshold ``tau`` (points alike in all else), the
+  geometric midpoint of the ``tau`` of the bracket of the frontier (:func:`_bracket`)."""
+  sweeps: dict[tuple, list[dict]] = {}
+  for p in points:
+    flags = tuple(tuple(flag) for flag in p["flags"])
+    if any(name == "tau" for name, _ in flags):
+      rest = tuple(flag for flag in flags if flag[0] != "tau")
+      sweeps.setdefault((p["algorithm"], p["fest_k"], p["sigma_ratio"], rest), []).append(p)
+  refined = []
+  for (algorithm, fest_k, sigma_ratio, _), swept in sweeps.items():
+    bracket = _bracket(swept, floor)
+    if bracket is None:
+      continue
+    best, nearest = (dict(tuple(flag) for flag in p["flags"]) for p in bracket)
+    tau = round(math.sqrt(best["tau"] * nearest["tau"]), 1)
+    refined.append(Point(algorithm, epsilon, fest_k=fest_k, sigma_ratio=sigma_ratio,
+                         flags=tuple((name, tau if name == "tau" else value)
+                                     for name, value in best.items())))
+  return refined
 
 
 def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path,
@@ -160,8 +197,11 @@ def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path,
                      f"give exactly one (got {[p.label for p in baselines]})")
   runs = runner(preset, data, out, from_cache)
   done, missing = summaries(runs, points)
-  if refine and not missing:
-    more, missing = summaries(runs, refined_points(done, preset))
+  for _ in range(REFINE_ROUNDS if refine else 0):  # each round's midpoints once trained
+    more = refined_points(done, preset) if not missing else []
+    if not more:
+      break
+    more, missing = summaries(runs, more)
     done += more
   if not any(p["algorithm"] == "dpsgd" for p in done):
     raise MissingRun(f"the DP-SGD point is not in the cache under {runs.folder}: train it "
