@@ -24,9 +24,11 @@
 # `full`: the results committed under `benchmarks/results/study`), `SPARSE_DP_STUDY_DATA`
 # (`synthetic`, or a glob of Criteo files), `SPARSE_DP_STUDY_OUT` (output folder; trained
 # runs are cached in `OUT/runs`, so a rerun or another study sharing a point reuses it),
-# `SPARSE_DP_STUDY_OPTIMIZER` and `SPARSE_DP_STUDY_LEARNING_RATE` (every run's; unset: the
-# preset's). The same studies run from the shell: `sparse-dp study NAME --preset full
-# --out DIR [--optimizer NAME --learning-rate LR]`.
+# `SPARSE_DP_STUDY_FROM_CACHE` (`1`: train no pCTR point, show the cached ones; Table 4
+# is measured anew), `SPARSE_DP_STUDY_OPTIMIZER` and `SPARSE_DP_STUDY_LEARNING_RATE`
+# (every run's; unset: the preset's). The same study runs from the shell: `sparse-dp
+# study step-time --preset full --out DIR [--from-cache] [--optimizer NAME
+# --learning-rate LR]`.
 
 # %% tags=["parameters"]
 import os
@@ -34,6 +36,7 @@ import os
 PRESET = os.environ.get("SPARSE_DP_STUDY_PRESET", "smoke")
 DATA = os.environ.get("SPARSE_DP_STUDY_DATA", "synthetic")
 OUT = os.environ.get("SPARSE_DP_STUDY_OUT", "study-results")
+FROM_CACHE = os.environ.get("SPARSE_DP_STUDY_FROM_CACHE") == "1"
 OPTIMIZER = os.environ.get("SPARSE_DP_STUDY_OPTIMIZER") or None
 LEARNING_RATE = os.environ.get("SPARSE_DP_STUDY_LEARNING_RATE")
 LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
@@ -45,7 +48,7 @@ from sparse_dp.study.studies import show, show_claims, trained_with
 trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 
 # %%
-timing = show("step-time", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE)
+timing = show("step-time", PRESET, DATA, OUT, OPTIMIZER, LEARNING_RATE, FROM_CACHE)
 
 # %% [markdown]
 # ## Does the paper's claim hold here?

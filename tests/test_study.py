@@ -186,8 +186,10 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
   preset = dataclasses.replace(trained_with(SMOKE, "rowwise-adagrad", 0.05),
                                throughput_scales=(0.01, 0.1))
   small, large = ([hashed_vocabulary(s).sizes[f] for f in SMOKE.features] for s in (0.01, 0.1))
-  points, not_run = throughput(preset, "synthetic", tmp_path,
-                               memory_limit=bytes_needed(large, "adafest", "rowwise-adagrad") - 1)
+  points, not_run, missing = throughput(
+      preset, "synthetic", tmp_path, memory_limit=bytes_needed(large, "adafest",
+                                                                "rowwise-adagrad") - 1)
+  assert missing == []
   assert [(p["vocabulary_scale"], p["algorithm"]) for p in points] == [(0.01, "adafest")]
   (cached,) = (json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json"))
   assert (cached["settings"]["optimizer"], cached["settings"]["learning_rate"]) == (
@@ -201,11 +203,16 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
       {**refused, "vocabulary_scale": s, "table_rows": sum(v), "memory_limit_bytes": 1,
        "bytes_needed": bytes_needed(v, "adafest", "rowwise-adagrad"),
        "reason": refusal(v, 1, "adafest", "rowwise-adagrad")}
-      for s, v in ((0.01, small), (0.1, large))])
+      for s, v in ((0.01, small), (0.1, large))], [])
+  # From the cache: the cached point is read, the one that would fit but is not cached
+  # is listed, and nothing trains.
+  cached_only, _, not_cached = throughput(preset, "synthetic", tmp_path, from_cache=True)
+  assert cached_only == points and not_cached == [f"{points[0]['label']} at x0.1"]
+  assert sorted((tmp_path / "runs").glob("*.json")) == runs_before
   assert sorted((tmp_path / "runs").glob("*.json")) == runs_before
   # DP-SGD needs more (its dense noise): its own reason, beside DP-AdaFEST's.
   both = dataclasses.replace(preset, throughput_algorithms=("dpsgd", "adafest"))
-  nothing, refusals = throughput(both, "synthetic", tmp_path, memory_limit=1)
+  nothing, refusals, _ = throughput(both, "synthetic", tmp_path, memory_limit=1)
   assert nothing == [] and [(r["vocabulary_scale"], r["algorithms"]) for r in refusals] == [
       (s, a) for s in (0.01, 0.1) for a in (["dpsgd"], [points[0]["label"]])]
   assert "DP-SGD's dense noise" in refusals[0]["reason"]

@@ -24,7 +24,7 @@ from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.models import memory
 from sparse_dp.study.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import Runner
+from sparse_dp.study.runs import MissingRun, Runner
 from sparse_dp.study.sweeps import default_point
 
 
@@ -52,12 +52,14 @@ def table4(bench: dict) -> list[dict]:
 
 
 def throughput(preset: StudyPreset, data: str, out: pathlib.Path,
-               memory_limit: Optional[int] = None) -> tuple[list[dict], list[dict]]:
-  """The pCTR job's points at each of the preset's vocabulary scales, and per scale the
+               memory_limit: Optional[int] = None,
+               from_cache: bool = False) -> tuple[list[dict], list[dict], list[str]]:
+  """The pCTR job's points at each of the preset's vocabulary scales, per scale the
   full-vocabulary points that cannot fit in ``memory_limit`` bytes (default: this
-  machine's) with the preset's optimizer, grouped by the reason."""
+  machine's) with the preset's optimizer, grouped by the reason, and (``from_cache``:
+  none trained) the labels of the points not all in the run cache."""
   limit = memory.memory_limit_bytes() if memory_limit is None else memory_limit
-  points, not_run = [], []
+  points, not_run, missing = [], [], []
   for scale in preset.throughput_scales:
     sizes = hashed_vocabulary(scale).sizes
     sizes = sizes if preset.features is None else [sizes[f] for f in preset.features]
@@ -78,14 +80,21 @@ def throughput(preset: StudyPreset, data: str, out: pathlib.Path,
     inputs = StudyInputs.load(data, preset.throughput_examples, scale, preset.features,
                               pathlib.Path(out) / "data", hash_scale=scale,
                               max_examples=preset.throughput_examples)
-    runs = Runner(inputs, preset, out)
-    points += [runs.summary(p, vocabulary_scale=scale, table_rows=inputs.rows) for p in trained]
-  return points, not_run
+    runs = Runner(inputs, preset, out, from_cache=from_cache)
+    for point in trained:
+      try:
+        points.append(runs.summary(point, vocabulary_scale=scale, table_rows=inputs.rows))
+      except MissingRun:
+        missing.append(f"{point.label} at x{scale:g}")
+  return points, not_run, missing
 
 
-def step_time(preset: StudyPreset, data: str, out: pathlib.Path) -> dict:
+def step_time(preset: StudyPreset, data: str, out: pathlib.Path,
+              from_cache: bool = False) -> dict:
+  """Table 4 (measured anew: ``sparse-dp bench step`` trains no model) and the pCTR
+  throughput points (``from_cache``: the cached ones, the others under ``missing``)."""
   bench = bench_steps(preset)
-  points, not_run = throughput(preset, data, out)
+  points, not_run, missing = throughput(preset, data, out, from_cache=from_cache)
   return {"study": "step-time", "preset": preset.describe(), "data": data,
           "epsilon": preset.epsilon, "bench": bench, "table4": table4(bench), "points": points,
-          "not_run": not_run}
+          "not_run": not_run, "missing": missing}

@@ -20,7 +20,7 @@ from sparse_dp.study.train_arguments import train_arguments
 STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
 # Studies whose report is a function of cached runs alone (``--from-cache``).
-CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap", "streaming")
+CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap", "streaming", "step-time")
 # Studies whose points a grid file gives (``--grid``, :mod:`sparse_dp.study.grid`).
 GRID_STUDIES = ("tradeoffs", "epsilon", "heatmap")
 

@@ -109,7 +109,7 @@ def _step_time(report: dict) -> str:
           + _table(["vocabulary"] + trainers + ["dpsgd / adafest"], rows)
           + "\n\npCTR job by vocabulary scale:\n\n"
           + points_table(report["points"], extra=("vocabulary_scale", "table_rows"))
-          + _not_run(report.get("not_run", [])))
+          + _not_run(report.get("not_run", [])) + _missing(report))
 
 
 def _not_run(scales: list[dict]) -> str:
