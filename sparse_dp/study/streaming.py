@@ -103,12 +103,14 @@ def _drop_period_models(state: pathlib.Path) -> None:
 def streaming(preset: StudyPreset, data: str, out: pathlib.Path,
               from_cache: bool = False) -> dict:
   """Every stream at every period length, seed by seed (so that an interrupted study
-  has whole seeds to show). A period length's points pair the seeds all its streams
-  have finished; the others are listed under ``missing`` (``from_cache``: train none)."""
+  has whole seeds to show), the longest periods (the fewest of them) first, so that a
+  seed cut short has the most lengths. A period length's points pair the seeds all its
+  streams have finished; the others are listed under ``missing`` (``from_cache``: train
+  none)."""
   lengths = preset.stream_periods or (preset.stream_period,)
   finished = {}
   for seed in preset.seeds:
-    for period in lengths:
+    for period in sorted(lengths, reverse=True):
       for algorithm, source in preset.streams:
         summary = run_stream(preset, data, algorithm, source, seed, out, period, from_cache)
         if summary is not None:
