@@ -56,7 +56,8 @@ def points_table(points: list[dict], extra: tuple[str, ...] = ()) -> str:
 
 def _missing(report: dict) -> str:
   missing = report.get("missing") or []
-  return (f"\n\nNot yet in the run cache ({len(missing)} points): " + "; ".join(missing)
+  return (f"\n\nNot yet in the run cache ({len(missing)} point"
+          f"{'' if len(missing) == 1 else 's'}): " + "; ".join(missing)
           if missing else "")
 
 
