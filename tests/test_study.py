@@ -115,13 +115,45 @@ def test_bad_data_and_features_are_refused_naming_the_input(tmp_path, capsys):
     main(["study", "heatmap", "--preset", "huge"])
 
 
-@pytest.mark.parametrize("study", ["tradeoffs", "epsilon", "heatmap", "streaming", "step-time"])
-def test_committed_full_figures_match_their_json(study):
-  paths = output_paths(study, RESULTS)
+# The committed reports: the trade-off studies at the paper preset (with their run cache),
+# streaming and step time at the full preset.
+COMMITTED = {"tradeoffs": "paper", "epsilon": "paper", "heatmap": "paper",
+             "streaming": "full", "step-time": "full"}
+
+
+def committed_folder(preset: str) -> pathlib.Path:
+  return RESULTS / "paper" if preset == "paper" else RESULTS
+
+
+@pytest.mark.parametrize("study, preset", list(COMMITTED.items()))
+def test_committed_figures_match_their_json(study, preset):
+  paths = output_paths(study, committed_folder(preset))
   report = json.loads(paths["json"].read_text())
-  assert report["preset"]["name"] == "full"
+  assert report["preset"]["name"] == preset
   assert_figure_matches_report(paths["json"], paths["png"])
   assert paths["md"].read_text() == tables.markdown(report)
+
+
+def same_data(source: dict, other: dict) -> bool:
+  """Whether two runs' data descriptions differ only in their seed's draw."""
+  return ({k: v for k, v in source.items() if k != "data_seed"}
+          == {k: v for k, v in other.items() if k != "data_seed"})
+
+
+@pytest.mark.parametrize("study", [s for s, preset in COMMITTED.items() if preset == "paper"])
+def test_committed_paper_reports_are_their_run_cache(study):
+  # Every seed's AUC of every point is a committed run's, so a study resumes from the cache.
+  report = json.loads(output_paths(study, RESULTS / "paper")["json"].read_text())
+  cached = [json.loads(p.read_text()) for p in (RESULTS / "paper" / "runs").glob("*.json")]
+  for point in report["points"]:
+    fields = {k: point[k] for k in ("algorithm", "epsilon", "fest_k", "tau_sigmas",
+                                    "sigma_ratio")}
+    runs = {r["settings"]["seed"]: r["metrics"] for r in cached
+            if same_data(r["source"], report["source"])
+            and {k: r["point"][k] for k in fields} == fields
+            and [list(f) for f in r["point"]["flags"]] == [list(f) for f in point["flags"]]}
+    assert [runs[seed]["auc"] for seed in point["seeds"]] == point["auc"], point["label"]
+    assert point["seeds"] == list(PAPER.seeds)
 
 
 def test_the_committed_vocabulary_scale_runs_train_past_the_transient():

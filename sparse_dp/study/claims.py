@@ -117,8 +117,9 @@ def _streaming(report: dict) -> list[str]:
   ada = [p for p in report["points"] if p["algorithm"] == "adafest"]
   fest = [p for p in report["points"] if p["algorithm"] == "fest"]
   lines = _sources(fest)
-  for a in ada:
-    rivals = [f for f in fest if f["auc_mean"] >= a["auc_mean"]]
+  for a in ada:  # against the DP-FEST streams of its own period length
+    rivals = [f for f in fest if f["auc_mean"] >= a["auc_mean"]
+              and f.get("streaming_period") == a.get("streaming_period")]
     rival = max(rivals, key=lambda f: f["gradient_size_reduction"], default=None)
     if rival is None:
       lines.append(f"{a['label']}: AUC {a['auc_mean']:.4f} above every DP-FEST stream's "

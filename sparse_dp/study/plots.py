@@ -36,8 +36,12 @@ def scale_text(report: dict) -> str:
   if report.get("table_rows"):
     parts.append(f"{report['table_rows']:,} table rows")
   if preset.get("seeds"):
-    parts.append(f"n={len(preset['seeds'])} seeds"
-                 + (" (data drawn per seed)" if preset.get("resample_data") else ""))
+    shown = sorted({len(p["seeds"]) for p in report.get("points", []) if "seeds" in p})
+    n = len(preset["seeds"])
+    counted = (f"n={n} seeds" if not shown or shown == [n] else
+               f"n={shown[0]}{'' if len(shown) == 1 else f' to {shown[-1]}'} of {n} seeds "
+               "(the rest not yet trained)")
+    parts.append(counted + (" (data drawn per seed)" if preset.get("resample_data") else ""))
   if preset.get("name"):
     parts.append(f"preset {preset['name']}")
   if preset.get("optimizer"):
@@ -215,6 +219,9 @@ def _streaming(report: dict, plt):
                     marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
                     color=ALGORITHM_COLORS.get(point["algorithm"]),
                     linestyle=["-", "--", ":", "-."][index % 4])
+    if not shown:
+      axis.text(0.5, 0.5, f"T = {length}: not yet trained (see 'missing')", ha="center",
+                va="center", transform=axis.transAxes)
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set(xlabel="last training day of the period", ylabel="AUC on the evaluation days",
              title=f"T = {length} day(s) a period, each warm-started from the last")
