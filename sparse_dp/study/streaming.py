@@ -121,7 +121,8 @@ def streaming(preset: StudyPreset, data: str, out: pathlib.Path,
              if all((period, a, s, seed) in finished for a, s in preset.streams)]
     suffix = f" T={period}" if len(lengths) > 1 else ""
     if len(seeds) < len(preset.seeds):
-      missing.append(f"{len(preset.streams)} streams{suffix} of seeds "
+      count = len(preset.streams)
+      missing.append(f"{count} stream{'s' * (count != 1)}{suffix} of seeds "
                      + ",".join(str(s) for s in preset.seeds if s not in seeds))
     for algorithm, source in preset.streams if seeds else ():
       point = _point(algorithm, source if algorithm == "fest" else None,
