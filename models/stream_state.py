@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import pathlib
 import secrets
+import shutil
 from typing import Optional
 
 from sparse_dp.accounting.ledger import (BudgetExceededError, PrivacyLedger, check_budget,
@@ -126,3 +127,13 @@ class StreamState:
 
   def period_folder(self, period: int) -> pathlib.Path:
     return self.folder / "periods" / str(period)
+
+  def drop_earlier_models(self) -> None:
+    """Removes the SavedModel and weights of every period but the last (about 28 MB
+    a period at the paper scale); each period's metrics and preselection stay, and
+    the last period's model stays for a later job to warm-start from."""
+    for period in range(1, self.last_period):
+      folder = self.period_folder(period)
+      if (folder / "model").is_dir():
+        shutil.rmtree(folder / "model")
+      (folder / "weights.npz").unlink(missing_ok=True)

@@ -55,6 +55,13 @@ def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, c
   assert (state / "ledger.jsonl").read_bytes() == before
   assert main(["stream", *SMALL[:-2], "--total-epsilon", "3", "--state", str(state)]) == 2
   assert "cannot change" in capsys.readouterr().err
+  # Dropping the earlier periods' models keeps their metrics and the last model.
+  StreamState.open(state, None, 0.0).drop_earlier_models()
+  assert not (state / "periods" / "1" / "model").exists()
+  assert not (state / "periods" / "1" / "weights.npz").exists()
+  assert (state / "periods" / "1" / "metrics.json").exists()
+  assert (state / "periods" / "2" / "model" / "saved_model.pb").exists()
+  assert (state / "periods" / "2" / "weights.npz").exists()
 
 
 @one_stack("tf2.15")

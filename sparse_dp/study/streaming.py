@@ -21,11 +21,11 @@ import contextlib
 import hashlib
 import json
 import pathlib
-import shutil
 import statistics
 from typing import Any, Optional
 
 from sparse_dp.models.stream_job import parse_days
+from sparse_dp.models.stream_state import StreamState
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runs import at_first_value, spread
 
@@ -84,20 +84,9 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
   with open(state / "study.log", "a") as log, contextlib.redirect_stdout(log):
     summary = stream_job.stream(args)  # resumes a stream an earlier study left unfinished
   done.write_text(json.dumps(summary, indent=1))
-  _drop_period_models(state)
+  # The study reads the summary; 132 periods a seed of SavedModels would not fit a disk.
+  StreamState.open(state, None, 0.0).drop_earlier_models()
   return summary
-
-
-def _drop_period_models(state: pathlib.Path) -> None:
-  """Removes a finished stream's per-period SavedModels and weights (about 170 MB a
-  period at the paper scale, 132 periods a seed); the study reads the summary, and the
-  ledger and each period's metrics stay."""
-  for period in (state / "periods").iterdir():
-    if not period.is_dir():
-      continue
-    if (period / "model").is_dir():
-      shutil.rmtree(period / "model")
-    (period / "weights.npz").unlink(missing_ok=True)
 
 
 def streaming(preset: StudyPreset, data: str, out: pathlib.Path,
