@@ -32,8 +32,8 @@ from sparse_dp.distribute import ParameterServerTraining
 from sparse_dp.distribute.local_cluster import strategy_named
 from sparse_dp.distribute.parameter_servers import is_parameter_server
 from sparse_dp.layers import embedding_backends
-from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
-from sparse_dp.mechanisms.top_k import bucket_counts
+from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
+from sparse_dp.mechanisms.selection.top_k import bucket_counts
 from sparse_dp.models.calibration import Reliability, calibration_metrics
 from sparse_dp.models import private_calibration
 from sparse_dp.models.job_flags import FitSettings

@@ -22,7 +22,7 @@ so a run needs at least
 (``s`` table-sized slots, ``r`` floats per row), plus :data:`OVERHEAD_BYTES` for
 TensorFlow, the dense layers, the examples and the step's activations. DP-SGD's
 dense noise (Alg. 1 with every row kept) is drawn one table at a time
-(:mod:`sparse_dp.mechanisms.dense_noise`): a table of at most ``CHUNK_ROWS`` rows
+(:mod:`sparse_dp.mechanisms.noise.dense_noise`): a table of at most ``CHUNK_ROWS`` rows
 holds :data:`DRAW_TEMPORARIES` times its bytes while drawn; a larger one, its noisy
 gradient and one chunk's draw. DP-FEST's
 tables keep only the top-k rows after preselection, so the bound is given for the
@@ -45,7 +45,7 @@ GIB = 2**30
 # Per --optimizer (models.job_flags.OPTIMIZERS): (table-sized slots, floats per row).
 OPTIMIZER_STATE = {"adam": (2, 0), "lazy-adam": (2, 0), "adagrad": (1, 0),
                    "rowwise-adagrad": (0, 1), "sgd": (0, 0)}
-# A noise draw (sparse_dp.mechanisms.gaussian) holds its uint64 Philox words and their two
+# A noise draw (sparse_dp.mechanisms.randomness.gaussian) holds its uint64 Philox words and their two
 # halves, each of the draw's bytes, then the draw itself.
 DRAW_TEMPORARIES = 4
 OVERHEAD_BYTES = 2 * GIB  # TensorFlow, the dense layers, the examples, the step's activations
@@ -83,7 +83,7 @@ def dense_noise_bytes(vocabulary_sizes: Sequence[int], algorithm: str,
 def _table_noise_bytes(rows: int, dim: Optional[int]) -> int:
   """A table of at most ``CHUNK_ROWS`` rows: its draw (the noisy gradient is made in it);
   a larger one: its noisy gradient and one chunk's draw."""
-  from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS  # pylint: disable=import-outside-toplevel
+  from sparse_dp.mechanisms.noise.dense_noise import CHUNK_ROWS  # pylint: disable=import-outside-toplevel
   row_bytes = FLOAT32_BYTES * (dim or embedding_dim(rows))
   draw = DRAW_TEMPORARIES * min(rows, CHUNK_ROWS) * row_bytes
   return draw if rows <= CHUNK_ROWS else rows * row_bytes + draw

@@ -20,8 +20,8 @@ from sparse_dp.accounting import Algorithm
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.data.vocabulary import OOV_ID
-from sparse_dp.mechanisms.preselection import Preselection, preselect_buckets
-from sparse_dp.mechanisms.remapping import BucketRemapping
+from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
+from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.models import fitting, job_flags, pctr_data
 
 _DAY_NUMBER = re.compile(r"day_(\d+)")

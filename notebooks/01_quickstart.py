@@ -39,7 +39,7 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.models.pctr import build_pctr_model
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.runner.inputs import StudyInputs
 from sparse_dp.study.presets import preset
 
 sizes = preset(PRESET)

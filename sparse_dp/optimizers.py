@@ -14,7 +14,7 @@ g^2`` and the row moves by ``lr_t m / (sqrt(v) + eps)`` with the usual bias
 correction of step ``t``; a row without a gradient keeps its moments and
 weights unchanged (no decay of its moments, no momentum step); so does a row
 whose gradient is exactly zero in every coordinate (the padding of a DP
-step's fixed-capacity update, :mod:`sparse_dp.mechanisms.padding`). With
+step's fixed-capacity update, :mod:`sparse_dp.mechanisms.rows.padding`). With
 DP-AdaFEST the rows with a gradient are exactly the selected rows (a selected
 row's noisy gradient is zero with probability 0). Decoupled weight decay
 ``lambda`` (AdamW; Anil et al. Algorithm 1) is applied to the updated rows
@@ -38,7 +38,7 @@ class _DistinctRowsUpdate:
 
   Keras's legacy optimizers sum a sparse gradient's repeated indices before
   ``_resource_apply_sparse`` (``tf.unique`` and a segment sum: a temporary the size of the
-  update). DP-SGD's update of a large table (:mod:`sparse_dp.mechanisms.dense_noise`) is
+  update). DP-SGD's update of a large table (:mod:`sparse_dp.mechanisms.noise.dense_noise`) is
   ``tf.IndexedSlices`` over every row, indices ``0 .. V-1``: distinct, and the segment sum
   would be a copy of a table's size. An update with as many indices as the table has
   rows, strictly increasing (checked when the step runs), is applied as it is; any other
@@ -130,7 +130,7 @@ class RowwiseAdagrad(_DistinctRowsUpdate, _legacy.Optimizer):
   accumulator's size, so it compiles with XLA (``jit_compile=True``). A row
   absent from the update keeps its weights and accumulator; so does a row
   whose gradient is zero in every coordinate (the padding of a DP step's
-  fixed-capacity update, :mod:`sparse_dp.mechanisms.padding`): ``mean_j(0) = 0``
+  fixed-capacity update, :mod:`sparse_dp.mechanisms.rows.padding`): ``mean_j(0) = 0``
   and a zero step. Repeated indices are summed before the step (Keras), so a
   row is updated once per step with the sum of its gradients. A dense gradient
   of a table (DP-SGD's, noise on every row) updates every row by the same rule.

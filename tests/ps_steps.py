@@ -15,7 +15,7 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.distribute import ParameterServerTraining, local_cluster
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms import dense_noise
+from sparse_dp.mechanisms.noise import dense_noise
 
 VOCAB, BATCH, N = 200, 64, 640
 CONFIGS = {

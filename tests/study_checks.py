@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from PIL import Image
 
-from sparse_dp.study import plots
+from sparse_dp.study.reports import plots
 
 
 def plotted_errorbars(figure) -> list[tuple[float, float, float]]:

@@ -9,7 +9,7 @@ from scipy import stats
 from conftest import ALPHA
 from sparse_dp import keras, mechanisms
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms import dense_noise
+from sparse_dp.mechanisms.noise import dense_noise
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients

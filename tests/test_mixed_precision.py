@@ -12,7 +12,7 @@ import sparse_dp
 from keras_models import N, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms.padding import ordinary_slices
+from sparse_dp.mechanisms.rows.padding import ordinary_slices
 from sparse_dp.training.checks.validation import ModelValidationError
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.losses import per_example_loss_fn

@@ -24,7 +24,7 @@ STUDIES = {"01_quickstart": [], "02_criteo_tradeoffs": ["tradeoffs", "epsilon", 
            "03_streaming": ["streaming"], "04_step_time": ["step-time"]}
 
 
-# The words a claim's line ends with (sparse_dp.study.claims).
+# The words a claim's line ends with (sparse_dp.study.reports.claims).
 VERDICTS = ("holds", "does not hold", "undecided")
 
 

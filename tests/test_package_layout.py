@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sparse_dp", "sparse_dp._tensorflow_import", "sparse_dp.accounting", "sparse_dp.data",
      "sparse_dp.embedding_tables"),
     ("sparse_dp._keras",),
-    # TensorFlow building blocks.
+    # TensorFlow building blocks: the mechanisms' draws and row ids first.
+    ("sparse_dp.mechanisms.randomness", "sparse_dp.mechanisms.rows"),
     ("sparse_dp.distribute", "sparse_dp.mechanisms", "sparse_dp.optimizers",
      "sparse_dp.preprocessing"),
     ("sparse_dp.layers",),
@@ -50,6 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sparse_dp.sampling",),
     ("sparse_dp.models.fitting", "sparse_dp.models.stream_job", "sparse_dp.models.stream_periods",
      "sparse_dp.models.train_job"),
+    # The commands' parts: a study's presets, runs and reports below its studies.
+    ("sparse_dp.study.presets", "sparse_dp.study.reports", "sparse_dp.study.runner"),
     ("sparse_dp.bench", "sparse_dp.distillation", "sparse_dp.study"),
     ("sparse_dp.audit",),
     ("sparse_dp.__main__", "sparse_dp.cli"),

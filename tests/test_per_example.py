@@ -16,7 +16,7 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms.padding import ordinary_slices
+from sparse_dp.mechanisms.rows.padding import ordinary_slices
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparse_dp.mechanisms.preselection import preselect_buckets
+from sparse_dp.mechanisms.selection.preselection import preselect_buckets
 
 
 def test_preselection_splits_epsilon_over_selected_tables_and_remaps():

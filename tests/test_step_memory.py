@@ -14,7 +14,7 @@ from graph_ops import ancestors
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms import dense_noise
+from sparse_dp.mechanisms.noise import dense_noise
 
 ROWS = (100_003, 70_001)
 

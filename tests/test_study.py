@@ -17,14 +17,14 @@ from sparse_dp.models.fitting import job_optimizer
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.study import plots, tables
+from sparse_dp.study.reports import plots, tables
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.study.grid import Grid
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.runner.grid import Grid
+from sparse_dp.study.runner.inputs import StudyInputs
 from sparse_dp.models.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_needed,
                                     memory_limit_bytes, optimizer_bytes, refusal, table_bytes)
 from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
-from sparse_dp.study.runs import Point, Runner, paired_difference
+from sparse_dp.study.runner.runs import Point, Runner, paired_difference
 from sparse_dp.study.step_time import throughput
 from sparse_dp.study.streaming import stream_folder, streaming
 from sparse_dp.study.studies import output_paths, publish, run_study, trained_with
@@ -188,7 +188,7 @@ def test_memory_bound_counts_the_tables_and_the_optimizers_state_of_the_job_mode
 
 
 def test_dp_sgd_noise_on_a_table_over_one_chunk_is_its_gradient_and_one_chunks_draw():
-  from sparse_dp.mechanisms.dense_noise import CHUNK_ROWS
+  from sparse_dp.mechanisms.noise.dense_noise import CHUNK_ROWS
   from sparse_dp.models.pctr import embedding_dim
   rows = 3 * CHUNK_ROWS + 5
   row_bytes = 4 * embedding_dim(rows)
@@ -432,7 +432,7 @@ def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_
 
 def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first_values():
   from sparse_dp.models.job_flags import FitSettings
-  from sparse_dp.study.runs import _settings_key  # pylint: disable=protected-access
+  from sparse_dp.study.runner.runs import _settings_key  # pylint: disable=protected-access
   # The committed paper cache was keyed before FitSettings had these fields.
   assert not {"optimizer", "embedding_dim"} & set(_settings_key(FitSettings()))
   changed = _settings_key(FitSettings(optimizer="rowwise-adagrad", embedding_dim=8))

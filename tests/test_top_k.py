@@ -11,7 +11,7 @@ from scipy import stats
 from conftest import ALPHA
 from sparse_dp.accounting import TopKSelectionCost
 from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k, public_top_k
-from sparse_dp.mechanisms.top_k import gumbel_noise
+from sparse_dp.mechanisms.selection.top_k import gumbel_noise
 
 
 def peeling_exponential_mechanism(counts, k, epsilon_per_pick):

@@ -14,7 +14,8 @@ import sparse_dp
 from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.mechanisms import dense_noise, row_selection
+from sparse_dp.mechanisms.noise import dense_noise
+from sparse_dp.mechanisms.selection import row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
 from sparse_dp.training.sampling import padded_batches

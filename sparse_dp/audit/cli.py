@@ -119,7 +119,7 @@ def _runs(args, preset, algorithms: list[str], noise_scales: list[float],
           out: pathlib.Path) -> list[dict]:
   from sparse_dp.audit.canaries import Canaries  # pylint: disable=import-outside-toplevel
   from sparse_dp.audit.job import AuditFlags, audited_run  # pylint: disable=import-outside-toplevel
-  from sparse_dp.study.inputs import SYNTHETIC, StudyInputs  # pylint: disable=import-outside-toplevel
+  from sparse_dp.study.runner.inputs import SYNTHETIC, StudyInputs  # pylint: disable=import-outside-toplevel
   inputs = StudyInputs.load(SYNTHETIC, preset.examples, preset.scale, preset.features,
                             out / "data")
   canaries = Canaries.draw(preset.canaries, inputs.vocabulary_sizes, args.canary_seed)

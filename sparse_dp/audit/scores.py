@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.audit.canaries import Canaries
-from sparse_dp.mechanisms.preselection import Preselection
+from sparse_dp.mechanisms.selection.preselection import Preselection
 
 SCORES = ("loss", "row_movement", "step_alignment")
 WHITE_BOX = ("row_movement", "step_alignment")

@@ -1,31 +1,32 @@
 """The sparse DP mechanisms of DP-FEST and DP-AdaFEST, as TensorFlow functions.
 
+Bottom up: ``randomness`` (seeds, Gaussian and exponential draws) and ``rows``
+(padded, sorted row ids at fixed shapes); ``gradient_clipping`` (per-example row
+gradients); ``selection`` (the contribution map and threshold, top-k preselection) and
+``noise`` (dense and row-sparse Gaussian noise); ``platt_scaling``.
+
 All are usable inside ``tf.function`` and take explicit ``[2]``-shaped seeds
 (stateless random ops), so a step's noise is reproducible from its seed.
 """
 
-from sparse_dp.mechanisms.activations import Activations, activations, distinct_pairs
-from sparse_dp.mechanisms.contribution_map import (ContributionMap,
-                                                   clipped_contribution_maps,
-                                                   contribution_clip_weights,
-                                                   contribution_maps)
+from sparse_dp.mechanisms.rows.activations import Activations, activations, distinct_pairs
+from sparse_dp.mechanisms.selection.contribution_map import (
+    ContributionMap, clipped_contribution_maps, contribution_clip_weights, contribution_maps)
 from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
                                                     clipped_row_sum,
                                                     per_example_row_gradients,
                                                     restrict_to_rows, squared_norms,
                                                     zero_examples)
-from sparse_dp.mechanisms.dense_noise import NoisyTable, add_dense_noise
-from sparse_dp.mechanisms.gaussian import standard_normal
-from sparse_dp.mechanisms.padding import PAD, is_valid, padded_unique, safe_rows
-from sparse_dp.mechanisms.remapping import BucketRemapping
-from sparse_dp.mechanisms.seeds import fold_in, portable, split
-from sparse_dp.mechanisms.row_noise import add_row_sparse_noise, sum_on_rows
-from sparse_dp.mechanisms.row_selection import (RowSelection, bernoulli_positions,
-                                                false_positive_capacity,
-                                                false_positive_probability,
-                                                padded_bernoulli_positions,
-                                                sample_zero_rows, select_rows)
-from sparse_dp.mechanisms.top_k import bucket_counts, dp_top_k, public_top_k
+from sparse_dp.mechanisms.noise.dense_noise import NoisyTable, add_dense_noise
+from sparse_dp.mechanisms.randomness.gaussian import standard_normal
+from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows
+from sparse_dp.mechanisms.rows.remapping import BucketRemapping
+from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
+from sparse_dp.mechanisms.noise.row_noise import add_row_sparse_noise, sum_on_rows
+from sparse_dp.mechanisms.selection.row_selection import (
+    RowSelection, bernoulli_positions, false_positive_capacity, false_positive_probability,
+    padded_bernoulli_positions, sample_zero_rows, select_rows)
+from sparse_dp.mechanisms.selection.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
     "PAD", "Activations", "BucketRemapping", "ContributionMap", "NoisyTable", "RowGradients",

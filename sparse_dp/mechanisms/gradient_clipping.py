@@ -19,15 +19,15 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding
-from sparse_dp.mechanisms.activations import distinct_pairs
-from sparse_dp.mechanisms.sorted_ids import sorted_lookup
+from sparse_dp.mechanisms.rows import padding
+from sparse_dp.mechanisms.rows.activations import distinct_pairs
+from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 class RowGradients(NamedTuple):
   """Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``.
 
-  Padded (:mod:`sparse_dp.mechanisms.padding`): where ``row`` is ``PAD`` the
+  Padded (:mod:`sparse_dp.mechanisms.rows.padding`): where ``row`` is ``PAD`` the
   values are zero and the example is 0.
   """
 

@@ -69,7 +69,7 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from sparse_dp.study.studies import output_paths, run_study  # pylint: disable=import-outside-toplevel
-  from sparse_dp.study.tables import markdown  # pylint: disable=import-outside-toplevel
+  from sparse_dp.study.reports.tables import markdown  # pylint: disable=import-outside-toplevel
   report = run_study(args.study, args.preset, args.data, args.out, getattr(args, "grid", None),
                      getattr(args, "from_cache", False), args.optimizer, args.learning_rate)
   print(markdown(report))

@@ -22,9 +22,9 @@ from typing import Optional
 
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.models import memory
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.runner.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import MissingRun, Runner
+from sparse_dp.study.runner.runs import MissingRun, Runner
 from sparse_dp.study.sweeps import default_point
 
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from sparse_dp.models.stream_job import parse_days
 from sparse_dp.models.stream_state import StreamState
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import at_first_value, spread
+from sparse_dp.study.runner.runs import at_first_value, spread
 
 
 def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, seed: int,
@@ -56,7 +56,7 @@ def stream_folder(preset: StudyPreset, data: str, algorithm: str, source: str, s
                   period: int) -> str:
   """The name of one stream's folder under ``OUT/streams``: a hash of its flags, a
   setting added since the first streams left out at the value they trained with (as in
-  a run's key, :func:`sparse_dp.study.runs.at_first_value`), so their folders stay valid."""
+  a run's key, :func:`sparse_dp.study.runner.runs.at_first_value`), so their folders stay valid."""
   flags = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."), period)
   key = _argv({flag: value for flag, value in flags.items()
                if not at_first_value(flag[2:].replace("-", "_"), value)})

@@ -7,21 +7,21 @@ import json
 import pathlib
 from typing import Optional
 
-from sparse_dp.study import plots, tables
-from sparse_dp.study.claims import claims
-from sparse_dp.study.grid import Grid
+from sparse_dp.study.reports import plots, tables
+from sparse_dp.study.reports.claims import claims
+from sparse_dp.study.runner.grid import Grid
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.presets import preset as named_preset
 from sparse_dp.study.step_time import step_time
 from sparse_dp.study.streaming import streaming
 from sparse_dp.study.sweeps import epsilon_sweep, heatmap, tradeoffs
-from sparse_dp.study.train_arguments import train_arguments
+from sparse_dp.study.runner.train_arguments import train_arguments
 
 STUDIES = {"tradeoffs": tradeoffs, "epsilon": epsilon_sweep, "heatmap": heatmap,
            "streaming": streaming, "step-time": step_time}
 # Studies whose report is a function of cached runs alone (``--from-cache``).
 CACHED_STUDIES = ("tradeoffs", "epsilon", "heatmap", "streaming", "step-time")
-# Studies whose points a grid file gives (``--grid``, :mod:`sparse_dp.study.grid`).
+# Studies whose points a grid file gives (``--grid``, :mod:`sparse_dp.study.runner.grid`).
 GRID_STUDIES = ("tradeoffs", "epsilon", "heatmap")
 
 
@@ -48,7 +48,7 @@ def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
   """Runs ``study`` at ``preset`` on ``data`` (trained runs cached under ``out/runs``),
   writes its JSON, markdown table and figure under ``out``, and returns the report.
   ``grid`` (a grid file's path; :data:`GRID_STUDIES`) gives the points instead of the
-  preset's sweep (:mod:`sparse_dp.study.grid`). ``from_cache``: train nothing, report
+  preset's sweep (:mod:`sparse_dp.study.runner.grid`). ``from_cache``: train nothing, report
   the runs in ``out/runs`` (the points not all there listed under ``missing``).
   ``optimizer`` and ``learning_rate``: every run's, in place of the preset's
   (:func:`trained_with`)."""
@@ -99,7 +99,7 @@ def show(study: str, preset: str = "smoke", data: str = "synthetic",
 
 def show_claims(*reports: dict) -> list[str]:
   """Displays (in a notebook) and returns whether the paper's claims hold in ``reports``,
-  one line per claim with its numbers (:func:`sparse_dp.study.claims.claims`), opened by
+  one line per claim with its numbers (:func:`sparse_dp.study.reports.claims.claims`), opened by
   the study that measured it."""
   from IPython.display import Markdown, display  # pylint: disable=import-outside-toplevel
   lines = [f"{report['study']}: {line}" for report in reports for line in claims(report)]

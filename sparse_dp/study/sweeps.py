@@ -7,11 +7,11 @@
 * :func:`epsilon_sweep` (Fig. 4): each algorithm's default point at every epsilon.
 * :func:`heatmap` (Fig. 7, Fig. 9): DP-AdaFEST over ``sigma1/sigma2 x tau``.
 
-Every point is trained over the preset's seeds (:class:`sparse_dp.study.runs.Runner`).
+Every point is trained over the preset's seeds (:class:`sparse_dp.study.runner.runs.Runner`).
 Where the preset resamples the data per seed and holds out a test split (the
 ``paper`` preset), each point also carries its test AUC and its paired difference
 from DP-SGD's AUC over seeds (mean and 95% t interval,
-:func:`sparse_dp.study.runs.paired_difference`); the frontier's points are picked
+:func:`sparse_dp.study.runner.runs.paired_difference`); the frontier's points are picked
 on the validation AUC and reported on the test AUC. A preset with ``refine``
 adds finer grids around the coarse frontier (:func:`refined_points`, in
 :data:`REFINE_ROUNDS` rounds). A
@@ -25,9 +25,9 @@ import math
 import pathlib
 from typing import Optional, Sequence
 
-from sparse_dp.study.inputs import SYNTHETIC, StudyInputs
+from sparse_dp.study.runner.inputs import SYNTHETIC, StudyInputs
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import MissingRun, Point, Runner, paired_difference
+from sparse_dp.study.runner.runs import MissingRun, Point, Runner, paired_difference
 
 # Rounds of refinement after the coarse grid (:func:`refined_points`), each between the
 # frontier's bracket of the grid trained so far.
@@ -186,7 +186,7 @@ def _absolute_tau_midpoints(points: list[dict], floor: float, epsilon: float) ->
 
 def tradeoffs(preset: StudyPreset, data: str, out: pathlib.Path,
               points: Optional[Sequence[Point]] = None, from_cache: bool = False) -> dict:
-  """``points`` (a grid's, :mod:`sparse_dp.study.grid`; default: the preset's sweep,
+  """``points`` (a grid's, :mod:`sparse_dp.study.runner.grid`; default: the preset's sweep,
   refined where the preset says so) over the preset's seeds, and the best reduction of
   each algorithm within an AUC loss of the one DP-SGD point's AUC."""
   refine = points is None and preset.refine

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.algorithms import check_positive
-from sparse_dp.mechanisms.row_selection import false_positive_probability
+from sparse_dp.mechanisms.selection.row_selection import false_positive_probability
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,7 @@ import tensorflow as tf
 from tensorflow.python.util import nest  # the real API's nest (flatten_with_joined_string_paths)
 
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
-from sparse_dp.mechanisms.scans import compiling_with_xla
+from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
 _DEADLOCK = "on a TPU the engine would wait forever (deadlock)"
 _CAPACITY = 8  # rounds the double's queue holds; the engine's is a few (pipelining)

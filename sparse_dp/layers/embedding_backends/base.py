@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import gather_rows
-from sparse_dp.mechanisms.padding import ordinary_slices
+from sparse_dp.mechanisms.rows.padding import ordinary_slices
 
 
 class EmbeddingBackend(abc.ABC):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding
+from sparse_dp.mechanisms.rows import padding
 
 _API = tf.tpu.experimental.embedding
 

@@ -89,7 +89,7 @@ from sparse_dp.layers.embedding_backends import sparse_core_layout
 from sparse_dp.layers.embedding_backends.api_double import _require
 from sparse_dp.layers.embedding_backends.engine_double import apply_round, check_modelled
 from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
-from sparse_dp.mechanisms import padding
+from sparse_dp.mechanisms.rows import padding
 
 _API = tf.tpu.experimental.embedding
 _V2 = tpu_embedding_v3.TPUEmbeddingV2

@@ -59,7 +59,7 @@ from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
-from sparse_dp.mechanisms.padding import is_valid
+from sparse_dp.mechanisms.rows.padding import is_valid
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 
 _API = tf.tpu.experimental.embedding

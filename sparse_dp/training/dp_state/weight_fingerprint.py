@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.padding import is_valid, mask_rows, padded_unique, safe_rows
-from sparse_dp.mechanisms.scans import compiling_with_xla
+from sparse_dp.mechanisms.rows.padding import is_valid, mask_rows, padded_unique, safe_rows
+from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
 _ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525

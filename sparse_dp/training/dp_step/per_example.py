@@ -43,7 +43,8 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.recording import recording
-from sparse_dp.mechanisms import padding, per_example_row_gradients
+from sparse_dp.mechanisms import per_example_row_gradients
+from sparse_dp.mechanisms.rows import padding
 
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.state_writes import forward_without_state_writes

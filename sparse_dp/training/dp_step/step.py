@@ -39,7 +39,7 @@ import tensorflow as tf
 from sparse_dp import mechanisms
 from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
-from sparse_dp.mechanisms.scans import compiling_with_xla
+from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradients,
                                                     per_example_gradients, per_example_rows)
@@ -50,12 +50,12 @@ from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradient
 # Log key prefix of a compiled step's count of ids outside a table's vocabulary.
 IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
 # Log key of a compiled step's count of tables whose false positives overflowed
-# their room (mechanisms.row_selection.false_positive_capacity).
+# their room (mechanisms.selection.row_selection.false_positive_capacity).
 OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
 # Why a step whose false positives overflowed their room is refused (graph mode and XLA).
 OVER_CAPACITY_MESSAGE = (
     "sparse-dp: a table's false positives overflowed the room made for them (an event of "
-    "probability <= 1e-18 per table and step, mechanisms.row_selection.FALSE_POSITIVE_OVERFLOW); "
+    "probability <= 1e-18 per table and step, mechanisms.selection.row_selection.FALSE_POSITIVE_OVERFLOW); "
     "training stops rather than go on from a selection that is not the accounted mechanism's")
 
 

@@ -16,7 +16,7 @@ numbers computed from the report (the closing line of each study's table, so eve
 
 from __future__ import annotations
 
-from sparse_dp.study.runs import paired_difference
+from sparse_dp.study.runner.runs import paired_difference
 
 # (algorithm, the paper's reduction at AUC loss <= 0.005, issue 23's target here)
 PAPER_FRONTIER = (("adafest", 5e5, 1e4), ("adafest+", 1e6, 1e5))

@@ -34,9 +34,9 @@ import statistics
 from typing import Any, Callable, Optional, Sequence
 
 from sparse_dp.models import job_flags
-from sparse_dp.study.inputs import StudyInputs
+from sparse_dp.study.runner.inputs import StudyInputs
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.train_arguments import train_arguments
+from sparse_dp.study.runner.train_arguments import train_arguments
 
 
 # Settings added to FitSettings after the first cached runs, at the values those runs
@@ -62,7 +62,7 @@ class Point:
   """One configuration: ``fest_k`` for DP-FEST / DP-AdaFEST+, ``tau_sigmas`` and
   ``sigma_ratio`` (sigma1 / sigma2) for DP-AdaFEST / DP-AdaFEST+; ``flags``, other
   ``sparse-dp train`` flags as ``(name, value)`` pairs (a grid's,
-  :mod:`sparse_dp.study.grid`), over the preset's."""
+  :mod:`sparse_dp.study.runner.grid`), over the preset's."""
 
   algorithm: str
   epsilon: Optional[float]

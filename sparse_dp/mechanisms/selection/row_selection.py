@@ -13,7 +13,7 @@ the vocabulary.
 Both draws are exact in the tails. A contributed row passes w.p.
 ``Psi(x_j)``, ``x_j = (tau - V_hat[j]) / (sigma1 C1)``, decided as
 ``E_j >= -log Psi(x_j)`` with ``E_j ~ Exp(1)`` from 64 random bits
-(:mod:`sparse_dp.mechanisms.exponential`) and ``-log Psi`` computed in
+(:mod:`sparse_dp.mechanisms.randomness.exponential`) and ``-log Psi`` computed in
 float64 from ``erfc`` on whichever side keeps full precision: the pass
 probability is ``Psi(x_j)`` to within ``2^-64`` for every ``x_j`` (a float32
 Gaussian draw, by contrast, never exceeds ~5.7 standard deviations). The noisy
@@ -31,9 +31,10 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding, scans, seeds
-from sparse_dp.mechanisms.contribution_map import ContributionMap
-from sparse_dp.mechanisms.exponential import standard_exponential
+from sparse_dp.mechanisms.rows import padding, scans
+from sparse_dp.mechanisms.randomness import seeds
+from sparse_dp.mechanisms.selection.contribution_map import ContributionMap
+from sparse_dp.mechanisms.randomness.exponential import standard_exponential
 
 # Over-provisioning of one batch of geometric gaps, in standard deviations of
 # the Binomial count; a second batch is drawn only if this one falls short.
@@ -52,8 +53,8 @@ FALSE_POSITIVE_OVERFLOW = 1e-18
 class RowSelection(NamedTuple):
   """Rows of one table that receive a (noisy) gradient this step.
 
-  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.padding`): the
-  selected rows, sorted and distinct, then :data:`~sparse_dp.mechanisms.padding.PAD`
+  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.rows.padding`): the
+  selected rows, sorted and distinct, then :data:`~sparse_dp.mechanisms.rows.padding.PAD`
   up to a capacity fixed by the shapes (contributed rows plus
   :func:`false_positive_capacity`).
   """

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.activations import Ids
-from sparse_dp.mechanisms.sorted_ids import sorted_lookup
+from sparse_dp.mechanisms.rows.activations import Ids
+from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 class BucketRemapping(tf.Module):

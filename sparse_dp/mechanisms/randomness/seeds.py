@@ -6,8 +6,8 @@ XLA (``jit_compile=True``, a TPU program) only the low 32: a seed with a
 component outside ``[0, 2^32)`` draws different numbers in the two, and
 ``stateless_split``/``stateless_fold_in`` return such seeds most of the time.
 Every seed of a DP step passes through :func:`portable` before it keys a draw
-(here, and in :mod:`~sparse_dp.mechanisms.exponential` and
-:mod:`~sparse_dp.mechanisms.gaussian`): each component folded to 32 bits as
+(here, and in :mod:`~sparse_dp.mechanisms.randomness.exponential` and
+:mod:`~sparse_dp.mechanisms.randomness.gaussian`): each component folded to 32 bits as
 ``(s XOR (s >> 32)) mod 2^32``, so the key keeps both halves' entropy (64 bits
 in all) and graph mode and XLA draw alike.
 """

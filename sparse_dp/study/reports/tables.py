@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparse_dp.study.claims import claims
+from sparse_dp.study.reports.claims import claims
 
 
 def _number(value, digits: int = 4) -> str:
@@ -139,7 +139,7 @@ def _trained_with(report: dict) -> str:
 
 def markdown(report: dict) -> str:
   """The report's tables, opened by the runs' optimizer and closed by whether the paper's
-  claims hold here (:mod:`sparse_dp.study.claims`)."""
+  claims hold here (:mod:`sparse_dp.study.reports.claims`)."""
   lines = claims(report)
   verdict = ("\n\nThe paper's claims here (computed from this report):\n\n"
              + "\n".join(f"- {line}" for line in lines)) if lines else ""

@@ -5,7 +5,7 @@ the clipped gradient sum restricted to the selected rows, plus Gaussian noise
 of standard deviation ``sigma2 * C2`` on every coordinate of those rows and no
 others. The result stays a ``tf.IndexedSlices`` over the selected rows, so the
 optimizer's update is a scatter on them. Row lists are padded
-(:mod:`sparse_dp.mechanisms.padding`): the padding gets neither signal nor
+(:mod:`sparse_dp.mechanisms.rows.padding`): the padding gets neither signal nor
 noise.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding
-from sparse_dp.mechanisms.gaussian import standard_normal
-from sparse_dp.mechanisms.sorted_ids import sorted_lookup
+from sparse_dp.mechanisms.rows import padding
+from sparse_dp.mechanisms.randomness.gaussian import standard_normal
+from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.Tensor:

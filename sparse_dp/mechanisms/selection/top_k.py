@@ -4,7 +4,7 @@
 count of distinct examples and keeps the ``k`` largest: ``epsilon``-DP (see
 :mod:`sparse_dp.accounting.selection` for why the scale is ``k / epsilon``, not
 the paper's ``1 / epsilon``). The Gumbel noise is ``-log E`` for ``E ~ Exp(1)``
-exact in both tails (:mod:`sparse_dp.mechanisms.exponential`): support
+exact in both tails (:mod:`sparse_dp.mechanisms.randomness.exponential`): support
 ``[-3.81, 45.05]`` times ``b``, cut only where the mass is below ``2^-65``.
 A float32 uniform on ``[1e-30, 1)`` would cap the noise at ``15.9 b``, so a
 bucket ``20 b`` behind another could never win, and Gumbel-max would not be
@@ -18,9 +18,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
-from sparse_dp.mechanisms import padding
-from sparse_dp.mechanisms.activations import Ids, activations
-from sparse_dp.mechanisms.exponential import standard_exponential
+from sparse_dp.mechanisms.rows import padding
+from sparse_dp.mechanisms.rows.activations import Ids, activations
+from sparse_dp.mechanisms.randomness.exponential import standard_exponential
 
 
 def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:

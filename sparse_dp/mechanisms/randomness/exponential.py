@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.seeds import portable
+from sparse_dp.mechanisms.randomness.seeds import portable
 
 _HALF = 2 ** 63  # k >= 2^63 means U >= 1/2
 

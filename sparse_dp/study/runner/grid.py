@@ -31,8 +31,8 @@ from typing import Any, Optional
 from sparse_dp.accounting import Algorithm
 from sparse_dp.models import job_flags
 from sparse_dp.study.presets import StudyPreset
-from sparse_dp.study.runs import Point
-from sparse_dp.study.train_arguments import train_arguments
+from sparse_dp.study.runner.runs import Point
+from sparse_dp.study.runner.train_arguments import train_arguments
 
 
 def _fit_flag_names() -> set[str]:

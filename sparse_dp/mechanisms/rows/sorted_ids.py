@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import scans
+from sparse_dp.mechanisms.rows import scans
 
 
 def sorted_lookup(sorted_ids: tf.Tensor, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -1,7 +1,7 @@
 """``sparse-dp train``'s parsed arguments for a dict of its flags, checked by its own parser.
 
-What a study's point (:mod:`sparse_dp.study.runs`) and a grid file
-(:mod:`sparse_dp.study.grid`) both turn into a run: the same parser as the
+What a study's point (:mod:`sparse_dp.study.runner.runs`) and a grid file
+(:mod:`sparse_dp.study.runner.grid`) both turn into a run: the same parser as the
 command, so a value the command refuses is refused here, naming the flag.
 """
 

@@ -18,9 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
-from sparse_dp.mechanisms import seeds
-from sparse_dp.mechanisms.remapping import BucketRemapping
-from sparse_dp.mechanisms.top_k import dp_top_k
+from sparse_dp.mechanisms.randomness import seeds
+from sparse_dp.mechanisms.rows.remapping import BucketRemapping
+from sparse_dp.mechanisms.selection.top_k import dp_top_k
 
 
 @dataclasses.dataclass(frozen=True)

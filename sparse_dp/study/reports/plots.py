@@ -17,7 +17,7 @@ import hashlib
 import math
 import pathlib
 
-from sparse_dp.study.claims import PAPER_FRONTIER, PAPER_LOSS, reduction_ceiling
+from sparse_dp.study.reports.claims import PAPER_FRONTIER, PAPER_LOSS, reduction_ceiling
 
 ALGORITHM_COLORS = {"none": "black", "dpsgd": "tab:gray", "fest": "tab:blue",
                     "adafest": "tab:red", "adafest+": "tab:purple"}
@@ -149,7 +149,7 @@ def _tradeoffs(report: dict, plt):
 def _frontier_marks(axis, report: dict) -> None:
   """Where the data stop short: the most any run on these tables can show (one row a
   step), and per algorithm the paper's reduction and this package's target at AUC loss
-  0.005 (:data:`sparse_dp.study.claims.PAPER_FRONTIER`)."""
+  0.005 (:data:`sparse_dp.study.reports.claims.PAPER_FRONTIER`)."""
   ceiling = reduction_ceiling(report)
   if ceiling:
     axis.axhline(ceiling, color="black", linestyle=":", linewidth=1,

@@ -31,7 +31,7 @@ import math
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.seeds import portable
+from sparse_dp.mechanisms.randomness.seeds import portable
 
 
 def standard_normal(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:

@@ -6,7 +6,7 @@ data (how many distinct rows a batch activates, how many rows pass the
 threshold, how many false positives the geometric skips find) are therefore
 never the sizes of tensors here: each row list is a buffer of a capacity
 fixed by the shapes of the inputs (or, for false positives, by a tail bound,
-:func:`sparse_dp.mechanisms.row_selection.false_positive_capacity`), sorted,
+:func:`sparse_dp.mechanisms.selection.row_selection.false_positive_capacity`), sorted,
 with :data:`PAD` after its valid rows. ``PAD`` is the largest int64, so a
 padded list is still sorted and ``searchsorted`` on it finds the valid rows;
 every consumer masks the padding (``rows != PAD``) and gives it zero values.
@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from sparse_dp.mechanisms import scans
+from sparse_dp.mechanisms.rows import scans
 
 PAD = int(np.iinfo(np.int64).max)
 

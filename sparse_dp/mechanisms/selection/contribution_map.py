@@ -16,14 +16,14 @@ from typing import NamedTuple, Sequence
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding
-from sparse_dp.mechanisms.activations import Activations, Ids, activations
+from sparse_dp.mechanisms.rows import padding
+from sparse_dp.mechanisms.rows.activations import Activations, Ids, activations
 
 
 class ContributionMap(NamedTuple):
   """Nonzero entries of one table's ``V_hat``: ``values[i] = V_hat[rows[i]]``.
 
-  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.padding`) as long
+  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.rows.padding`) as long
   as the table's activated pairs; the padding has value 0.
   """
 

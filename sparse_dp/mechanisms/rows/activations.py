@@ -4,7 +4,7 @@ Ids of one feature come as a dense ``[B]`` or ``[B, L]`` int tensor, a
 ``tf.RaggedTensor`` ``[B, None]``, or a ``tf.SparseTensor`` ``[B, L]``. Each is
 reduced to the distinct pairs ``(example, row)``: an id repeated within one
 example activates its row once (``../shared/NOTES.md`` §2). The pairs are kept
-in a buffer as long as the lookups, padded (:mod:`sparse_dp.mechanisms.padding`:
+in a buffer as long as the lookups, padded (:mod:`sparse_dp.mechanisms.rows.padding`:
 row ``PAD``, example 0), so the shapes do not depend on the data.
 """
 
@@ -14,7 +14,7 @@ from typing import NamedTuple, Union
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms import padding
+from sparse_dp.mechanisms.rows import padding
 
 Ids = Union[tf.Tensor, tf.RaggedTensor, tf.SparseTensor]
 
@@ -60,7 +60,7 @@ def distinct_pairs(example: tf.Tensor, row: tf.Tensor,
 
   Pairs are keyed as ``row * batch_size + example`` (int64), exact for rows
   below ``2**63 / batch_size``, and made distinct by
-  :func:`~sparse_dp.mechanisms.padding.padded_unique`: the outputs have the
+  :func:`~sparse_dp.mechanisms.rows.padding.padded_unique`: the outputs have the
   inputs' length, the distinct pairs sorted by key and then padding (row
   ``PAD``, example 0). Input pairs whose row is ``PAD`` are padding too.
   """
