@@ -16,6 +16,7 @@ from sparse_dp import keras
 from sparse_dp.distribute import ParameterServerTraining, local_cluster
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.noise import dense_noise
+from sparse_dp.optimizers import RowwiseAdagrad
 
 VOCAB, BATCH, N = 200, 64, 640
 CONFIGS = {
@@ -25,19 +26,21 @@ CONFIGS = {
 }
 # The table's noise in chunks of 64 rows (mechanisms.dense_noise): an update over every row.
 CHUNK_ROWS = {"dpsgd-chunks": 64}
+# DP-AdaFEST's steps through RowwiseAdagrad: one accumulator per row of each shard.
+OPTIMIZERS = {"adafest": lambda: RowwiseAdagrad(0.5)}
 DATA = np.random.default_rng(0)
 IDS = (DATA.zipf(1.5, N) % VOCAB).astype("int64")
 LABELS = DATA.integers(0, 2, (N, 1)).astype("float32")
 
 
-def private_model(strategy, config):
+def private_model(strategy, config, optimizer=None):
   with strategy.scope():
     keras.utils.set_random_seed(5)
     inputs = keras.Input(shape=(), dtype=tf.int64)
     table = Embedding(VOCAB, 4)
     hidden = keras.layers.Dense(8, activation="relu")(table(inputs))
     model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
-    model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+    model.compile(optimizer=optimizer() if optimizer else keras.optimizers.legacy.SGD(0.5),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
     private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config),
                                      num_examples=N, batch_size=BATCH)
@@ -51,9 +54,9 @@ def weights(model, table):
   return [v.tolist() for v in values + [w.numpy() for w in model.trainable_weights[-4:]]]
 
 
-def in_order(strategy, config, initial=None):
+def in_order(strategy, config, initial=None, optimizer=None):
   """Three steps, each one scheduled after the last finished (from ``initial`` weights)."""
-  private, table = private_model(strategy, config)
+  private, table = private_model(strategy, config, optimizer)
   start = weights(private.model, table)
   if initial is not None:  # a sharded table's initializer draws each shard apart
     table.embeddings.assign(initial[0])
@@ -62,7 +65,11 @@ def in_order(strategy, config, initial=None):
     private.track_weights()  # the assigned weights are where the DP steps start
   trainer = ParameterServerTraining(private, IDS, LABELS)
   keys = [key for _ in range(3) for key in trainer.fit(steps=1)["keys"]]
+  tables = getattr(table.embeddings, "variables", [table.embeddings])
+  accumulators = [private.model.optimizer.get_slot(shard, "accumulator").shape.as_list()
+                  for shard in tables] if optimizer else []
   return {"weights": weights(private.model, table), "keys": keys, "initial": start,
+          "accumulators": accumulators,
           "steps": private.accountant.steps,
           "devices": [v.device for v in getattr(table.embeddings, "variables", [])]}
 
@@ -106,9 +113,11 @@ def main():
   for name, config in CONFIGS.items():
     print("training", name, file=sys.stderr, flush=True)
     dense_noise.CHUNK_ROWS = CHUNK_ROWS.get(name, single_draw)
-    sharded = in_order(strategy, config)
+    optimizer = OPTIMIZERS.get(name)
+    sharded = in_order(strategy, config, optimizer=optimizer)
     results[name] = {"cluster": sharded,
-                     "alone": in_order(tf.distribute.get_strategy(), config, sharded["initial"])}
+                     "alone": in_order(tf.distribute.get_strategy(), config, sharded["initial"],
+                                       optimizer)}
   dense_noise.CHUNK_ROWS = single_draw
   print("keras fit, async", file=sys.stderr, flush=True)
   private, _ = private_model(strategy, CONFIGS["adafest"])

@@ -42,6 +42,16 @@ def test_sharded_tables_get_the_single_process_update(cluster, algorithm):
     np.testing.assert_allclose(np.array(mine), np.array(theirs), rtol=1e-4, atol=1e-5)
 
 
+def test_rowwise_adagrad_keeps_one_accumulator_per_row_of_each_shard(cluster):
+  # DP-AdaFEST's steps above ran through RowwiseAdagrad: equal weights, and each
+  # shard's rows (not rows x dimension) accumulated, as the whole table's are alone.
+  sharded, alone = cluster["adafest"]["cluster"], cluster["adafest"]["alone"]
+  [[rows]] = alone["accumulators"]
+  assert len(sharded["accumulators"]) == 2
+  assert all(len(shape) == 1 for shape in sharded["accumulators"])
+  assert sum(shape[0] for shape in sharded["accumulators"]) == rows == len(alone["weights"][0])
+
+
 def test_asynchronous_steps_have_distinct_noise_keys_and_are_all_counted(cluster):
   steps = cluster["async"]
   assert steps["taken"] == 8
