@@ -129,9 +129,19 @@ class StreamState:
     return self.folder / "periods" / str(period)
 
   def drop_earlier_models(self) -> None:
-    """Removes the SavedModel and weights of every period but the last (about 28 MB
+    """Removes the SavedModel and weights of every period but the last (28 to 170 MB
     a period at the paper scale); each period's metrics and preselection stay, and
-    the last period's model stays for a later job to warm-start from."""
+    the last period's model stays for a later job to warm-start from.
+
+    Call it holding the state's :class:`~sparse_dp.models.stream_lock.StateLock`.
+    Refused while a job is unfinished: its next period warm-starts from the last one
+    published, which may not be the last one planned.
+    """
+    job = self.unfinished_job()
+    if job is not None:
+      raise ValueError(f"{self.folder} has an unfinished job (periods "
+                       f"{job['periods'][0]['period']}-{job['periods'][-1]['period']}): "
+                       "its periods' models stay until it finishes")
     for period in range(1, self.last_period):
       folder = self.period_folder(period)
       if (folder / "model").is_dir():

@@ -23,11 +23,12 @@ CONFIGS = {
     "dpsgd": {"algorithm": "dpsgd", "noise_multiplier": 1.0},
     "adafest": {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5},
     "dpsgd-chunks": {"algorithm": "dpsgd", "noise_multiplier": 1.0},
+    "adafest-rowwise": {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5},
 }
-# The table's noise in chunks of 64 rows (mechanisms.dense_noise): an update over every row.
+# The table's noise in chunks of 64 rows (mechanisms.noise.dense_noise): an update over every row.
 CHUNK_ROWS = {"dpsgd-chunks": 64}
 # DP-AdaFEST's steps through RowwiseAdagrad: one accumulator per row of each shard.
-OPTIMIZERS = {"adafest": lambda: RowwiseAdagrad(0.5)}
+OPTIMIZERS = {"adafest-rowwise": lambda: RowwiseAdagrad(0.5)}
 DATA = np.random.default_rng(0)
 IDS = (DATA.zipf(1.5, N) % VOCAB).astype("int64")
 LABELS = DATA.integers(0, 2, (N, 1)).astype("float32")
@@ -66,7 +67,7 @@ def in_order(strategy, config, initial=None, optimizer=None):
   trainer = ParameterServerTraining(private, IDS, LABELS)
   keys = [key for _ in range(3) for key in trainer.fit(steps=1)["keys"]]
   tables = getattr(table.embeddings, "variables", [table.embeddings])
-  accumulators = [private.model.optimizer.get_slot(shard, "accumulator").shape.as_list()
+  accumulators = [private.model.optimizer.get_slot(shard, "accumulator").numpy().tolist()
                   for shard in tables] if optimizer else []
   return {"weights": weights(private.model, table), "keys": keys, "initial": start,
           "accumulators": accumulators,

@@ -13,7 +13,7 @@ SCRIPT = pathlib.Path(__file__).with_name("mirrored_steps.py")
 
 @pytest.mark.parametrize("config", [
     {"algorithm": "dpsgd", "noise_multiplier": 1.0},
-    # the table's noise in 4 chunks, an update over every row (mechanisms.dense_noise)
+    # the table's noise in 4 chunks, an update over every row (mechanisms.noise.dense_noise)
     {"algorithm": "dpsgd", "noise_multiplier": 1.0, "chunk_rows": 64},
     {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5},
     {"algorithm": "adafest", "sigma1": 1.0, "sigma2": 1.0, "threshold": 1.5,

@@ -96,8 +96,7 @@ def test_adafest_masks_unselected_rows_before_clipping():
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=1e-7, l2_norm_clip=0.7,
                     contribution_clip=3.0, threshold=1.5, expected_batch_size=1.0)
   ours, stats = run_step(model, x, y, noise, debug_metrics=True)
-  from sparse_dp.mechanisms import clipped_contribution_maps
-  from sparse_dp.mechanisms.rows import activations
+  from sparse_dp.mechanisms import activations, clipped_contribution_maps
   acts = [activations(tf.concat([x["a"], x["b"][:, None]], axis=1)), activations(x["b"])]
   maps = clipped_contribution_maps(acts, 3.0)
   keep = {name: m.rows.numpy()[m.values.numpy() >= 1.5]

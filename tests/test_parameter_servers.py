@@ -26,7 +26,7 @@ def cluster():
   return printed_json(SCRIPT)
 
 
-@pytest.mark.parametrize("algorithm", ["dpsgd", "dpsgd-chunks", "adafest"])
+@pytest.mark.parametrize("algorithm", ["dpsgd", "dpsgd-chunks", "adafest", "adafest-rowwise"])
 def test_sharded_tables_get_the_single_process_update(cluster, algorithm):
   sharded, alone = cluster[algorithm]["cluster"], cluster[algorithm]["alone"]
   # The table is split over both parameter servers.
@@ -43,13 +43,15 @@ def test_sharded_tables_get_the_single_process_update(cluster, algorithm):
 
 
 def test_rowwise_adagrad_keeps_one_accumulator_per_row_of_each_shard(cluster):
-  # DP-AdaFEST's steps above ran through RowwiseAdagrad: equal weights, and each
-  # shard's rows (not rows x dimension) accumulated, as the whole table's are alone.
-  sharded, alone = cluster["adafest"]["cluster"], cluster["adafest"]["alone"]
-  [[rows]] = alone["accumulators"]
-  assert len(sharded["accumulators"]) == 2
-  assert all(len(shape) == 1 for shape in sharded["accumulators"])
-  assert sum(shape[0] for shape in sharded["accumulators"]) == rows == len(alone["weights"][0])
+  # DP-AdaFEST's steps through RowwiseAdagrad: each shard accumulates its rows (not
+  # rows x dimension), and the shards together hold the one-process accumulator.
+  sharded, alone = cluster["adafest-rowwise"]["cluster"], cluster["adafest-rowwise"]["alone"]
+  [whole] = [np.array(a) for a in alone["accumulators"]]
+  shards = [np.array(a) for a in sharded["accumulators"]]
+  assert len(shards) == 2 and all(shard.ndim == 1 for shard in shards)
+  assert whole.shape == (len(alone["weights"][0]),)
+  np.testing.assert_allclose(np.concatenate(shards), whole, rtol=1e-4, atol=1e-6)
+  assert all((shard > 0.1 + 1e-6).any() for shard in shards)  # both shards' rows updated
 
 
 def test_asynchronous_steps_have_distinct_noise_keys_and_are_all_counted(cluster):

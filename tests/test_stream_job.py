@@ -105,6 +105,9 @@ def test_an_unfinished_job_refuses_to_resume_with_another_optimizer(tmp_path, ca
   assert main(["stream", *SMALL, "--optimizer", "rowwise-adagrad", "--state", str(state)]) == 2
   assert "unfinished job with other settings (optimizer)" in capsys.readouterr().err
   assert not (state / "periods").exists()
+  # An unfinished job's models are kept: its next period warm-starts from the last one.
+  with pytest.raises(ValueError, match=r"unfinished job \(periods 1-2\)"):
+    StreamState.open(state, None, 0.0).drop_earlier_models()
   # A job recorded before --optimizer existed trained with Adam: resumed with it, not refused.
   older = tmp_path / "older"
   StreamState.open(older, 2.0, 1e-4).start_job(

@@ -25,6 +25,7 @@ import statistics
 from typing import Any, Optional
 
 from sparse_dp.models.stream_job import parse_days
+from sparse_dp.models.stream_lock import StateLock
 from sparse_dp.models.stream_state import StreamState
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.runner.runs import at_first_value, spread
@@ -85,7 +86,8 @@ def run_stream(preset: StudyPreset, data: str, algorithm: str, source: str, seed
     summary = stream_job.stream(args)  # resumes a stream an earlier study left unfinished
   done.write_text(json.dumps(summary, indent=1))
   # The study reads the summary; 132 periods a seed of SavedModels would not fit a disk.
-  StreamState.open(state, None, 0.0).drop_earlier_models()
+  with StateLock(state):
+    StreamState.open(state, None, 0.0).drop_earlier_models()
   return summary
 
 

@@ -1,1 +1,3 @@
-"""The rows a batch touches, as padded, sorted id vectors that XLA compiles at a fixed shape: scans, sorted lookups, padding, (example, row) activations, bucket remappings."""
+"""The rows a batch touches, held at the fixed shapes XLA compiles: padded, sorted
+row lists (``padding``, ``sorted_ids``), (example, row) activations, the scans and
+searches they are built from (``scans``), and DP-FEST's bucket remapping (``remapping``)."""

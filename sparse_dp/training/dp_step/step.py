@@ -369,7 +369,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
         # and every table's would be held at once (the size of all tables). It waits
         # for this table's clipped sum and for the previous table's noisy gradient: one
         # table's dense noise at a time (on a large table, one chunk of it at a time:
-        # mechanisms.dense_noise), made in place (each temporary has one reader).
+        # mechanisms.noise.dense_noise), made in place (each temporary has one reader).
         noisy = mechanisms.add_dense_noise(
             clipped, (layer.vocabulary_size, layer.output_dim), std * adds_noise, seeds[2 * i],
             after=[clipped.values, *previous_dense])
