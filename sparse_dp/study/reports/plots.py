@@ -105,9 +105,7 @@ def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True,
     labelled.add(algorithm)
     axis.annotate(configuration(point), (point["gradient_size_reduction"], auc),
                   textcoords="offset points", xytext=(5, 3), fontsize=7)
-  axis.set_xscale("log")
-  from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
-  axis.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a short decade collide
+  _log_x(axis)
   if paired:
     axis.axhline(0.0, color=ALGORITHM_COLORS["dpsgd"], linewidth=1)
     (none,) = [p for p in points if p["algorithm"] == "none"] or [None]
@@ -200,6 +198,22 @@ def _heatmap(report: dict, plt):
   return figure
 
 
+def _log_x(axis) -> None:
+  """A log x axis labelled at its powers of ten, or at 2, 3, 4, ... times one where the
+  points lie within a decade (no power of ten in view)."""
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
+  axis.set_xscale("log")
+  low, high = axis.get_xlim()
+  within_a_decade = math.floor(math.log10(low)) == math.floor(math.log10(high))
+  axis.xaxis.set_minor_formatter(
+      ticker.FuncFormatter(lambda x, _: f"{x:g}") if within_a_decade
+      else ticker.NullFormatter())  # minor labels of a short decade collide
+
+
+def _chance(axis) -> None:
+  axis.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="chance (AUC 0.5)")
+
+
 def _streaming(report: dict, plt):
   """The last period's AUC against the reduction, and per period length (Fig. 5's T) each
   stream's AUC after every period, placed at the period's last training day."""
@@ -207,6 +221,7 @@ def _streaming(report: dict, plt):
   rows = (len(lengths) + 2) // 2
   figure, axes = plt.subplots(rows, 2, figsize=(15, 5.5 * rows), squeeze=False)
   scatter, panels = axes.flat[0], list(axes.flat[1:])
+  _chance(scatter)
   _tradeoff_axis(scatter, report["points"],
                  f"Fig. 5 analogue: last period, ε={report['epsilon']:g} in all")
   from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
@@ -219,6 +234,7 @@ def _streaming(report: dict, plt):
                     marker=ALGORITHM_MARKERS.get(point["algorithm"], "o"),
                     color=ALGORITHM_COLORS.get(point["algorithm"]),
                     linestyle=["-", "--", ":", "-."][index % 4])
+    _chance(axis)
     if not shown:
       axis.text(0.5, 0.5, f"T = {length}: not yet trained (see 'missing')", ha="center",
                 va="center", transform=axis.transAxes)
