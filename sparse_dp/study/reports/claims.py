@@ -111,7 +111,7 @@ def _sources(fest: list[dict]) -> list[str]:
                  or ("undecided: one seed, no interval" if paired["low"] is None else
                      "holds" if paired["low"] > margin else
                      "does not hold" if paired["high"] < margin else
-                     f"undecided: the interval contains {margin:+g}"))
+                     f"undecided: the interval contains {margin:g}"))
       lines.append(f"DP-FEST running counts - {other} counts"
                    f"{'' if period is None else f' (T={period})'}: last-period AUC "
                    f"{paired['mean']:+.4f} ({spread}; {verdict}: the paper has running counts "
