@@ -156,6 +156,15 @@ def test_committed_paper_reports_are_their_run_cache(study):
     assert point["seeds"] == list(PAPER.seeds)
 
 
+@pytest.mark.parametrize("preset,folder", [(PAPER, "paper"), (FULL, ".")])
+def test_committed_streaming_reports_are_their_stream_summaries(preset, folder):
+  # Every point is drawn from the committed summaries (OUT/streams/*/study_summary.json).
+  report = json.loads(output_paths("streaming", RESULTS / folder)["json"].read_text())
+  drawn = json.loads(json.dumps(streaming(preset, "synthetic", RESULTS / folder,
+                                          from_cache=True)))
+  assert drawn["points"] == report["points"] and drawn["missing"] == report["missing"]
+
+
 def test_the_committed_vocabulary_scale_runs_train_past_the_transient():
   # On 5,000 examples (13 steps) the full preset's throughput runs ranked the held-out
   # examples backwards (AUC 0.42, docs/paper_study.md); on the sweeps' 60,000 they learn.
