@@ -23,6 +23,7 @@ from sparse_dp.data.vocabulary import OOV_ID
 from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.models import fitting, job_flags, pctr_data
+from sparse_dp.models.stream_state import MODEL_FOLDER, WEIGHTS_FILE
 
 _DAY_NUMBER = re.compile(r"day_(\d+)")
 
@@ -123,7 +124,7 @@ def run_period(state, job: dict, plan: dict, data: StreamData, held_out, args,
                                  selection_epsilon=plan["selection_epsilon"])
   previous = state.period_folder(period - 1)
   warm_start = (_warm_start(previous, _load_preselection(previous, sizes), preselection)
-                if (previous / "weights.npz").exists() else None)
+                if (previous / WEIGHTS_FILE).exists() else None)
   fit = fitting.fit_and_evaluate(kind.value, settings, train, held_out, sizes,
                                  preselection=preselection, initial_weights=warm_start)
   this_period = sum(e["epsilon"] for e in ledger.entries if e["period"] == period)
@@ -147,10 +148,10 @@ def _publish(folder: pathlib.Path, model, preselection, metrics: dict) -> None:
   if scratch.exists():
     shutil.rmtree(scratch)
   scratch.mkdir(parents=True)
-  model.save(scratch / "model")
-  np.savez(scratch / "weights.npz", **{f"{layer.name}/{i}": w.numpy()
-                                       for layer in model.layers
-                                       for i, w in enumerate(layer.weights)})
+  model.save(scratch / MODEL_FOLDER)
+  np.savez(scratch / WEIGHTS_FILE, **{f"{layer.name}/{i}": w.numpy()
+                                      for layer in model.layers
+                                      for i, w in enumerate(layer.weights)})
   if preselection is not None:
     (scratch / "preselection.json").write_text(json.dumps(
         {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))
@@ -173,7 +174,7 @@ def _load_preselection(folder: pathlib.Path, sizes) -> Preselection | None:
 def _warm_start(previous: pathlib.Path, old: Preselection | None, new: Preselection | None):
   """Loads the previous period's weights, carrying table rows across selections."""
   def load(model) -> None:
-    saved = np.load(previous / "weights.npz")
+    saved = np.load(previous / WEIGHTS_FILE)
     for layer in model.layers:
       for i, variable in enumerate(layer.weights):
         value = saved[f"{layer.name}/{i}"]

@@ -39,6 +39,10 @@ from sparse_dp.accounting.ledger import (BudgetExceededError, PrivacyLedger, che
 
 # Tolerance of comparing a plan to the budget it was split from.
 _RELATIVE_SLACK = 1e-9
+# A published period's SavedModel and weights (the next period warm-starts from these),
+# inside its :meth:`StreamState.period_folder`.
+MODEL_FOLDER = "model"
+WEIGHTS_FILE = "weights.npz"
 
 
 class StreamState:
@@ -144,6 +148,6 @@ class StreamState:
                        "its periods' models stay until it finishes")
     for period in range(1, self.last_period):
       folder = self.period_folder(period)
-      if (folder / "model").is_dir():
-        shutil.rmtree(folder / "model")
-      (folder / "weights.npz").unlink(missing_ok=True)
+      if (folder / MODEL_FOLDER).is_dir():
+        shutil.rmtree(folder / MODEL_FOLDER)
+      (folder / WEIGHTS_FILE).unlink(missing_ok=True)
