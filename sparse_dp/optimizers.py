@@ -236,6 +236,25 @@ def _register_saved_model_revival() -> None:
 _register_saved_model_revival()
 
 
+def create_weights(optimizer: keras.optimizers.Optimizer, var_list) -> None:
+  """Creates ``optimizer``'s step count, hyper-parameters and slots for ``var_list`` now.
+
+  A legacy Keras optimizer creates them in its first ``apply_gradients``, in
+  an ``init_scope``: inside a train function's first trace. A ``tf.function``
+  whose first trace creates variables is traced a second time, so every
+  ``fit`` would trace its train function twice; the DP step of a model with
+  many tables takes seconds to trace (the pCTR model's 26 tables: most of a
+  short run). The weights made here are those ``apply_gradients`` would make
+  (``_create_all_weights``, the legacy optimizers' own), so the updates are
+  the same; a variable not in ``var_list`` still gets its slots when first
+  updated. Call within the strategy's scope the variables were made in.
+  Any other optimizer (not one :func:`sparse_optimizer` returns) is left to
+  create its weights as it does.
+  """
+  if isinstance(optimizer, _legacy.Optimizer):
+    optimizer._create_all_weights(list(var_list))  # pylint: disable=protected-access
+
+
 def sparse_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
   """The same optimizer, in a form that updates only a sparse gradient's rows.
 

@@ -193,3 +193,35 @@ def test_keras_3_model_is_refused_by_make_private_naming_the_fix():
   with pytest.raises(Keras3ModelError, match="import tf_keras as keras"):
     sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=1.0),
                            num_examples=N, batch_size=256)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: keras.optimizers.legacy.SGD(0.5), lambda: keras.optimizers.Adam(0.01),
+    lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)], ids=["sgd", "adam", "rowwise-adagrad"])
+def test_fit_traces_the_dp_step_once_and_trains_as_with_lazy_slots(optimizer, monkeypatch):
+  ids, labels = synthetic_data()
+
+  def trained():
+    model = functional_model(optimizer=optimizer())
+    private = sparse_dp.make_private(
+        model, sparse_dp.DPConfig("adafest", noise_seed=3, **CONFIGS["adafest"]),
+        num_examples=N, batch_size=256)
+    traces = []
+    step = model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # runs when traced
+    fit(model, private, ids, labels, epochs=1)
+    return (len(traces), [w.numpy() for w in model.trainable_weights],
+            model.optimizer.get_weights())
+
+  traces, weights, slots = trained()
+  # The optimizer's slots are made before fit traces its step: a trace that makes
+  # variables is traced again, which doubles the start-up of a model of many tables.
+  assert traces == 1
+  with monkeypatch.context() as lazy:
+    lazy.setattr(sparse_dp.training.wrappers.private_training.PrivateTraining,
+                 "create_optimizer_weights", lambda self: None)
+    lazy_traces, lazy_weights, lazy_slots = trained()
+  assert lazy_traces == 2  # what this test would see without them
+  assert len(slots) == len(lazy_slots)
+  for made_first, made_lazily in zip(weights + slots, lazy_weights + lazy_slots):
+    np.testing.assert_array_equal(made_first, made_lazily)

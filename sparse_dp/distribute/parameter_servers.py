@@ -122,6 +122,7 @@ class ParameterServerTraining:
     if not isinstance(steps, int) or steps < 1:
       raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     private.sync_with_state()
+    private.create_optimizer_weights()  # before the step's first trace
     limit = private.max_steps_within_budget()
     taken = int(private.steps_taken.numpy())
     if limit is not None:

@@ -169,6 +169,7 @@ class TPUTrainer:
     """
     private = self.private
     private.sync_with_state()
+    private.create_optimizer_weights()  # before the step's first trace
     poisson = private.feeds_poisson(dataset)
     # pylint: disable=protected-access  (fit's own checks of its input, run as fit runs them)
     if not poisson:

@@ -64,6 +64,11 @@ class EmbeddingBackend(abc.ABC):
   def lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:
     """Rows ``flat_ids`` (int64 ``[n]``) of ``layer``'s table: ``[n, output_dim]``."""
 
+  def optimizer_variables(self, trainable_variables) -> list:
+    """The variables :meth:`apply_gradients` hands to the model's optimizer: the dense
+    weights (the tables' updates, and their optimizer slots, are the engine's)."""
+    return [v for v in trainable_variables if v.ref() not in self._by_variable]
+
   @abc.abstractmethod
   def apply_table_updates(self, optimizer, updates: dict) -> list:
     """Applies ``{layer: update}``; returns the ops (updates of the step's selected rows)."""
@@ -97,6 +102,9 @@ class CpuBackend(EmbeddingBackend):
 
   def apply_table_updates(self, optimizer, updates):
     raise AssertionError("CpuBackend applies tables with the dense weights")
+
+  def optimizer_variables(self, trainable_variables) -> list:
+    return list(trainable_variables)  # the tables too: one optimizer updates them all
 
   def apply_gradients(self, optimizer, trainable_variables, gradients):
     # A table update's padding (index PAD, zero values) goes to row 0: Keras sums repeated

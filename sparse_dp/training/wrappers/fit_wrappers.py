@@ -152,6 +152,7 @@ def _private_fit(training: PrivateTraining):
     x = call.arguments.get("x")
     training.sync_with_state()
     training.check_weights()  # more steps would not make weights moved outside DP private
+    training.create_optimizer_weights()  # the train function is then traced once
     poisson = training.feeds_poisson(x)
     if not poisson:
       _warn_if_transformed(training.transformations_to(x))
@@ -333,6 +334,7 @@ def _private_train_on_batch(training: PrivateTraining):
       host_guards.refuse_past_budget(training)
       host_guards.refuse_batch_size(training, _leading_size(x))
     training.check_separable(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+    training.create_optimizer_weights()
     try:
       return train_on_batch(self, x, y, sample_weight, *args, **kwargs)
     finally:

@@ -16,6 +16,7 @@ from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyRepor
                                   steps_for_epochs)
 from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.distribute import parameter_servers, workers
+from sparse_dp import optimizers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.training.checks import validation
@@ -187,6 +188,16 @@ class PrivateTraining:
     if backend.checkpointable is not None:
       self.state.embedding_engine = backend.checkpointable
     self.track_weights()  # the engine's tables are left out of the fingerprint
+
+  def create_optimizer_weights(self) -> None:
+    """Creates the optimizer's slots for the variables the DP step updates through it,
+    before a train function is traced (:func:`sparse_dp.optimizers.create_weights`:
+    made in the first trace, they would make ``fit`` trace its step twice). A model
+    not built yet has none: its first trace makes them."""
+    if self.model.built:
+      with self.model.distribute_strategy.scope():
+        optimizers.create_weights(self.model.optimizer, self.embedding_backend.optimizer_variables(
+            self.model.trainable_variables))
 
   def track_weights(self) -> None:
     """(Re)starts the fingerprint of the weights the DP step updates through Keras.
