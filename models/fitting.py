@@ -39,6 +39,7 @@ from sparse_dp.models import private_calibration
 from sparse_dp.models.job_flags import FitSettings
 from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim, table_ids
 from sparse_dp.models.pctr_data import StreamedExamples
+from sparse_dp.models.step_clock import StepClock
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.sampling.batches import SampledBatches
 from sparse_dp.training import DPConfig, make_private
@@ -122,7 +123,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   if private.embedding_choice.name == "tpu" and observers:
     raise ValueError("the audit's per-step observers are Keras callbacks, and tables in the "
                      "TPU embedding engine train in TPUTrainer's loop: use --embedding cpu")
-  callbacks = ([private.callback()] if private.is_private else []) + list(observers)
+  clock = StepClock()
+  callbacks = ([private.callback()] if private.is_private else []) + list(observers) + [clock]
   start = time.perf_counter()
   if sampled:
     steps = steps_for_epochs(settings.epochs, batch_size / num_examples)
@@ -183,6 +185,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "training_epsilon": report.training_epsilon if report else None,
       "delta": private.delta if private.is_private else None,
       "steps": steps, "examples_per_second": steps * batch_size / seconds,
+      **clock.rates(start, start + seconds, steps, batch_size),
       "gradient_size_reduction": (None if nonzero_rows is None
                                   else full_rows / max(nonzero_rows, 1.0)),
       "nonzero_rows_per_step": nonzero_rows,

@@ -266,7 +266,7 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
 
 _TABLE_COLUMNS = ("algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon",
                   "gradient_size_reduction", "nonzero_rows_per_step", "examples_per_second",
-                  "steps")
+                  "examples_per_second_after_first_step", "steps")
 
 
 def _markdown_table(results: list[dict]) -> str:

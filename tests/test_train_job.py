@@ -21,7 +21,8 @@ from sparse_dp.optimizers import RowwiseAdagrad
 KEYS = {"algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon", "delta", "steps",
         "examples_per_second", "gradient_size_reduction", "nonzero_rows_per_step",
         "nonzero_rows_per_step_min", "nonzero_rows_per_step_max", "nonzero_coordinates_per_step",
-        "train_examples", "eval_examples", "skipped_lines"}
+        "train_examples", "eval_examples", "skipped_lines", "first_step_seconds",
+        "examples_per_second_after_first_step"}
 
 
 # The private run on one stack (CI time): the other trains adafest through this job

@@ -4,8 +4,9 @@
   step`` (:mod:`sparse_dp.bench.step_time`, each trainer in its own
   subprocess): median seconds per step, DP-SGD's over DP-AdaFEST's.
 * The pCTR job at the Table-3 vocabulary sizes times each of the preset's
-  scales, per algorithm and seed: examples per second as the job reports them
-  (``model.fit``'s wall time, tracing included), with AUC, epsilon and
+  scales, per algorithm and seed: examples per second as the job reports them,
+  over ``model.fit``'s wall time (tracing included) and after its first step
+  (:mod:`sparse_dp.models.step_clock`), with AUC, epsilon and
   gradient-size reduction, every run with the preset's ``--optimizer``. A point
   whose tables, optimizer state and (DP-SGD) dense noise cannot fit in this
   machine's memory (:mod:`sparse_dp.models.memory`) is listed under ``not_run``

@@ -266,6 +266,13 @@ def _step_time(report: dict, plt):
                     [p["examples_per_second"] for p in rows],
                     marker=ALGORITHM_MARKERS.get(algorithm, "o"),
                     color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
+    steady = [p for p in rows if p.get("examples_per_second_after_first_step")]
+    if steady:
+      throughput.plot([p["vocabulary_scale"] for p in steady],
+                      [p["examples_per_second_after_first_step"] for p in steady],
+                      marker=ALGORITHM_MARKERS.get(algorithm, "o"), linestyle="--",
+                      fillstyle="none", color=ALGORITHM_COLORS.get(algorithm),
+                      label=f"{algorithm}, after the first step")
     for row in rows:
       throughput.annotate(f"AUC {row['auc_mean']:.3f}", (row["vocabulary_scale"],
                                                          row["examples_per_second"]),
@@ -276,7 +283,8 @@ def _step_time(report: dict, plt):
                     f"not run: {scale['reason']}",
                     transform=throughput.transAxes, fontsize=7, va="top", wrap=True)
   throughput.set(xscale="log", xlabel="vocabulary scale (x Table 3)",
-                 ylabel="examples / second (fit wall time)", title="pCTR job throughput")
+                 ylabel="examples / second (fit wall time)",
+                 title="pCTR job throughput (dashed: after the first step)")
   _legend(throughput)
   return figure
 

@@ -110,7 +110,18 @@ def _step_time(report: dict) -> str:
           + _table(["vocabulary"] + trainers + ["dpsgd / adafest"], rows)
           + "\n\npCTR job by vocabulary scale:\n\n"
           + points_table(report["points"], extra=("vocabulary_scale", "table_rows"))
-          + _not_run(report.get("not_run", [])) + _missing(report))
+          + _after_first_step(report["points"]) + _not_run(report.get("not_run", [])) + _missing(report))
+
+
+def _after_first_step(points: list[dict]) -> str:
+  """The steady rate beside the whole ``fit``'s (runs cached before it was measured: none)."""
+  if not any(p.get("first_step_seconds") is not None for p in points):
+    return ""
+  return ("\n\nThroughput: examples/s above is over the whole `fit`, its first step "
+          "included (tracing the train function); after the first step:\n\n"
+          + _table(["point", "vocabulary_scale", "first step (s)", "examples/s after it"],
+                   [[p["label"], p["vocabulary_scale"], p.get("first_step_seconds"),
+                     p.get("examples_per_second_after_first_step")] for p in points]))
 
 
 def _not_run(scales: list[dict]) -> str:

@@ -174,7 +174,17 @@ class Runner:
             "gradient_size_reduction": statistics.fmean(reductions),
             "gradient_size_reduction_std": spread(reductions),
             "examples_per_second": statistics.fmean(r["examples_per_second"] for r in runs),
+            **_steady_rate(runs),
             "noise_multipliers": runs[0]["noise_multipliers"]}
+
+
+def _steady_rate(runs: list[dict]) -> dict:
+  """Mean first-step seconds and examples per second after it, over the seeds
+  (:mod:`sparse_dp.models.step_clock`); ``None`` unless every seed's run has them
+  (runs cached before they were measured, loops without Keras callbacks)."""
+  keys = ("first_step_seconds", "examples_per_second_after_first_step")
+  return {key: (statistics.fmean(r[key] for r in runs)
+                if all(r.get(key) is not None for r in runs) else None) for key in keys}
 
 
 def spread(values) -> float:
