@@ -1,4 +1,4 @@
-"""Throughput after the first step, the one that traces the train function (models/step_clock.py)."""
+"""Throughput after the first step, which traces the train function (models/step_clock.py)."""
 
 import time
 

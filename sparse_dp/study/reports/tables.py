@@ -110,7 +110,8 @@ def _step_time(report: dict) -> str:
           + _table(["vocabulary"] + trainers + ["dpsgd / adafest"], rows)
           + "\n\npCTR job by vocabulary scale:\n\n"
           + points_table(report["points"], extra=("vocabulary_scale", "table_rows"))
-          + _after_first_step(report["points"]) + _not_run(report.get("not_run", [])) + _missing(report))
+          + _after_first_step(report["points"]) + _not_run(report.get("not_run", []))
+          + _missing(report))
 
 
 def _after_first_step(points: list[dict]) -> str:

@@ -12,11 +12,11 @@ from typing import Optional
 
 import tensorflow as tf
 
+from sparse_dp import optimizers
 from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport, PrivacySpec,
                                   steps_for_epochs)
 from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.distribute import parameter_servers, workers
-from sparse_dp import optimizers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.training.checks import validation
