@@ -65,8 +65,9 @@ class EmbeddingBackend(abc.ABC):
     """Rows ``flat_ids`` (int64 ``[n]``) of ``layer``'s table: ``[n, output_dim]``."""
 
   def optimizer_variables(self, trainable_variables) -> list:
-    """The variables :meth:`apply_gradients` hands to the model's optimizer: the dense
-    weights (the tables' updates, and their optimizer slots, are the engine's)."""
+    """The variables :meth:`apply_gradients` hands to the model's optimizer (the ones
+    whose slots ``PrivateTraining.create_optimizer_weights`` makes): the dense weights
+    (the tables' updates, and their optimizer slots, are the engine's)."""
     return [v for v in trainable_variables if v.ref() not in self._by_variable]
 
   @abc.abstractmethod
@@ -77,8 +78,8 @@ class EmbeddingBackend(abc.ABC):
     """Applies the step's ``gradients`` (by variable ref): tables here, the rest by ``optimizer``."""
     tables = {self._by_variable[ref]: g for ref, g in gradients.items()
               if ref in self._by_variable}
-    dense = [(gradients[v.ref()], v) for v in trainable_variables
-             if v.ref() in gradients and v.ref() not in self._by_variable]
+    dense = [(gradients[v.ref()], v) for v in self.optimizer_variables(trainable_variables)
+             if v.ref() in gradients]
     with tf.control_dependencies(self.apply_table_updates(optimizer, tables)):
       if dense:
         optimizer.apply_gradients(dense)
@@ -115,6 +116,7 @@ class CpuBackend(EmbeddingBackend):
     # dense gradients passes them all through one IdentityN op: every dense table
     # gradient (DP-SGD's) would be held until the last is made, instead of each
     # applied as soon as it is.
-    optimizer.apply_gradients([(gradients[v.ref()], v) for v in trainable_variables
+    optimizer.apply_gradients([(gradients[v.ref()], v)
+                               for v in self.optimizer_variables(trainable_variables)
                                if v.ref() in gradients],
                               experimental_aggregate_gradients=tf.distribute.has_strategy())
