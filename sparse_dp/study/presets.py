@@ -26,9 +26,8 @@ from typing import Optional
 PAPER_SELECTION_SHARE = 0.01
 
 # Synthetic examples of the paper preset, sized on seed 0, where DP-SGD at epsilon 8 is
-# 0.009 below the non-private model. Over its 5 seeds the gap is 0.082 [0.028, 0.135]
-# (paired test AUC): the 0.02 needs about 1.9M examples a seed, 20 times the
-# 12 hours this preset was sized to (docs/paper_study.md, Results).
+# within 0.02 of the non-private model's AUC; over all 5 seeds, at one epoch, it is not
+# (the measured gap, and what would close it: docs/paper_study.md, Results).
 PAPER_EXAMPLES = 100_000
 
 # The eight largest categorical features of Table 3 (0-based), largest first.
