@@ -140,11 +140,21 @@ def same_data(source: dict, other: dict) -> bool:
           == {k: v for k, v in other.items() if k != "data_seed"})
 
 
-@pytest.mark.parametrize("study", [s for s, preset in COMMITTED.items() if preset == "paper"])
-def test_committed_paper_reports_are_their_run_cache(study):
+# Studies committed with their runs: the paper preset's, and grid studies beside it (a
+# folder with its grid.json, trained with `--preset paper --grid`).
+GRID_FOLDERS = sorted(p.parent.name for p in RESULTS.glob("*/grid.json"))
+CACHED_REPORTS = ([(s, "paper") for s, preset in COMMITTED.items() if preset == "paper"]
+                  + [("tradeoffs", folder) for folder in GRID_FOLDERS])
+
+
+@pytest.mark.parametrize("study, folder", CACHED_REPORTS)
+def test_committed_reports_with_a_run_cache_are_their_runs(study, folder):
   # Every seed's AUC of every point is a committed run's, so a study resumes from the cache.
-  report = json.loads(output_paths(study, RESULTS / "paper")["json"].read_text())
-  cached = [json.loads(p.read_text()) for p in (RESULTS / "paper" / "runs").glob("*.json")]
+  report = json.loads(output_paths(study, RESULTS / folder)["json"].read_text())
+  cached = [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
+  grid = RESULTS / folder / "grid.json"
+  seeds = json.loads(grid.read_text())["seeds"] if grid.exists() else list(PAPER.seeds)
+  assert report["points"]
   for point in report["points"]:
     fields = {k: point[k] for k in ("algorithm", "epsilon", "fest_k", "tau_sigmas",
                                     "sigma_ratio")}
@@ -153,7 +163,11 @@ def test_committed_paper_reports_are_their_run_cache(study):
             and {k: r["point"][k] for k in fields} == fields
             and [list(f) for f in r["point"]["flags"]] == [list(f) for f in point["flags"]]}
     assert [runs[seed]["auc"] for seed in point["seeds"]] == point["auc"], point["label"]
-    assert point["seeds"] == list(PAPER.seeds)
+    assert point["seeds"] == seeds
+
+
+def test_committed_grid_studies_are_listed():
+  assert {"paper_dpsgd_epochs", "paper_dpsgd_5_epochs"} <= set(GRID_FOLDERS)
 
 
 @pytest.mark.parametrize("preset,folder", [(PAPER, "paper"), (FULL, ".")])
