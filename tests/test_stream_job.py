@@ -31,7 +31,7 @@ def spends(state):
   return [(e["period"], e["kind"], e["epsilon"]) for e in map(json.loads, lines)]
 
 
-@one_stack("tf2.21")
+@one_stack("tf2.15")  # the TF 2.21 stack ran 477 s longer in CI (pytest.ini's durations)
 def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, capsys):
   state = tmp_path / "state"
   assert main(["stream", *SMALL, "--state", str(state), "--json"]) == 0
