@@ -153,7 +153,7 @@ def test_committed_reports_with_a_run_cache_are_their_runs(study, folder):
   report = json.loads(output_paths(study, RESULTS / folder)["json"].read_text())
   cached = [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
   grid = RESULTS / folder / "grid.json"
-  seeds = json.loads(grid.read_text())["seeds"] if grid.exists() else list(PAPER.seeds)
+  seeds = list((Grid.read(grid).preset(PAPER) if grid.exists() else PAPER).seeds)
   assert report["points"]
   for point in report["points"]:
     fields = {k: point[k] for k in ("algorithm", "epsilon", "fest_k", "tau_sigmas",
