@@ -22,10 +22,12 @@ from sparse_dp.mechanisms.randomness.gaussian import standard_normal
 from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
-from sparse_dp.mechanisms.noise.row_noise import add_row_sparse_noise, sum_on_rows
+from sparse_dp.mechanisms.noise.row_noise import (add_row_sparse_noise, row_sparse_noise,
+                                                  sum_on_rows)
 from sparse_dp.mechanisms.selection.row_selection import (
     RowSelection, bernoulli_positions, false_positive_capacity, false_positive_probability,
     padded_bernoulli_positions, sample_zero_rows, select_rows)
+from sparse_dp.mechanisms.selection.table_selection import select_rows_of_tables
 from sparse_dp.mechanisms.selection.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
@@ -35,7 +37,7 @@ __all__ = [
     "contribution_clip_weights",
     "contribution_maps", "distinct_pairs", "dp_top_k", "false_positive_capacity", "fold_in",
     "false_positive_probability", "is_valid", "padded_bernoulli_positions", "padded_unique",
-    "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows", "safe_rows",
-    "sample_zero_rows", "select_rows", "split", "squared_norms", "standard_normal", "sum_on_rows",
-    "zero_examples",
+    "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows",
+    "row_sparse_noise", "safe_rows", "sample_zero_rows", "select_rows", "select_rows_of_tables",
+    "split", "squared_norms", "standard_normal", "sum_on_rows", "zero_examples",
 ]

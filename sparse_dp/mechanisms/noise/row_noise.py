@@ -50,8 +50,13 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
     backend maps it to a row the update leaves alone).
   """
   kept = sum_on_rows(clipped_sum, selected_rows)
-  selected = padding.is_valid(selected_rows)
-  noise = padding.mask_rows(standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev,
-                            selected)
-  return tf.IndexedSlices(kept + noise, tf.cast(selected_rows, tf.int64),
-                          clipped_sum.dense_shape)
+  return tf.IndexedSlices(kept + row_sparse_noise(selected_rows, kept, noise_stddev, seed),
+                          tf.cast(selected_rows, tf.int64), clipped_sum.dense_shape)
+
+
+def row_sparse_noise(selected_rows: tf.Tensor, kept: tf.Tensor, noise_stddev: float,
+                     seed: tf.Tensor) -> tf.Tensor:
+  """The noise :func:`add_row_sparse_noise` adds to ``kept = sum_on_rows(...)``: ``[m, d]``,
+  ``N(0, noise_stddev^2)`` on the rows of ``selected_rows``, zero on its padding."""
+  noise = standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev
+  return padding.mask_rows(noise, padding.is_valid(selected_rows))

@@ -117,6 +117,14 @@ def false_positive_capacity(vocabulary_size: int, probability: float,
   return int(min(vocabulary_size, math.ceil(mean + t)))
 
 
+class Thresholded(NamedTuple):
+  """The noisy threshold's outcome on one contribution map, before the rows are merged."""
+
+  passed: tf.Tensor  # bool [n]: which of the map's rows passed tau (never its padding)
+  false_positives: tf.Tensor  # int64 [K]: zero-contribution rows that passed, then PAD
+  over_capacity: tf.Tensor  # bool: more false positives than K (see false_positive_capacity)
+
+
 def select_rows(contribution: ContributionMap, vocabulary_size: int,
                 threshold: float, noise_stddev: float, seed: tf.Tensor) -> RowSelection:
   """Rows whose noisy contribution ``V_hat + N(0, noise_stddev^2)`` is ``>= threshold``.
@@ -131,6 +139,19 @@ def select_rows(contribution: ContributionMap, vocabulary_size: int,
     noise_stddev: ``sigma1 * C1``.
     seed: shape ``[2]`` integer seed of the stateless random ops.
   """
+  chosen = threshold_rows(contribution, vocabulary_size, threshold, noise_stddev, seed)
+  num_true = tf.math.count_nonzero(chosen.passed, dtype=tf.int64)
+  return RowSelection(merged_rows(contribution, chosen), num_true,
+                      tf.math.count_nonzero(padding.is_valid(contribution.rows), dtype=tf.int64)
+                      - num_true,
+                      tf.math.count_nonzero(padding.is_valid(chosen.false_positives),
+                                            dtype=tf.int64),
+                      chosen.over_capacity)
+
+
+def threshold_rows(contribution: ContributionMap, vocabulary_size: int, threshold: float,
+                   noise_stddev: float, seed: tf.Tensor) -> Thresholded:
+  """The draws of :func:`select_rows`: which contributed rows pass, and the false positives."""
   if not threshold > 0:
     raise ValueError(f"threshold tau must be > 0 (got {threshold}): at tau <= 0 at "
                      "least half of all zero-contribution rows would be selected")
@@ -147,16 +168,16 @@ def select_rows(contribution: ContributionMap, vocabulary_size: int,
   gap = (threshold - tf.cast(contribution.values, tf.float64)) / noise_stddev
   passed = tf.logical_and(contributed, standard_exponential(tf.shape(gap), contributed_seed)
                           >= negative_log_survival(gap))
-  true_positives = tf.where(passed, contribution.rows, padding.PAD)
   false_positives, over_capacity = sample_zero_rows(
       contribution.rows, vocabulary_size, probability, zero_seed,
       false_positive_capacity(vocabulary_size, probability))
-  rows = tf.sort(tf.concat([true_positives, false_positives], axis=0))
-  num_true = tf.math.count_nonzero(passed, dtype=tf.int64)
-  return RowSelection(rows, num_true,
-                      tf.math.count_nonzero(contributed, dtype=tf.int64) - num_true,
-                      tf.math.count_nonzero(padding.is_valid(false_positives), dtype=tf.int64),
-                      over_capacity)
+  return Thresholded(passed, false_positives, over_capacity)
+
+
+def merged_rows(contribution: ContributionMap, chosen: Thresholded) -> tf.Tensor:
+  """The true and false positives of ``chosen`` as one padded row list (sorted, then PAD)."""
+  true_positives = tf.where(chosen.passed, contribution.rows, padding.PAD)
+  return tf.sort(tf.concat([true_positives, chosen.false_positives], axis=0))
 
 
 def sample_zero_rows(excluded_rows: tf.Tensor, vocabulary_size: int, probability: float,

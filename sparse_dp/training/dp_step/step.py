@@ -143,7 +143,9 @@ def _refuse_over_capacity(selections: dict) -> list:
   """Asserts that no table's false positives overflowed their room (before the noise).
 
   The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
-  table and step; the selection past it would not be the accounted mechanism's.
+  table and step, and as much for the tables' room together
+  (:mod:`~sparse_dp.mechanisms.selection.table_selection`); the selection past
+  it would not be the accounted mechanism's.
   XLA compiles the assert away: a compiled step logs the overflow instead
   (:data:`OVER_CAPACITY`) for the host guards to refuse.
   """
@@ -158,18 +160,16 @@ def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dic
   """Each table's selected rows, from the contribution map of the whole batch.
 
   ``pairs[layer] = (example, row)`` lists the batch's lookups (a table absent
-  from ``pairs`` was not looked up).
+  from ``pairs`` was not looked up). One selection for all tables
+  (:func:`~sparse_dp.mechanisms.select_rows_of_tables`).
   """
   none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
   everyone, batch_size = _gather_across_replicas([pairs.get(l, none) for l in tables], batch_size)
-  activations = [mechanisms.Activations(*mechanisms.distinct_pairs(example, row, batch_size)[:2],
-                                        batch_size) for example, row in everyone]
-  maps = mechanisms.clipped_contribution_maps(activations, noise.contribution_clip)
-  seeds = mechanisms.split(seed, len(tables))
-  return {layer: mechanisms.select_rows(contribution, layer.vocabulary_size, noise.threshold,
-                                        noise.contribution_multiplier * noise.contribution_clip,
-                                        table_seed)
-          for layer, contribution, table_seed in zip(tables, maps, seeds)}
+  selections = mechanisms.select_rows_of_tables(
+      everyone, [layer.vocabulary_size for layer in tables], batch_size,
+      noise.contribution_clip, noise.threshold,
+      noise.contribution_multiplier * noise.contribution_clip, seed)
+  return dict(zip(tables, selections))
 
 
 def _gather_across_replicas(pairs, batch_size):
@@ -356,12 +356,11 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
       if noise.sparse:  # DP-AdaFEST: noise on the selected rows only
         rows = selections[layer].rows
         kept = mechanisms.sum_on_rows(clipped, rows)
-        noisy = mechanisms.add_row_sparse_noise(tf.IndexedSlices(kept, rows, clipped.dense_shape),
-                                                rows, std * adds_noise, seeds[2 * i])
+        draw = mechanisms.row_sparse_noise(rows, kept, std * adds_noise, seeds[2 * i])
         signal.append(tf.reduce_sum(tf.square(kept)))
-        noise_squared.append(tf.reduce_sum(tf.square(noisy.values - kept)))
+        noise_squared.append(tf.reduce_sum(tf.square(draw)))
         gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
-            noisy.values / noise.expected_batch_size, noisy.indices, clipped.dense_shape)
+            (kept + draw) / noise.expected_batch_size, rows, clipped.dense_shape)
         nonzero_rows += selections[layer].num_selected
         nonzero_coordinates += selections[layer].num_selected * layer.output_dim
       else:  # DP-SGD: noise on every row; the clipped rows are added to it
