@@ -9,7 +9,7 @@ from scipy import stats
 
 from conftest import ALPHA
 from sparse_dp.mechanisms import PAD, false_positive_capacity, select_rows_of_tables
-from sparse_dp.mechanisms.selection import table_selection
+from sparse_dp.mechanisms.selection import row_selection, table_selection
 
 SIZES = (12, 5, 9)
 C1, TAU, STD = 1.5, 1.0, 0.8
@@ -71,6 +71,12 @@ def test_rows_are_selected_at_the_per_table_rates_and_independently_across_table
     table = [[np.sum(above_a & above_b), np.sum(above_a & ~above_b)],
              [np.sum(~above_a & above_b), np.sum(~above_a & ~above_b)]]
     assert stats.chi2_contingency(table)[1] > ALPHA
+  # And row by row: every two contributed rows of different tables.
+  for (t, table), (u, other) in itertools.combinations(enumerate(chosen), 2):
+    for row, other_row in itertools.product({r for _, r in LOOKUPS[t]}, {r for _, r in LOOKUPS[u]}):
+      x, y = table[:, row], other[:, other_row]
+      counts_2x2 = [[np.sum(x & y), np.sum(x & ~y)], [np.sum(~x & y), np.sum(~x & ~y)]]
+      assert stats.chi2_contingency(counts_2x2)[1] > ALPHA
   # Within a table, rows independently: the count's variance is the Binomial sum's.
   for table, q in zip(chosen, probabilities):
     n = table.sum(1)
@@ -111,6 +117,26 @@ def test_a_table_whose_false_positives_overflow_its_room_is_flagged(seed, monkey
   assert overflowed > 0
 
 
+def test_the_tables_past_the_last_false_positive_of_a_full_joint_draw_are_flagged(
+    seed, monkeypatch):
+  draw = tf.function(select)
+  full = [draw(seed + trial) for trial in range(200)]
+  # Room for one false positive over all tables (row_selection's bound: the joint one).
+  monkeypatch.setattr(row_selection, "false_positive_capacity", lambda size, p, *_: 1)
+  tight_draw = tf.function(select)  # traced after the patch
+  cut_tables = 0
+  for trial, whole in enumerate(full):
+    cut = tight_draw(seed + trial)
+    for a, b in zip(whole, cut):
+      # Every table whose rows the full draw would change is flagged.
+      if not np.array_equal(selected([a])[0], selected([b])[0]):
+        assert bool(b.over_capacity)
+    cut_tables += sum(bool(b.over_capacity) for b in cut)
+    flags = [bool(b.over_capacity) for b in cut]
+    assert flags == sorted(flags)  # from the table of the cut on
+  assert cut_tables > 0
+
+
 @pytest.mark.parametrize("sizes", [(10 ** 6, 3, 10 ** 5), (1, 1, 1)])
 def test_the_selection_compiles_with_xla_to_the_same_rows(seed, sizes):
   lookups = [(0, 5), (1, 5), (2, 40)]
@@ -126,6 +152,15 @@ def test_the_selection_compiles_with_xla_to_the_same_rows(seed, sizes):
   for a, b in zip(graph, compiled):
     for x, y in zip(a, b):
       np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_a_row_outside_its_table_is_refused():
+  bad = pairs()
+  bad[1] = (bad[1][0], tf.constant([0, 1, 2, 5], tf.int64))  # table 1 has rows 0..4
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"outside \[0, 5\), the rows of its table"):
+    tf.function(select_rows_of_tables)(bad, SIZES, tf.constant(BATCH, tf.int64), C1, TAU, STD,
+                                       tf.constant([1, 2], tf.int64))
 
 
 def test_tables_and_their_pairs_must_match():

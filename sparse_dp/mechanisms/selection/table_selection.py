@@ -21,11 +21,18 @@ step, which is what its first step spends tracing).
 
 The rows are split back into one padded row list per table, with the room a
 per-table selection has: the table's activated pairs plus
-``false_positive_capacity(c_t, p)``. Two events can overflow a room, each of
-probability at most ``FALSE_POSITIVE_OVERFLOW`` (``1e-18``): all tables' false
-positives together exceed ``false_positive_capacity(c, p)``, or one table's
-exceed its own. Either flags ``over_capacity`` (on every table for the first),
-which the DP step refuses.
+``false_positive_capacity(c_t, p)``. Rows are cut on two kinds of event: all
+tables' false positives together exceed ``false_positive_capacity(c, p)`` (the
+draw stops at the last one that fits: the tables from there on are cut), or
+one table's exceed its own room. Each has probability at most
+``FALSE_POSITIVE_OVERFLOW`` (``1e-18``), ``(T + 1) 1e-18`` per step for ``T``
+tables; each flags ``over_capacity`` on the tables it cuts, and the DP step
+refuses a step with any flag. On such a step a table's ``num_false_positives``
+may count more rows than its list holds.
+
+The pairs' keys ``row * batch_size + example`` are exact while
+``c * batch_size < 2^63`` (:func:`~sparse_dp.mechanisms.rows.activations.distinct_pairs`),
+over all tables' rows ``c`` now rather than one table's.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
 
   Args:
     pairs: per table, the batch's lookups ``(example, row)`` (int64 vectors;
-      rows may repeat and may be :data:`~sparse_dp.mechanisms.rows.padding.PAD`).
+      rows in ``[0, c_t)``, checked in graph mode, or
+      :data:`~sparse_dp.mechanisms.rows.padding.PAD`; they may repeat).
     vocabulary_sizes: rows ``c_t`` of each table.
     batch_size: examples of the batch (int64 scalar).
     clip_norm: ``C1``.
@@ -71,7 +79,8 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
   batch_size = tf.cast(batch_size, tf.int64)
   example, row, _ = distinct_pairs(
       tf.concat([tf.cast(example, tf.int64) for example, _ in pairs], 0),
-      tf.concat([_shifted(row, offset) for (_, row), offset in zip(pairs, offsets)], 0),
+      tf.concat([_shifted(row, offset, size)
+                 for (_, row), offset, size in zip(pairs, offsets, vocabulary_sizes)], 0),
       batch_size)
   (contribution,) = clipped_contribution_maps([Activations(example, row, batch_size)], clip_norm)
   chosen = threshold_rows(contribution, int(offsets[-1]), threshold, noise_stddev, seed)
@@ -86,25 +95,38 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
   num_false = count(chosen.false_positives, padding.is_valid(chosen.false_positives))
   first = scans.searchsorted(rows, starts, side="left")
   last = scans.searchsorted(rows, ends, side="left")
+  # When the joint draw overflowed, it decided the rows up to its last false
+  # positive only: a table with rows past it may miss some.
+  last_drawn = tf.reduce_max(tf.concat([[-1], tf.where(
+      padding.is_valid(chosen.false_positives), chosen.false_positives, -1)], 0))
+  cut = tf.logical_and(chosen.over_capacity, ends - 1 > last_drawn)
   probability = false_positive_probability(threshold, noise_stddev)
   selections = []
   for (_, table_pairs), size, offset, *counts in zip(
       pairs, vocabulary_sizes, offsets, *(tf.unstack(n) for n in (
-          first, last, last - first, num_true, num_contributed - num_true, num_false))):
-    table_first, table_last, num_rows, table_true, table_dropped, table_false = counts
+          first, last, last - first, num_true, num_contributed - num_true, num_false, cut))):
+    table_first, table_last, num_rows, table_true, table_dropped, table_false, table_cut = counts
     room = (tf.size(table_pairs, out_type=tf.int64)
             + false_positive_capacity(int(size), probability))
     index = table_first + tf.range(room)
     table_rows = tf.where(index < table_last,
                           tf.gather(rows, tf.minimum(index, table_last)) - int(offset), padding.PAD)
     selections.append(RowSelection(table_rows, table_true, table_dropped, table_false,
-                                   tf.logical_or(chosen.over_capacity, num_rows > room)))
+                                   tf.logical_or(table_cut, num_rows > room)))
   return selections
 
 
-def _shifted(row: tf.Tensor, offset) -> tf.Tensor:
-  """``row + offset``, the padding kept :data:`PAD`."""
+def _shifted(row: tf.Tensor, offset, size: int) -> tf.Tensor:
+  """``row + offset``, the padding kept :data:`PAD`; in graph mode, refuses a row outside
+  ``[0, size)`` (it would land in another table). Under XLA asserts compile away: the
+  DP step's rows are in range by construction (``Embedding`` maps ids outside to row 0)."""
   row = tf.cast(row, tf.int64)
+  if not scans.compiling_with_xla():
+    in_table = tf.logical_or(tf.logical_not(padding.is_valid(row)),
+                             tf.logical_and(row >= 0, row < int(size)))
+    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(in_table), [
+        f"select_rows_of_tables: a row outside [0, {int(size)}), the rows of its table"])]):
+      row = tf.identity(row)
   return tf.where(padding.is_valid(row), row + int(offset), row) if offset else row
 
 

@@ -49,14 +49,15 @@ from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradient
 # refuse outside the compiled program.
 # Log key prefix of a compiled step's count of ids outside a table's vocabulary.
 IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
-# Log key of a compiled step's count of tables whose false positives overflowed
-# their room (mechanisms.selection.row_selection.false_positive_capacity).
+# Log key of a compiled step's count of tables whose rows a false-positive overflow cut
+# (mechanisms.selection.table_selection).
 OVER_CAPACITY = "sparse_dp_false_positives_over_capacity"
 # Why a step whose false positives overflowed their room is refused (graph mode and XLA).
 OVER_CAPACITY_MESSAGE = (
-    "sparse-dp: a table's false positives overflowed the room made for them (an event of "
-    "probability <= 1e-18 per table and step, mechanisms.selection.row_selection.FALSE_POSITIVE_OVERFLOW); "
-    "training stops rather than go on from a selection that is not the accounted mechanism's")
+    "sparse-dp: false positives overflowed the room made for them (an event of probability "
+    "<= 1e-18 per table and step, and as much for all tables' room together: "
+    "mechanisms.selection.row_selection.FALSE_POSITIVE_OVERFLOW); training stops rather than "
+    "go on from a selection that is not the accounted mechanism's")
 
 
 @dataclasses.dataclass(frozen=True)
