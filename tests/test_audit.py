@@ -60,7 +60,8 @@ def test_step_alignment_reads_each_steps_update_along_each_canarys_gradient():
   tables = [model.get_layer(f"embedding_{t}").embeddings for t in range(2)]
   alone = [tf.convert_to_tensor(g).numpy()[x["categorical"][0, t]]
            for t, g in enumerate(tape.gradient(loss, tables))]
-  np.testing.assert_allclose(gradients[0], np.concatenate(alone), rtol=1e-5)
+  alone = np.concatenate(alone)  # float32 rounding of two computations: an absolute floor
+  np.testing.assert_allclose(gradients[0], alone, rtol=1e-5, atol=1e-6 * np.abs(alone).max())
   assert losses[0] == pytest.approx(float(loss[0, 0]), rel=1e-6)
   alignment = StepAlignment(rows)
   model.compile(optimizer=keras.optimizers.SGD(0.1),
