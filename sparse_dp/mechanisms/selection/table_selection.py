@@ -89,12 +89,13 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
 
   starts = tf.constant(offsets[:-1], tf.int64)
   ends = tf.constant(offsets[1:], tf.int64)
-  count = _count_by_table(ends)
-  num_true = count(contribution.rows, chosen.passed)
-  num_contributed = count(contribution.rows, padding.is_valid(contribution.rows))
-  num_false = count(chosen.false_positives, padding.is_valid(chosen.false_positives))
+  table_of_row = _table_of(contribution.rows, ends)
+  num_true = _count_by_table(chosen.passed, table_of_row, len(pairs))
+  num_contributed = _count_by_table(padding.is_valid(contribution.rows), table_of_row, len(pairs))
   first = scans.searchsorted(rows, starts, side="left")
   last = scans.searchsorted(rows, ends, side="left")
+  # A table's rows are its true positives and the false positives the list holds.
+  num_false = last - first - num_true
   # When the joint draw overflowed, it decided the rows up to its last false
   # positive only: a table with rows past it may miss some.
   last_drawn = tf.reduce_max(tf.concat([[-1], tf.where(
@@ -130,13 +131,12 @@ def _shifted(row: tf.Tensor, offset, size: int) -> tf.Tensor:
   return tf.where(padding.is_valid(row), row + int(offset), row) if offset else row
 
 
-def _count_by_table(ends: tf.Tensor):
-  """``count(rows, mask)``: per table (ending at ``ends``), how many of ``rows`` are in ``mask``."""
-  num_tables = int(ends.shape[0])
+def _table_of(rows: tf.Tensor, ends: tf.Tensor) -> tf.Tensor:
+  """The table of each of ``rows`` (tables ending at ``ends``); ``len(ends)`` for the padding."""
+  table = scans.searchsorted(ends, padding.safe_rows(rows), side="right")
+  return tf.where(padding.is_valid(rows), table, tf.size(ends, out_type=tf.int64))
 
-  def count(rows: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-    table = scans.searchsorted(ends, padding.safe_rows(rows), side="right")
-    table = tf.where(padding.is_valid(rows), table, num_tables)
-    return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int64), table, num_tables + 1)[:-1]
 
-  return count
+def _count_by_table(mask: tf.Tensor, table: tf.Tensor, num_tables: int) -> tf.Tensor:
+  """Per table, how many entries are in ``mask`` (``table`` from :func:`_table_of`)."""
+  return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int64), table, num_tables + 1)[:-1]
