@@ -288,14 +288,16 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
 def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   grid = tmp_path / "grid.yaml"
   grid.write_text("algorithm: [dpsgd, adafest]\ntau-sigmas: [2, 6]\nseeds: 1\n"
-                  "max_examples: 200\n")
+                  "examples: 400\nmax_examples: 200\n")
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
   paths = output_paths("tradeoffs", tmp_path)
   report = json.loads(paths["json"].read_text())
   # DP-SGD reads no tau: the grid's 2 x 2 combinations are 3 points.
   assert [p["label"] for p in report["points"]] == [
       "dpsgd", "adafest tau=2s s1/s2=2", "adafest tau=6s s1/s2=2"]
+  # 400 synthetic lines drawn (the preset's 300 replaced), 200 of them read.
   assert report["grid"] == str(grid) and report["source"]["train_examples"] == 180
+  assert report["source"]["examples"] == 400
   assert report["preset"]["seeds"] == [0] and report["preset"]["name"] == "smoke+grid"
   assert {r["algorithm"] for r in report["best_reduction"]} == {"adafest"}
   assert_figure_matches_report(paths["json"], paths["png"])
@@ -333,6 +335,7 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
     ({"fest_k": []}, "fest_k has no value"),
     ({"seeds": 0}, "seeds 0"),
     ({"max_examples": 5}, "max_examples 5"),
+    ({"examples": 2.5e6}, "examples 2500000.0"),
     ({"optimizer": "adamw"}, "optimizer: 'adamw'"),
     ([1, 2], "mapping"),
 ])
@@ -347,6 +350,8 @@ def test_a_grid_takes_train_flags_only_where_an_algorithm_reads_them(tmp_path, c
                      "seeds": [3, 5]})
   assert grid.seeds == (3, 5) and grid.preset(SMOKE).seeds == (3, 5)
   assert grid.preset(SMOKE).max_examples == SMOKE.max_examples
+  assert grid.preset(SMOKE).examples == SMOKE.examples
+  assert Grid.parse({"algorithm": "dpsgd", "examples": 500}).preset(SMOKE).examples == 500
   none, dpsgd, plus = grid.points
   assert none == Point("none", None, flags=(("learning_rate", "1e-3"),))
   assert dpsgd == Point("dpsgd", 2.0, flags=(("learning_rate", "1e-3"),))
@@ -508,6 +513,19 @@ def test_the_epsilon_and_heatmap_studies_take_a_grid(tmp_path):
   # defaults): read, not retrained.
   assert len(list((tmp_path / "runs").glob("*.json"))) == 5
   assert_figure_matches_report(paths["json"], paths["png"])
+
+
+def test_a_grid_draws_synthetic_examples_but_reads_files_whole(tmp_path, capsys):
+  # `examples` sets how many synthetic lines are drawn; Criteo files are read, so a grid
+  # with examples over --data files is refused naming max_examples, before a run.
+  path = tmp_path / "grid.yaml"
+  path.write_text("algorithm: dpsgd\nexamples: 1000\n")
+  day = tmp_path / "day_0"
+  day.write_text("")
+  assert main(["study", "tradeoffs", "--grid", str(path), "--data", str(day),
+               "--out", str(tmp_path)]) == 2
+  assert "cap its lines with max_examples" in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("study, grid, named", [

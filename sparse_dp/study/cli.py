@@ -22,7 +22,8 @@ _GRID_HELP = (
     "trained at each seed (seeds: a count or a list); a flag an algorithm does not read "
     "adds none of its points; flags not given take the preset's value, then the "
     "command's default; max_examples caps the lines read of --data (default: every "
-    "line of real files)")
+    "line of real files); examples sets the synthetic examples drawn per data seed "
+    "(default: the preset's)")
 # What each study asks of its grid's points.
 _GRID_POINTS = {
     "tradeoffs": "Give exactly one dpsgd point: the AUC loss is measured from it",

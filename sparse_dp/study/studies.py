@@ -10,6 +10,7 @@ from typing import Optional
 from sparse_dp.study.reports import plots, tables
 from sparse_dp.study.reports.claims import claims
 from sparse_dp.study.runner.grid import Grid
+from sparse_dp.study.runner.inputs import SYNTHETIC
 from sparse_dp.study.presets import StudyPreset
 from sparse_dp.study.presets import preset as named_preset
 from sparse_dp.study.step_time import step_time
@@ -65,6 +66,10 @@ def run_study(study: str, preset: str = "smoke", data: str = "synthetic",
                        f"gives the points of {', '.join(GRID_STUDIES)} "
                        f"(`sparse-dp study tradeoffs --grid FILE`)")
     read = Grid.read(grid)
+    if read.examples is not None and data != SYNTHETIC:
+      raise ValueError(f"--grid {str(grid)!r}: examples sets how many synthetic examples are "
+                       f"drawn; --data {data!r} is read, not drawn: cap its lines with "
+                       f"max_examples")
     sizes, options["points"] = read.preset(sizes), list(read.points)
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ command's default)::
     epsilon: 1
     seeds: 3             # seeds 0, 1, 2; or a list: [0, 5]
     max_examples: 60000  # lines read of --data (default: the preset's; real files: all)
+    examples: 2000000    # synthetic lines drawn per data seed (default: the preset's)
 
 A flag is named as in ``sparse-dp train`` (``tau-sigmas`` or ``tau_sigmas``) and
 its values are checked by that command's parser, so a bad one is refused naming
@@ -55,11 +56,13 @@ _READ_BY = {"tau": lambda kind: kind.uses_contribution_map,
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-  """The points of a grid file, its seeds and its cap on the examples read."""
+  """The points of a grid file, its seeds, its cap on the examples read and the
+  number of synthetic examples drawn."""
 
   points: tuple[Point, ...]
   seeds: Optional[tuple[int, ...]]
   max_examples: Optional[int]
+  examples: Optional[int] = None
 
   @classmethod
   def read(cls, path) -> "Grid":
@@ -79,11 +82,14 @@ class Grid:
                        f"e.g. {{algorithm: [dpsgd, adafest], tau_sigmas: [2, 4], seeds: 3}}")
     grid = {str(k).replace("-", "_"): v for k, v in grid.items()}
     seeds = _seeds(grid.pop("seeds", None), where)
-    max_examples = _max_examples(grid.pop("max_examples", None), where)
+    max_examples = _example_count(grid.pop("max_examples", None), "max_examples",
+                                  "lines read of --data", where)
+    examples = _example_count(grid.pop("examples", None), "examples",
+                              "synthetic lines drawn per data seed", where)
     unknown = sorted(set(grid) - RUN_FLAGS)
     if unknown:
       raise ValueError(f"{where}: {', '.join(unknown)} not a flag a grid sets; give any of "
-                       f"seeds, max_examples, {', '.join(sorted(RUN_FLAGS))}")
+                       f"seeds, max_examples, examples, {', '.join(sorted(RUN_FLAGS))}")
     values = {name: v if isinstance(v, list) else [v] for name, v in grid.items()}
     for name, options in values.items():
       if not options:
@@ -101,13 +107,15 @@ class Grid:
       except ValueError as error:
         raise ValueError(f"{where}: {flags} refused ({error})") from None
       points.append(_point(args, flags))
-    return cls(tuple(dict.fromkeys(points)), seeds, max_examples)
+    return cls(tuple(dict.fromkeys(points)), seeds, max_examples, examples)
 
   def preset(self, base: StudyPreset) -> StudyPreset:
-    """``base`` with the grid's seeds and cap on the examples read, where it gives them."""
+    """``base`` with the grid's seeds, cap on the examples read and synthetic examples,
+    where it gives them."""
     return dataclasses.replace(
         base, name=f"{base.name}+grid", seeds=self.seeds or base.seeds,
-        max_examples=self.max_examples if self.max_examples is not None else base.max_examples)
+        max_examples=self.max_examples if self.max_examples is not None else base.max_examples,
+        examples=self.examples if self.examples is not None else base.examples)
 
 
 def _point(args: argparse.Namespace, flags: dict[str, Any]) -> Point:
@@ -135,8 +143,7 @@ def _seeds(value, where: str) -> Optional[tuple[int, ...]]:
                    "integers >= 0")
 
 
-def _max_examples(value, where: str) -> Optional[int]:
+def _example_count(value, name: str, meaning: str, where: str) -> Optional[int]:
   if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 10):
     return value
-  raise ValueError(f"{where}: max_examples {value!r}: give one integer >= 10 (lines read "
-                   "of --data)")
+  raise ValueError(f"{where}: {name} {value!r}: give one integer >= 10 ({meaning})")
