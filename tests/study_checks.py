@@ -2,10 +2,12 @@
 tests/test_notebooks.py)."""
 
 import hashlib
+import itertools
 import json
 import pathlib
 
 import pytest
+from matplotlib.text import Text
 from PIL import Image
 
 from sparse_dp.study.reports import plots
@@ -22,6 +24,22 @@ def plotted_errorbars(figure) -> list[tuple[float, float, float]]:
       for x, y, segment in zip(line.get_xdata(), line.get_ydata(), vertical):
         points.append((float(x), float(y), float(segment[1][1] - segment[0][1]) / 2))
   return points
+
+
+def assert_point_labels_apart(figure) -> None:
+  """No two point labels of an axis overlap as drawn, and each lies inside its axis."""
+  figure.canvas.draw()
+  renderer = figure.canvas.get_renderer()
+  for axis in figure.axes:
+    frame = axis.get_window_extent(renderer)
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in axis.texts
+             if t.get_gid() == plots.POINT_LABEL]  # the texts, without their lines
+    for (one, a), (other, b) in itertools.combinations(boxes, 2):
+      assert not (a.x0 < b.x1 - 0.5 and b.x0 < a.x1 - 0.5 and a.y0 < b.y1 - 0.5
+                  and b.y0 < a.y1 - 0.5), (axis.get_title(), one, other)
+    for text, box in boxes:
+      assert (frame.x0 - 0.5 <= box.x0 and box.x1 <= frame.x1 + 0.5
+              and frame.y0 - 0.5 <= box.y0 and box.y1 <= frame.y1 + 0.5), (axis.get_title(), text)
 
 
 def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path) -> None:
@@ -43,9 +61,14 @@ def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path
   # non-private point in the title.
   paired = report["study"] == "tradeoffs" and plots.paired_with_dpsgd(report)
   drawn = [p for p in report["points"] if not (paired and p["algorithm"] == "none")]
+  # Each point labelled with its configuration, or in a scatter of many points with a
+  # number that a key gives with the point's label.
+  numbered = report["study"] == "tradeoffs" and len(report["points"]) > plots.LABELLED_POINTS
   if report["study"] in ("tradeoffs", "epsilon"):
     for point in drawn:
-      assert plots.configuration(point) in texts, point
+      expected = point["label"] if numbered else plots.configuration(point)
+      assert not expected or expected in texts, point
+  assert_point_labels_apart(figure)
   expected = [(p["gradient_size_reduction"], *plots._auc_bar(p, paired))  # pylint: disable=protected-access
               for p in drawn]
   expected += [(max(r["days"]), r["auc_mean"], r["auc_std"])  # at the period's last day

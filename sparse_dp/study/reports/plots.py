@@ -3,7 +3,8 @@
 Every trained point is drawn with its mean AUC and the sample standard
 deviation over seeds (error bars) in its algorithm's colour and marker
 (:data:`ALGORITHM_COLORS`, :data:`ALGORITHM_MARKERS`, the same in every figure)
-and labelled with its configuration (``k``, ``tau``, ``sigma1/sigma2``); heatmap
+and labelled with its configuration (``k``, ``tau``, ``sigma1/sigma2``), moved clear of
+the labels beside it (a trade-off scatter of many points is numbered, with a key); heatmap
 cells carry their value only, in a font that can be read. Legends sit outside
 the axes, and every figure's title line states its scale: examples, table rows
 and seeds (:func:`scale_text`).
@@ -86,12 +87,13 @@ def _auc_bar(point: dict, paired: bool) -> tuple[float, float]:
 
 
 def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True,
-                   paired: bool = False) -> None:
+                   paired: bool = False, numbered: bool = False) -> list[tuple[str, dict]]:
   """AUC (error bars over seeds; ``paired``: the paired difference from DP-SGD's, the
   non-private point left to the title) against gradient-size reduction, one colour and
-  marker per algorithm, each point labelled with its configuration (``legend``: the
-  key, to the right of the axis)."""
-  labelled = set()
+  marker per algorithm, each point labelled (:func:`_label`) with its configuration or
+  (``numbered``) a number, the returned ``(number, point)`` pairs being their key
+  (:func:`_key`); ``legend``: the algorithms' key, to the right of the axis."""
+  labelled, labels = set(), []
   for point in points:
     algorithm = point["algorithm"]
     if paired and algorithm == "none":
@@ -103,8 +105,9 @@ def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True,
                   color=ALGORITHM_COLORS.get(algorithm),
                   label=None if algorithm in labelled else algorithm)
     labelled.add(algorithm)
-    axis.annotate(configuration(point), (point["gradient_size_reduction"], auc),
-                  textcoords="offset points", xytext=(5, 3), fontsize=7)
+    text = str(len(labels) + 1) if numbered else configuration(point)
+    _label(axis, text, (point["gradient_size_reduction"], auc), algorithm)
+    labels.append((text, point))
   _log_x(axis)
   if paired:
     axis.axhline(0.0, color=ALGORITHM_COLORS["dpsgd"], linewidth=1)
@@ -116,13 +119,93 @@ def _tradeoff_axis(axis, points: list[dict], title: str, legend: bool = True,
                    else "held-out AUC (mean ± sd over seeds)"), title=title)
   if legend:
     _legend(axis)
+  return labels
+
+
+# The gid of the labels :func:`_place_labels` moves clear of each other.
+POINT_LABEL = "point-label"
+
+
+def _label(axis, text: str, xy: tuple[float, float], algorithm: str) -> None:
+  """A point's label in its algorithm's colour, placed by :func:`_place_labels` (none
+  where ``text`` is empty: DP-SGD's configuration)."""
+  if not text:
+    return
+  colour = ALGORITHM_COLORS.get(algorithm, "black")
+  axis.annotate(text, xy, xytext=(4, 2), textcoords="offset points", fontsize=7,
+                color=colour, ha="left", va="bottom", gid=POINT_LABEL,
+                arrowprops={"arrowstyle": "-", "linewidth": 0.5, "color": colour,
+                            "shrinkA": 0, "shrinkB": 3})
+
+
+def _place_labels(figure) -> None:
+  """Moves every point label (:func:`_label`) of the laid-out ``figure`` clear of the
+  labels before it on its axis: right of its point (left where it would leave the
+  axis), at the height nearest the point's where its drawn box overlaps none placed,
+  with a thin line to the point when moved."""
+  from matplotlib.text import Text  # pylint: disable=import-outside-toplevel
+  renderer = figure.canvas.get_renderer()
+  to_points = 72.0 / figure.dpi
+  for axis in figure.axes:
+    labels = [t for t in axis.texts if t.get_gid() == POINT_LABEL]
+    frame = axis.get_window_extent(renderer)
+    placed = []  # drawn boxes (x0, y0, x1, y1), pixels
+
+    def free(left, bottom, width, height):
+      return not any(x0 < left + width and left < x1 and y0 < bottom + height
+                     and bottom < y1 for x0, y0, x1, y1 in placed)
+
+    for label in sorted(labels, key=lambda t: tuple(axis.transData.transform(t.xy))):
+      box = Text.get_window_extent(label, renderer)  # the text's, without its line
+      width, height = box.width, box.height
+      at_x, at_y = axis.transData.transform(label.xy)
+      gap = 4.0 / to_points
+      left = at_x + gap if at_x + gap + width <= frame.x1 else at_x - gap - width
+      start = at_y - height / 2
+      lines = [0] + [k for j in range(1, int(frame.height // height) + 1) for k in (j, -j)]
+      bottom = next((start + k * height for k in lines
+                     if frame.y0 <= start + k * height <= frame.y1 - height
+                     and free(left, start + k * height, width, height)), start)
+      placed.append((left, bottom, left + width, bottom + height))
+      label.xyann = ((left - at_x) * to_points, (bottom - at_y) * to_points)
+      label.arrow_patch.set_visible(abs(bottom - start) > 0.5)
+
+
+def _key(axis, numbers: list[tuple[str, dict]], columns: int, fontsize: float = 7) -> None:
+  """The key of numbered points (:func:`_tradeoff_axis`): each number and its point's
+  label (algorithm and configuration) in the algorithm's colour, in ``columns`` columns
+  read down."""
+  axis.set_axis_off()
+  rows = -(-len(numbers) // columns)
+  for index, (number, point) in enumerate(numbers):
+    column, row = divmod(index, rows)
+    x, y = column / columns, 1.0 - (row + 1) / rows
+    colour = ALGORITHM_COLORS.get(point["algorithm"], "black")
+    axis.text(x, y, number, color=colour, fontsize=fontsize, fontweight="bold",
+              transform=axis.transAxes)
+    axis.annotate(point["label"], (x, y), xycoords="axes fraction", xytext=(2.5 * fontsize, 0),
+                  textcoords="offset points", color=colour, fontsize=fontsize)
+
+
+# More points than this in the trade-off scatter are numbered, their labels in a key.
+LABELLED_POINTS = 12
 
 
 def _tradeoffs(report: dict, plt):
-  figure, (scatter, best) = plt.subplots(1, 2, figsize=(15, 5.5))
-  _tradeoff_axis(scatter, report["points"],
-                 f"Fig. 8 analogue: utility / sparsity at ε={report['epsilon']:g}",
-                 paired=paired_with_dpsgd(report))
+  """Fig. 8's scatter (every point; beyond :data:`LABELLED_POINTS` numbered, with a key)
+  and Fig. 3's best reduction within each AUC loss."""
+  numbered = len(report["points"]) > LABELLED_POINTS
+  if numbered:
+    figure, axes = plt.subplot_mosaic([["scatter", "scatter"], ["key", "best"]],
+                                      figsize=(15, 12), height_ratios=(1.1, 1))
+    scatter, best = axes["scatter"], axes["best"]
+  else:
+    figure, (scatter, best) = plt.subplots(1, 2, figsize=(15, 5.5))
+  points = _tradeoff_axis(scatter, report["points"],
+                          f"Fig. 8 analogue: utility / sparsity at ε={report['epsilon']:g}",
+                          paired=paired_with_dpsgd(report), numbered=numbered)
+  if numbered:
+    _key(axes["key"], points, columns=2)
   for algorithm in dict.fromkeys(r["algorithm"] for r in report["best_reduction"]):
     rows = [r for r in report["best_reduction"] if r["algorithm"] == algorithm
             and r["gradient_size_reduction"] is not None]
@@ -133,9 +216,8 @@ def _tradeoffs(report: dict, plt):
                   color=ALGORITHM_COLORS.get(algorithm), label=algorithm)
     for before, row in zip([None] + rows, rows):  # a point's label once, where it first wins
       if before is None or before["label"] != row["label"]:
-        best.annotate(configuration(row), (row["auc_loss_threshold"],
-                                           row["gradient_size_reduction"]),
-                      textcoords="offset points", xytext=(5, 3), fontsize=7)
+        _label(best, configuration(row),
+               (row["auc_loss_threshold"], row["gradient_size_reduction"]), algorithm)
   _frontier_marks(best, report)
   best.set(xscale="log", yscale="log", xlabel="AUC loss allowed vs DP-SGD (validation)",
            ylabel="best gradient-size reduction (± sd over seeds)",
@@ -163,7 +245,7 @@ def _frontier_marks(axis, report: dict) -> None:
 
 def _epsilon(report: dict, plt):
   epsilons = report["epsilons"]
-  figure, axes = plt.subplots(1, len(epsilons), figsize=(4.5 * len(epsilons), 4.5),
+  figure, axes = plt.subplots(1, len(epsilons), figsize=(5.5 * len(epsilons), 4.5),
                               squeeze=False, sharey=True)
   for axis, epsilon in zip(axes[0], epsilons):  # one key, right of the last panel
     _tradeoff_axis(axis, [p for p in report["points"] if p["epsilon"] == epsilon],
@@ -303,6 +385,7 @@ def figure(report: dict):
   if scale:
     drawn.text(0.5, 0.0, scale, ha="center", va="bottom", fontsize=9)
   drawn.tight_layout(rect=(0, 0.04, 1, 1))
+  _place_labels(drawn)  # on the final layout
   return drawn
 
 
