@@ -167,7 +167,8 @@ def test_committed_reports_with_a_run_cache_are_their_runs(study, folder):
 
 
 def test_committed_grid_studies_are_listed():
-  assert {"paper_dpsgd_epochs", "paper_dpsgd_5_epochs"} <= set(GRID_FOLDERS)
+  assert {"paper_dpsgd_epochs", "paper_dpsgd_5_epochs", "paper_dpsgd_examples",
+          "paper_dpsgd_examples_rowwise_adagrad_lr3"} <= set(GRID_FOLDERS)
 
 
 @pytest.mark.parametrize("preset,folder", [(PAPER, "paper"), (FULL, ".")])
