@@ -63,11 +63,14 @@ def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path
   drawn = [p for p in report["points"] if not (paired and p["algorithm"] == "none")]
   # Each point labelled with its configuration, or in a scatter of many points with a
   # number that a key gives with the point's label.
-  numbered = report["study"] == "tradeoffs" and len(report["points"]) > plots.LABELLED_POINTS
+  numbered = report["study"] == "tradeoffs" and len(report["points"]) > plots.MAX_LABELLED_POINTS
   if report["study"] in ("tradeoffs", "epsilon"):
     for point in drawn:
       expected = point["label"] if numbered else plots.configuration(point)
       assert not expected or expected in texts, point
+  if numbered:  # the scatter's points numbered 1..n, as the key numbers them
+    numbers = [t.get_text() for t in figure.axes[0].texts if t.get_gid() == plots.POINT_LABEL]
+    assert sorted(numbers, key=int) == [str(i + 1) for i in range(len(drawn))]
   assert_point_labels_apart(figure)
   expected = [(p["gradient_size_reduction"], *plots._auc_bar(p, paired))  # pylint: disable=protected-access
               for p in drawn]

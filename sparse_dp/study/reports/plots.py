@@ -20,6 +20,9 @@ import pathlib
 
 from sparse_dp.study.reports.claims import PAPER_FRONTIER, PAPER_LOSS, reduction_ceiling
 
+# Dots per inch of the saved figures, and of their layout.
+DPI = 110
+
 ALGORITHM_COLORS = {"none": "black", "dpsgd": "tab:gray", "fest": "tab:blue",
                     "adafest": "tab:red", "adafest+": "tab:purple"}
 ALGORITHM_MARKERS = {"none": "*", "dpsgd": "s", "fest": "^", "adafest": "o", "adafest+": "D"}
@@ -140,16 +143,20 @@ def _label(axis, text: str, xy: tuple[float, float], algorithm: str) -> None:
 
 def _place_labels(figure) -> None:
   """Moves every point label (:func:`_label`) of the laid-out ``figure`` clear of the
-  labels before it on its axis: right of its point (left where it would leave the
-  axis), at the height nearest the point's where its drawn box overlaps none placed,
-  with a thin line to the point when moved."""
+  points and the labels placed before it on its axis (taken by their points' x, then
+  y): right of its point (left where it would leave the axis, never past its left
+  edge), at the height nearest the point's where its drawn box overlaps none placed,
+  with a thin line to the point when moved. Sizes are measured at the figure's dpi,
+  the one it is saved at."""
   from matplotlib.text import Text  # pylint: disable=import-outside-toplevel
   renderer = figure.canvas.get_renderer()
   to_points = 72.0 / figure.dpi
   for axis in figure.axes:
     labels = [t for t in axis.texts if t.get_gid() == POINT_LABEL]
     frame = axis.get_window_extent(renderer)
-    placed = []  # drawn boxes (x0, y0, x1, y1), pixels
+    marker = 3.5 / to_points  # half a marker's width: labels keep off the points too
+    placed = [(x - marker, y - marker, x + marker, y + marker)  # boxes (x0, y0, x1, y1), px
+              for x, y in (axis.transData.transform(t.xy) for t in labels)]
 
     def free(left, bottom, width, height):
       return not any(x0 < left + width and left < x1 and y0 < bottom + height
@@ -157,10 +164,11 @@ def _place_labels(figure) -> None:
 
     for label in sorted(labels, key=lambda t: tuple(axis.transData.transform(t.xy))):
       box = Text.get_window_extent(label, renderer)  # the text's, without its line
-      width, height = box.width, box.height
+      width, height = box.width, max(box.height, 1.0)
       at_x, at_y = axis.transData.transform(label.xy)
       gap = 4.0 / to_points
-      left = at_x + gap if at_x + gap + width <= frame.x1 else at_x - gap - width
+      left = (at_x + gap if at_x + gap + width <= frame.x1
+              else max(at_x - gap - width, frame.x0))
       start = at_y - height / 2
       lines = [0] + [k for j in range(1, int(frame.height // height) + 1) for k in (j, -j)]
       bottom = next((start + k * height for k in lines
@@ -188,13 +196,13 @@ def _key(axis, numbers: list[tuple[str, dict]], columns: int, fontsize: float = 
 
 
 # More points than this in the trade-off scatter are numbered, their labels in a key.
-LABELLED_POINTS = 12
+MAX_LABELLED_POINTS = 12
 
 
 def _tradeoffs(report: dict, plt):
-  """Fig. 8's scatter (every point; beyond :data:`LABELLED_POINTS` numbered, with a key)
+  """Fig. 8's scatter (every point; beyond :data:`MAX_LABELLED_POINTS` numbered, with a key)
   and Fig. 3's best reduction within each AUC loss."""
-  numbered = len(report["points"]) > LABELLED_POINTS
+  numbered = len(report["points"]) > MAX_LABELLED_POINTS
   if numbered:
     figure, axes = plt.subplot_mosaic([["scatter", "scatter"], ["key", "best"]],
                                       figsize=(15, 12), height_ratios=(1.1, 1))
@@ -381,6 +389,7 @@ def figure(report: dict):
   """The report's figure (a matplotlib ``Figure``; close it when done)."""
   plt = _pyplot()
   drawn = _FIGURES[report["study"]](report, plt)
+  drawn.set_dpi(DPI)  # laid out and labels placed at the dpi it is saved at
   scale = scale_text(report)
   if scale:
     drawn.text(0.5, 0.0, scale, ha="center", va="bottom", fontsize=9)
@@ -393,6 +402,6 @@ def save(report: dict, json_path: pathlib.Path, png_path: pathlib.Path) -> None:
   """Draws the report as written to ``json_path`` into ``png_path``, stamped with its hash."""
   digest = hashlib.sha256(pathlib.Path(json_path).read_bytes()).hexdigest()
   drawn = figure(report)
-  drawn.savefig(png_path, dpi=110, bbox_inches="tight",
+  drawn.savefig(png_path, dpi=DPI, bbox_inches="tight",
                 metadata={"Source": f"{pathlib.Path(json_path).name} sha256={digest}"})
   _pyplot().close(drawn)
