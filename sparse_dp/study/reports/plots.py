@@ -151,22 +151,22 @@ def _place_labels(figure) -> None:
   from matplotlib.text import Text  # pylint: disable=import-outside-toplevel
   renderer = figure.canvas.get_renderer()
   to_points = 72.0 / figure.dpi
+  gap, marker = 4.0 / to_points, 3.5 / to_points  # px; marker: half a marker's width
   for axis in figure.axes:
-    labels = [t for t in axis.texts if t.get_gid() == POINT_LABEL]
+    # Each label with its point in pixels, taken by the points' x, then y.
+    anchored = sorted(((tuple(axis.transData.transform(t.xy)), t) for t in axis.texts
+                       if t.get_gid() == POINT_LABEL), key=lambda pair: pair[0])
     frame = axis.get_window_extent(renderer)
-    marker = 3.5 / to_points  # half a marker's width: labels keep off the points too
     placed = [(x - marker, y - marker, x + marker, y + marker)  # boxes (x0, y0, x1, y1), px
-              for x, y in (axis.transData.transform(t.xy) for t in labels)]
+              for (x, y), _ in anchored]
 
     def free(left, bottom, width, height):
       return not any(x0 < left + width and left < x1 and y0 < bottom + height
                      and bottom < y1 for x0, y0, x1, y1 in placed)
 
-    for label in sorted(labels, key=lambda t: tuple(axis.transData.transform(t.xy))):
+    for (at_x, at_y), label in anchored:
       box = Text.get_window_extent(label, renderer)  # the text's, without its line
       width, height = box.width, max(box.height, 1.0)
-      at_x, at_y = axis.transData.transform(label.xy)
-      gap = 4.0 / to_points
       left = (at_x + gap if at_x + gap + width <= frame.x1
               else max(at_x - gap - width, frame.x0))
       start = at_y - height / 2
