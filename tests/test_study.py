@@ -311,10 +311,12 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   stamps = {p: p.stat().st_mtime_ns for p in finished}
   killed.rename(killed.with_suffix(".partial"))
   killed.with_suffix(".partial").write_text(killed.with_suffix(".partial").read_text()[:50])
+  shutil.rmtree(tmp_path / "data")  # --from-cache keys the runs by the draw they recorded
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path),
                "--from-cache"]) == 0
   cached = json.loads(paths["json"].read_text())
   assert cached["missing"] == ["adafest tau=6s s1/s2=2"] and len(cached["points"]) == 2
+  assert cached["source"] == report["source"] and not (tmp_path / "data").exists()
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
   resumed = json.loads(paths["json"].read_text())
   assert killed.exists() and {p: p.stat().st_mtime_ns for p in finished} == stamps
@@ -458,6 +460,43 @@ def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_
   assert one.source["data_seed"] == 1 and "data_seed" not in zero.source
   assert not np.array_equal(one.train[0]["categorical"], zero.train[0]["categorical"])
   assert not np.array_equal(one.held_out[0]["categorical"], one.test[0]["categorical"])
+
+
+def test_a_synthetic_draw_is_described_by_the_runs_that_recorded_it(tmp_path):
+  drawn = StudyInputs.load("synthetic", 200, 0.01, (2, 5), tmp_path / "data", data_seed=3,
+                           test_split=True)
+  (tmp_path / "runs").mkdir()
+  (tmp_path / "runs" / "a.json").write_text(json.dumps({"source": drawn.source}))
+  shutil.rmtree(tmp_path / "data")
+  recorded = StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2, 5), data_seed=3,
+                                  test_split=True)
+  assert recorded.source == drawn.source and recorded.rows == drawn.rows
+  assert recorded.train is recorded.held_out is recorded.test is None
+  # Another draw (seed, lines, scale, features, cap) or split is not this record's.
+  for other in [dict(data_seed=4, test_split=True), dict(data_seed=3),
+                dict(data_seed=3, test_split=True, max_examples=100)]:
+    assert StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2, 5), **other) is None
+  assert StudyInputs.recorded(tmp_path / "runs", 201, 0.01, (2, 5), data_seed=3,
+                              test_split=True) is None
+  assert StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2,), data_seed=3,
+                              test_split=True) is None
+  assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("study, folder", CACHED_REPORTS)
+def test_committed_caches_are_read_without_drawing_their_data(study, folder):
+  # In a fresh clone the draws are not there (data/ is not committed): --from-cache keys
+  # every seed's runs by the draw a run recorded, as the trained study did.
+  grid = RESULTS / folder / "grid.json"
+  preset = Grid.read(grid).preset(PAPER) if grid.exists() else PAPER
+  report = json.loads(output_paths(study, RESULTS / folder)["json"].read_text())
+  for seed in preset.seeds:
+    recorded = StudyInputs.recorded(RESULTS / folder / "runs", preset.examples,
+                                    preset.synthetic_scale, preset.features,
+                                    preset.max_examples, seed, preset.test_split)
+    assert recorded.rows == report["table_rows"]
+    assert same_data(recorded.source, report["source"])
+    assert recorded.source.get("data_seed", 0) == seed
 
 
 def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first_values():

@@ -6,13 +6,16 @@ last 10% held out, categorical features hashed into the public Table-3 sizes
 data. A preset may keep only some categorical features (``features``). The
 paper preset draws its synthetic data anew per seed (``data_seed``) and splits
 the held-out tenth into a validation half, which picks a study's frontier
-points, and a test half, which reports them (``test``).
+points, and a test half, which reports them (``test``). A study that trains
+nothing (``--from-cache``) takes a synthetic draw's description from the runs that
+recorded it (:meth:`StudyInputs.recorded`) and draws no line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import pathlib
 from typing import Optional, Sequence
 
@@ -27,10 +30,11 @@ SYNTHETIC = "synthetic"
 @dataclasses.dataclass(frozen=True)
 class StudyInputs:
   """``train``, ``held_out`` (validation when ``test`` is given) and ``test`` as
-  ``(features, labels)``; ``source`` says what they are."""
+  ``(features, labels)`` (None in a :meth:`recorded` description); ``source`` says
+  what they are."""
 
-  train: tuple
-  held_out: tuple
+  train: Optional[tuple]
+  held_out: Optional[tuple]
   vocabulary_sizes: tuple[int, ...]
   source: dict
   test: Optional[tuple] = None
@@ -48,12 +52,9 @@ class StudyInputs:
     paths, table_scale = data_paths(data, examples, scale, folder, data_seed)
     if data != SYNTHETIC and hash_scale is not None:
       table_scale = hash_scale
-    split = pctr_data.CriteoSplit.read(paths, max_examples, "error")
     vocabulary = pctr_data.hashed_vocabulary(table_scale)
-    columns = list(range(len(vocabulary.sizes))) if features is None else list(features)
-    bad = [f for f in columns if not 0 <= f < len(vocabulary.sizes)]
-    if bad or not columns:
-      raise ValueError(f"features {bad or columns}: give indices in 0..{len(vocabulary.sizes) - 1}")
+    columns = _columns(features, len(vocabulary.sizes))
+    split = pctr_data.CriteoSplit.read(paths, max_examples, "error")
 
     def select(frame):
       x, y = pctr_data.model_inputs(frame, vocabulary)
@@ -64,18 +65,57 @@ class StudyInputs:
       half = len(held_out[1]) // 2
       held_out, test = (({k: v[:half] for k, v in held_out[0].items()}, held_out[1][:half]),
                         ({k: v[half:] for k, v in held_out[0].items()}, held_out[1][half:]))
-    source = {"data": data, "examples": examples, "max_examples": max_examples,
-              "table_scale": table_scale, "features": columns,
+    source = {**_drawn(data, examples, max_examples, table_scale, columns, data_seed),
               "train_examples": len(split.train), "held_out_examples": len(held_out[1]),
-              **({"data_seed": data_seed} if data == SYNTHETIC and data_seed else {}),
               **({"test_examples": len(test[1])} if test_split else {})}
     return cls(select(split.train), held_out, tuple(vocabulary.sizes[f] for f in columns),
                source, test)
+
+  @classmethod
+  def recorded(cls, runs: pathlib.Path, examples: int, scale: float,
+               features: Optional[Sequence[int]], max_examples: Optional[int] = None,
+               data_seed: int = 0, test_split: bool = False) -> Optional["StudyInputs"]:
+    """The synthetic draw :meth:`load` would give, as a cached run in the folder ``runs``
+    recorded its ``source``, without its examples (``train``, ``held_out`` and ``test``
+    are None): the description a study that trains nothing keys its runs with. A draw
+    is its generator's seed, line count and scale, so the record is the draw's own;
+    files may change under their names, so they are always read. None where no run
+    recorded this draw, or its split (``test_split``)."""
+    vocabulary = pctr_data.hashed_vocabulary(scale)
+    columns = _columns(features, len(vocabulary.sizes))
+    drawn = _drawn(SYNTHETIC, examples, max_examples, scale, columns, data_seed)
+    for path in sorted(pathlib.Path(runs).glob("*.json")):
+      source = json.loads(path.read_text()).get("source", {})
+      if ({k: v for k, v in source.items() if k not in _SPLIT_SIZES} == drawn
+          and ("test_examples" in source) == test_split):
+        return cls(None, None, tuple(vocabulary.sizes[f] for f in columns), source)
+    return None
 
   @property
   def rows(self) -> int:
     """Rows of all embedding tables: DP-SGD's noise touches each of them every step."""
     return sum(self.vocabulary_sizes)
+
+
+# The source's counts of a split, read from the data (the rest of it says what was drawn).
+_SPLIT_SIZES = ("train_examples", "held_out_examples", "test_examples")
+
+
+def _drawn(data: str, examples: int, max_examples: Optional[int], table_scale: float,
+           columns: list[int], data_seed: int) -> dict:
+  """The part of a study's ``source`` that says which data it reads (not what it read)."""
+  return {"data": data, "examples": examples, "max_examples": max_examples,
+          "table_scale": table_scale, "features": columns,
+          **({"data_seed": data_seed} if data == SYNTHETIC and data_seed else {})}
+
+
+def _columns(features: Optional[Sequence[int]], tables: int) -> list[int]:
+  """The categorical features kept (all ``tables`` where ``features`` is None)."""
+  columns = list(range(tables)) if features is None else list(features)
+  bad = [f for f in columns if not 0 <= f < tables]
+  if bad or not columns:
+    raise ValueError(f"features {bad or columns}: give indices in 0..{tables - 1}")
+  return columns
 
 
 def data_paths(data: str, examples: int, scale: float, folder: pathlib.Path,
