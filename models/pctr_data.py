@@ -37,11 +37,57 @@ class CriteoSplit:
            on_bad_line: str) -> "CriteoSplit":
     reader = CriteoReader(paths, on_bad_line=on_bad_line)
     frame = reader.read_all(max_examples)
-    split = int(len(frame) * (1 - EVAL_SHARE))
-    if split < 1 or split == len(frame):
-      raise ValueError(f"{len(frame)} examples read: too few to hold out {EVAL_SHARE:.0%} "
-                       "for evaluation (raise --max-examples or give more data)")
+    split = held_out_start(len(frame))
     return cls(frame.iloc[:split], frame.iloc[split:], reader.skipped_lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedSplit:
+  """:class:`CriteoSplit`'s split as the model's ``(features, labels)``, each chunk of
+  lines encoded as it is read: memory holds the arrays (26 int64 ids, 13 float32
+  integer features and a label, about 270 bytes an example), never the text of the
+  examples (pandas strings, about 1.7 KB an example), so a machine holds ten times the
+  examples. For a vocabulary that is not counted on the data (hashed, or a file)."""
+
+  train: tuple
+  held_out: tuple
+  skipped_lines: int
+
+  @classmethod
+  def read(cls, paths: Sequence[pathlib.Path], max_examples: Optional[int], on_bad_line: str,
+           vocabulary: Vocabulary, categorical: Optional[Sequence[int]] = None,
+           chunk_size: int = 100_000) -> "EncodedSplit":
+    """The first ``max_examples`` (None: all) examples of ``paths``, encoded with
+    ``vocabulary`` and split as :meth:`CriteoSplit.read` splits them; ``categorical``:
+    the categorical features kept (None: all 26), in that order."""
+    reader = CriteoReader(paths, chunk_size, on_bad_line)
+    chunks, total = [], 0
+    for frame in reader:
+      if max_examples is not None:
+        frame = frame.iloc[:max_examples - total]
+      x, y = model_inputs(frame, vocabulary)
+      if categorical is not None:
+        x["categorical"] = np.ascontiguousarray(x["categorical"][:, list(categorical)])
+      chunks.append((x, y))
+      total += len(y)
+      if max_examples is not None and total >= max_examples:
+        break
+    split = held_out_start(total)
+    features = {name: np.concatenate([x[name] for x, _ in chunks]) for name in chunks[0][0]}
+    labels = np.concatenate([y for _, y in chunks])
+    return cls(({k: v[:split] for k, v in features.items()}, labels[:split]),
+               ({k: v[split:] for k, v in features.items()}, labels[split:]),
+               reader.skipped_lines)
+
+
+def held_out_start(examples: int) -> int:
+  """The index of the first held-out example of ``examples`` read: the last
+  ``EVAL_SHARE`` of them are held out."""
+  split = int(examples * (1 - EVAL_SHARE))
+  if split < 1 or split == examples:
+    raise ValueError(f"{examples} examples read: too few to hold out {EVAL_SHARE:.0%} "
+                     "for evaluation (raise --max-examples or give more data)")
+  return split
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """Criteo-format reading with line-accurate errors, and the synthetic generator."""
 
+import gzip
+
 import numpy as np
 import pytest
 
 from sparse_dp.data.criteo import CriteoReader, MalformedLineError, integer_features
 from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data.synthetic import SyntheticCriteo, planted_auc
+from sparse_dp.models.pctr_data import CriteoSplit, EncodedSplit, hashed_vocabulary, model_inputs
 
 from criteo_lines import BAD_LINES, HAND_WRITTEN, write
 
@@ -55,6 +58,31 @@ def test_synthetic_days_round_trip_through_the_reader(tmp_path):
   column = frame["categorical-feature-16"].dropna()
   assert column.str.fullmatch(r"[0-9a-f]{8}").all()
   assert column.nunique() == len(np.unique(expected["buckets"][:, 2][expected["buckets"][:, 2] >= 0]))
+
+
+@pytest.mark.parametrize("max_examples", [None, 240, 250])
+def test_an_encoded_split_is_the_split_frames_encoded(tmp_path, max_examples):
+  # Read chunk by chunk (40 lines: the caps fall on a chunk's end and inside one), with a
+  # malformed line skipped: the model's arrays of CriteoSplit's frames, bit for bit.
+  lines = gzip.decompress(SyntheticCriteo(scale=0.01, seed=5).write_day(
+      tmp_path / "day.gz", 1, 350).read_bytes()).decode().splitlines()
+  lines.insert(100, BAD_LINES[0][0])
+  path = write(tmp_path / "train.txt", lines)
+  vocabulary = hashed_vocabulary(0.01)
+  encoded = EncodedSplit.read([path], max_examples, "skip", vocabulary, [3, 0, 7],
+                              chunk_size=40)
+  frames = CriteoSplit.read([path], max_examples, "skip")
+  assert encoded.skipped_lines == frames.skipped_lines == 1
+  for arrays, frame in [(encoded.train, frames.train), (encoded.held_out, frames.held_out)]:
+    x, y = model_inputs(frame, vocabulary)
+    np.testing.assert_array_equal(arrays[0]["categorical"], x["categorical"][:, [3, 0, 7]])
+    np.testing.assert_array_equal(arrays[0]["integers"], x["integers"])
+    np.testing.assert_array_equal(arrays[1], y)
+  assert len(encoded.train[1]) + len(encoded.held_out[1]) == (max_examples or 350)
+  with pytest.raises(MalformedLineError, match="train.txt:101"):
+    EncodedSplit.read([path], None, "error", vocabulary, chunk_size=40)
+  with pytest.raises(ValueError, match="1 examples read: too few"):
+    EncodedSplit.read([path], 1, "skip", vocabulary)
 
 
 def test_planted_model_is_learnable_and_days_drift():

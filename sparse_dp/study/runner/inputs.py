@@ -19,8 +19,6 @@ import json
 import pathlib
 from typing import Optional, Sequence
 
-import numpy as np
-
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.models import pctr_data
 
@@ -54,22 +52,17 @@ class StudyInputs:
       table_scale = hash_scale
     vocabulary = pctr_data.hashed_vocabulary(table_scale)
     columns = _columns(features, len(vocabulary.sizes))
-    split = pctr_data.CriteoSplit.read(paths, max_examples, "error")
-
-    def select(frame):
-      x, y = pctr_data.model_inputs(frame, vocabulary)
-      return {**x, "categorical": np.ascontiguousarray(x["categorical"][:, columns])}, y
-
-    held_out, test = select(split.held_out), None
+    split = pctr_data.EncodedSplit.read(paths, max_examples, "error", vocabulary, columns)
+    held_out, test = split.held_out, None
     if test_split:
       half = len(held_out[1]) // 2
       held_out, test = (({k: v[:half] for k, v in held_out[0].items()}, held_out[1][:half]),
                         ({k: v[half:] for k, v in held_out[0].items()}, held_out[1][half:]))
     source = {**_drawn(data, examples, max_examples, table_scale, columns, data_seed),
-              "train_examples": len(split.train), "held_out_examples": len(held_out[1]),
+              "train_examples": len(split.train[1]), "held_out_examples": len(held_out[1]),
               **({"test_examples": len(test[1])} if test_split else {})}
-    return cls(select(split.train), held_out, tuple(vocabulary.sizes[f] for f in columns),
-               source, test)
+    return cls(split.train, held_out, tuple(vocabulary.sizes[f] for f in columns), source,
+               test)
 
   @classmethod
   def recorded(cls, runs: pathlib.Path, examples: int, scale: float,
