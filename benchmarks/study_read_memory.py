@@ -7,11 +7,14 @@ now encodes each chunk of 100,000 lines as it is read
 (:class:`sparse_dp.models.pctr_data.EncodedSplit`). Each way reads the first
 ``--examples`` lines of a Criteo file (default: a synthetic day at the Table-3
 sizes, drawn into ``--folder`` once) in its own subprocess, and reports the
-subprocess's peak resident memory (``ru_maxrss``), its growth over the
+subprocess's peak resident memory (``ru_maxrss``, KiB), its growth over the
 interpreter with the package imported, that growth per example, and the seconds
-the read took. The two ways run one after the other, ``--repeats`` times.
+the read took. The two ways run one after the other, ``--repeats`` times, at each
+of the ``--examples`` sizes; ``bytes_per_further_example`` is the slope of the
+peak between the smallest and the largest size (the chunk being parsed, a fixed
+cost, drops out of it).
 
-  python benchmarks/study_read_memory.py --examples 1000000 \
+  python benchmarks/study_read_memory.py --examples 500000,1000000 \
       --out benchmarks/results/study_read_memory.json
 """
 
@@ -60,32 +63,40 @@ def measure(path: pathlib.Path, examples: int, way: str) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--examples", type=int, default=1_000_000)
+  parser.add_argument("--examples", default="500000,1000000",
+                      help="comma-separated line counts read (the first lines of the file)")
   parser.add_argument("--data", help="a Criteo file (default: a synthetic day drawn once)")
   parser.add_argument("--folder", default=None, help="where the synthetic day is drawn")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--out", default="benchmarks/results/study_read_memory.json")
   args = parser.parse_args(argv)
+  sizes = sorted(int(n) for n in args.examples.split(","))
   path = pathlib.Path(args.data) if args.data else None
   if path is None:
     from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
     folder = pathlib.Path(args.folder or tempfile.mkdtemp(prefix="read_memory_"))
-    path = folder / f"synthetic_scale1_{args.examples}.gz"
+    path = folder / f"synthetic_scale1_{sizes[-1]}.gz"
     if not path.exists():
-      SyntheticCriteo(scale=1.0).write_day(path, 1, args.examples)
-  runs = {way: [] for way in WAYS}
+      SyntheticCriteo(scale=1.0).write_day(path, 1, sizes[-1])
+  runs = {way: {n: [] for n in sizes} for way in WAYS}
   for _ in range(args.repeats):
-    for way in WAYS:
-      runs[way].append(measure(path, args.examples, way))
-  summary = {way: {key: statistics.median(r[key] for r in runs[way])
-                   for key in ("peak_kib", "bytes_per_example", "seconds")} for way in WAYS}
-  report = {"data": str(path), "examples": args.examples, "repeats": args.repeats,
+    for n in sizes:
+      for way in WAYS:
+        runs[way][n].append(measure(path, n, way))
+  median = {way: {n: {key: statistics.median(r[key] for r in runs[way][n])
+                      for key in ("peak_kib", "bytes_per_example", "seconds")}
+                  for n in sizes} for way in WAYS}
+  slope = {way: ((median[way][sizes[-1]]["peak_kib"] - median[way][sizes[0]]["peak_kib"])
+                 * 1024 / (sizes[-1] - sizes[0]) if len(sizes) > 1 else None)
+           for way in WAYS}
+  report = {"data": str(path), "examples": sizes, "repeats": args.repeats,
             "machine": platform.platform(), "python": platform.python_version(),
-            "runs": runs, "median": summary,
-            "peak_ratio_frames_over_encoded": (summary["frames"]["peak_kib"]
-                                               / summary["encoded"]["peak_kib"])}
+            "runs": runs, "median": median, "bytes_per_further_example": slope,
+            "peak_ratio_frames_over_encoded": {
+                n: median["frames"][n]["peak_kib"] / median["encoded"][n]["peak_kib"]
+                for n in sizes}}
   pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
-  print(json.dumps(summary, indent=1))
+  print(json.dumps({"median": median, "bytes_per_further_example": slope}, indent=1))
   print(f"wrote {args.out}")
   return 0
 

@@ -50,15 +50,20 @@ class CriteoReader:
     for path in self.paths:
       yield from self._read(path)
 
-  def read_all(self, max_examples: int | None = None) -> pd.DataFrame:
-    """Every example (up to ``max_examples``) in one DataFrame."""
-    frames, total = [], 0
+  def capped(self, max_examples: int | None = None) -> Iterator[pd.DataFrame]:
+    """The frames of the first ``max_examples`` examples (None: all). Whole chunks are
+    parsed, so a malformed line after the cap in the cap's chunk is still reported."""
+    total = 0
     for frame in self:
       if max_examples is not None and total + len(frame) >= max_examples:
-        frames.append(frame.iloc[:max_examples - total])
-        break
-      frames.append(frame)
+        yield frame.iloc[:max_examples - total]
+        return
+      yield frame
       total += len(frame)
+
+  def read_all(self, max_examples: int | None = None) -> pd.DataFrame:
+    """Every example (up to ``max_examples``) in one DataFrame."""
+    frames = list(self.capped(max_examples))
     if not frames:
       return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     return pd.concat(frames, ignore_index=True)

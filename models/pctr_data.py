@@ -44,10 +44,12 @@ class CriteoSplit:
 @dataclasses.dataclass(frozen=True)
 class EncodedSplit:
   """:class:`CriteoSplit`'s split as the model's ``(features, labels)``, each chunk of
-  lines encoded as it is read: memory holds the arrays (26 int64 ids, 13 float32
-  integer features and a label, about 270 bytes an example), never the text of the
-  examples (pandas strings, about 1.7 KB an example), so a machine holds ten times the
-  examples. For a vocabulary that is not counted on the data (hashed, or a file)."""
+  lines encoded as it is read, so the examples' text (pandas strings) is never held
+  whole: 1,000,000 lines peak at about half the memory of :class:`CriteoSplit` and
+  :func:`model_inputs` (``benchmarks/results/study_read_memory.json``). The arrays, 26
+  int64 ids, 13 float32 integer features and a label (264 bytes an example), are held
+  twice while the chunks are joined. For a vocabulary not counted on the data (hashed,
+  or a file)."""
 
   train: tuple
   held_out: tuple
@@ -58,26 +60,28 @@ class EncodedSplit:
            vocabulary: Vocabulary, categorical: Optional[Sequence[int]] = None,
            chunk_size: int = 100_000) -> "EncodedSplit":
     """The first ``max_examples`` (None: all) examples of ``paths``, encoded with
-    ``vocabulary`` and split as :meth:`CriteoSplit.read` splits them; ``categorical``:
-    the categorical features kept (None: all 26), in that order."""
+    ``vocabulary`` and split as :meth:`CriteoSplit.read` splits them (the same arrays
+    and skipped lines at the same ``chunk_size``); ``categorical``: the categorical
+    features kept (None: all 26), in that order."""
     reader = CriteoReader(paths, chunk_size, on_bad_line)
-    chunks, total = [], 0
-    for frame in reader:
-      if max_examples is not None:
-        frame = frame.iloc[:max_examples - total]
+    chunks = []
+    for frame in reader.capped(max_examples):
       x, y = model_inputs(frame, vocabulary)
       if categorical is not None:
         x["categorical"] = np.ascontiguousarray(x["categorical"][:, list(categorical)])
       chunks.append((x, y))
-      total += len(y)
-      if max_examples is not None and total >= max_examples:
-        break
+    total = sum(len(y) for _, y in chunks)
     split = held_out_start(total)
-    features = {name: np.concatenate([x[name] for x, _ in chunks]) for name in chunks[0][0]}
-    labels = np.concatenate([y for _, y in chunks])
-    return cls(({k: v[:split] for k, v in features.items()}, labels[:split]),
-               ({k: v[split:] for k, v in features.items()}, labels[split:]),
+    examples = ({name: np.concatenate([x[name] for x, _ in chunks]) for name in chunks[0][0]},
+                np.concatenate([y for _, y in chunks]))
+    return cls(example_rows(examples, 0, split), example_rows(examples, split, total),
                reader.skipped_lines)
+
+
+def example_rows(examples: tuple, start: int, stop: int) -> tuple:
+  """Examples ``start`` to ``stop`` of ``(features, labels)`` (views, not copies)."""
+  features, labels = examples
+  return {name: values[start:stop] for name, values in features.items()}, labels[start:stop]
 
 
 def held_out_start(examples: int) -> int:

@@ -462,41 +462,36 @@ def test_paper_inputs_are_drawn_per_seed_and_split_into_validation_and_test(tmp_
   assert not np.array_equal(one.held_out[0]["categorical"], one.test[0]["categorical"])
 
 
-def test_a_synthetic_draw_is_described_by_the_runs_that_recorded_it(tmp_path):
-  drawn = StudyInputs.load("synthetic", 200, 0.01, (2, 5), tmp_path / "data", data_seed=3,
-                           test_split=True)
-  (tmp_path / "runs").mkdir()
-  (tmp_path / "runs" / "a.json").write_text(json.dumps({"source": drawn.source}))
-  shutil.rmtree(tmp_path / "data")
-  recorded = StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2, 5), data_seed=3,
-                                  test_split=True)
-  assert recorded.source == drawn.source and recorded.rows == drawn.rows
-  assert recorded.train is recorded.held_out is recorded.test is None
-  # Another draw (seed, lines, scale, features, cap) or split is not this record's.
-  for other in [dict(data_seed=4, test_split=True), dict(data_seed=3),
-                dict(data_seed=3, test_split=True, max_examples=100)]:
-    assert StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2, 5), **other) is None
-  assert StudyInputs.recorded(tmp_path / "runs", 201, 0.01, (2, 5), data_seed=3,
-                              test_split=True) is None
-  assert StudyInputs.recorded(tmp_path / "runs", 200, 0.01, (2,), data_seed=3,
-                              test_split=True) is None
+@pytest.mark.parametrize("settings", [
+    dict(), dict(data_seed=3, test_split=True), dict(max_examples=150, test_split=True),
+    dict(max_examples=500, data_seed=2)])
+def test_a_synthetic_draw_is_described_as_drawn_without_drawing_it(tmp_path, settings):
+  described = StudyInputs.described(200, 0.01, (2, 5), **settings)
   assert not (tmp_path / "data").exists()
+  drawn = StudyInputs.load("synthetic", 200, 0.01, (2, 5), tmp_path / "data", **settings)
+  assert described.source == drawn.source and described.rows == drawn.rows
+  assert described.train is described.held_out is described.test is None
+  counts = [len(drawn.train[1]), len(drawn.held_out[1])] + (
+      [len(drawn.test[1])] if settings.get("test_split") else [])
+  assert sum(counts) == min(200, settings.get("max_examples") or 200)
 
 
-@pytest.mark.parametrize("study, folder", CACHED_REPORTS)
-def test_committed_caches_are_read_without_drawing_their_data(study, folder):
+@pytest.mark.parametrize("folder", ["paper"] + GRID_FOLDERS)
+def test_committed_runs_are_keyed_by_their_draws_description(folder):
   # In a fresh clone the draws are not there (data/ is not committed): --from-cache keys
-  # every seed's runs by the draw a run recorded, as the trained study did.
+  # each seed's runs by the draw's description, which must be what the report's runs
+  # recorded when they were drawn (the report's source is its first seed's).
   grid = RESULTS / folder / "grid.json"
   preset = Grid.read(grid).preset(PAPER) if grid.exists() else PAPER
-  report = json.loads(output_paths(study, RESULTS / folder)["json"].read_text())
-  for seed in preset.seeds:
-    recorded = StudyInputs.recorded(RESULTS / folder / "runs", preset.examples,
-                                    preset.synthetic_scale, preset.features,
-                                    preset.max_examples, seed, preset.test_split)
-    assert recorded.rows == report["table_rows"]
-    assert same_data(recorded.source, report["source"])
-    assert recorded.source.get("data_seed", 0) == seed
+  described = {seed: StudyInputs.described(preset.examples, preset.synthetic_scale,
+                                           preset.features, preset.max_examples, seed,
+                                           preset.test_split).source
+               for seed in preset.seeds}
+  report = json.loads(output_paths("tradeoffs", RESULTS / folder)["json"].read_text())
+  assert described[preset.seeds[0]] == report["source"]
+  cached = [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
+  for seed, source in described.items():
+    assert source in [r["source"] for r in cached if r["settings"]["seed"] == seed], seed
 
 
 def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first_values():

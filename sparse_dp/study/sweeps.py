@@ -40,18 +40,17 @@ def runner(preset: StudyPreset, data: str, out: pathlib.Path,
            from_cache: bool = False) -> Runner:
   """The preset's runner on ``data``; synthetic data drawn per seed where the preset
   resamples them (the last seed's inputs kept in memory; real files are read once).
-  ``from_cache``: a synthetic draw that a cached run recorded is not drawn again."""
+  ``from_cache``: synthetic data are described, not drawn (the runs are read, none trained)."""
   resample = preset.resample_data and data == SYNTHETIC
 
   def load(seed: int) -> StudyInputs:
     data_seed = seed if resample else 0
-    recorded = from_cache and data == SYNTHETIC and StudyInputs.recorded(
-        pathlib.Path(out) / "runs", preset.examples, preset.synthetic_scale, preset.features,
-        preset.max_examples, data_seed, preset.test_split)
-    return recorded or StudyInputs.load(
-        data, preset.examples, preset.synthetic_scale, preset.features,
-        pathlib.Path(out) / "data", max_examples=preset.max_examples, data_seed=data_seed,
-        test_split=preset.test_split)
+    if from_cache and data == SYNTHETIC:
+      return StudyInputs.described(preset.examples, preset.synthetic_scale, preset.features,
+                                   preset.max_examples, data_seed, preset.test_split)
+    return StudyInputs.load(data, preset.examples, preset.synthetic_scale, preset.features,
+                            pathlib.Path(out) / "data", max_examples=preset.max_examples,
+                            data_seed=data_seed, test_split=preset.test_split)
   loaded: dict[int, StudyInputs] = {}
 
   def inputs_for_seed(seed: int) -> StudyInputs:

@@ -7,15 +7,14 @@ data. A preset may keep only some categorical features (``features``). The
 paper preset draws its synthetic data anew per seed (``data_seed``) and splits
 the held-out tenth into a validation half, which picks a study's frontier
 points, and a test half, which reports them (``test``). A study that trains
-nothing (``--from-cache``) takes a synthetic draw's description from the runs that
-recorded it (:meth:`StudyInputs.recorded`) and draws no line.
+nothing (``--from-cache``) describes a synthetic draw without drawing it
+(:meth:`StudyInputs.described`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import pathlib
 from typing import Optional, Sequence
 
@@ -53,36 +52,30 @@ class StudyInputs:
     vocabulary = pctr_data.hashed_vocabulary(table_scale)
     columns = _columns(features, len(vocabulary.sizes))
     split = pctr_data.EncodedSplit.read(paths, max_examples, "error", vocabulary, columns)
-    held_out, test = split.held_out, None
-    if test_split:
-      half = len(held_out[1]) // 2
-      held_out, test = (({k: v[:half] for k, v in held_out[0].items()}, held_out[1][:half]),
-                        ({k: v[half:] for k, v in held_out[0].items()}, held_out[1][half:]))
-    source = {**_drawn(data, examples, max_examples, table_scale, columns, data_seed),
-              "train_examples": len(split.train[1]), "held_out_examples": len(held_out[1]),
-              **({"test_examples": len(test[1])} if test_split else {})}
-    return cls(split.train, held_out, tuple(vocabulary.sizes[f] for f in columns), source,
-               test)
+    counts = _split_counts(len(split.train[1]) + len(split.held_out[1]), test_split)
+    validation, held_out_end = counts["held_out_examples"], len(split.held_out[1])
+    test = (pctr_data.example_rows(split.held_out, validation, held_out_end) if test_split
+            else None)
+    return cls(split.train, pctr_data.example_rows(split.held_out, 0, validation),
+               tuple(vocabulary.sizes[f] for f in columns),
+               {**_drawn(data, examples, max_examples, table_scale, columns, data_seed),
+                **counts}, test)
 
   @classmethod
-  def recorded(cls, runs: pathlib.Path, examples: int, scale: float,
-               features: Optional[Sequence[int]], max_examples: Optional[int] = None,
-               data_seed: int = 0, test_split: bool = False) -> Optional["StudyInputs"]:
-    """The synthetic draw :meth:`load` would give, as a cached run in the folder ``runs``
-    recorded its ``source``, without its examples (``train``, ``held_out`` and ``test``
-    are None): the description a study that trains nothing keys its runs with. A draw
-    is its generator's seed, line count and scale, so the record is the draw's own;
-    files may change under their names, so they are always read. None where no run
-    recorded this draw, or its split (``test_split``)."""
+  def described(cls, examples: int, scale: float, features: Optional[Sequence[int]],
+                max_examples: Optional[int] = None, data_seed: int = 0,
+                test_split: bool = False) -> "StudyInputs":
+    """The synthetic draw :meth:`load` would give, described without drawing it: its
+    ``source``, which a run's cache key holds, and its tables, but no examples
+    (``train``, ``held_out`` and ``test`` are None); for a study that trains nothing.
+    The generator writes ``examples`` well-formed lines, so the counts read follow from
+    the settings. Criteo files can change under their names, so they are always read."""
     vocabulary = pctr_data.hashed_vocabulary(scale)
     columns = _columns(features, len(vocabulary.sizes))
-    drawn = _drawn(SYNTHETIC, examples, max_examples, scale, columns, data_seed)
-    for path in sorted(pathlib.Path(runs).glob("*.json")):
-      source = json.loads(path.read_text()).get("source", {})
-      if ({k: v for k, v in source.items() if k not in _SPLIT_SIZES} == drawn
-          and ("test_examples" in source) == test_split):
-        return cls(None, None, tuple(vocabulary.sizes[f] for f in columns), source)
-    return None
+    read = examples if max_examples is None else min(examples, max_examples)
+    return cls(None, None, tuple(vocabulary.sizes[f] for f in columns),
+               {**_drawn(SYNTHETIC, examples, max_examples, scale, columns, data_seed),
+                **_split_counts(read, test_split)})
 
   @property
   def rows(self) -> int:
@@ -90,8 +83,16 @@ class StudyInputs:
     return sum(self.vocabulary_sizes)
 
 
-# The source's counts of a split, read from the data (the rest of it says what was drawn).
-_SPLIT_SIZES = ("train_examples", "held_out_examples", "test_examples")
+def _split_counts(read: int, test_split: bool) -> dict:
+  """The source's counts of the splits of ``read`` examples: the last tenth held out
+  (:func:`pctr_data.held_out_start`), halved into validation (``held_out_examples``)
+  and test (``test_examples``) where ``test_split``."""
+  train = pctr_data.held_out_start(read)
+  held_out = read - train
+  if not test_split:
+    return {"train_examples": train, "held_out_examples": held_out}
+  return {"train_examples": train, "held_out_examples": held_out // 2,
+          "test_examples": held_out - held_out // 2}
 
 
 def _drawn(data: str, examples: int, max_examples: Optional[int], table_scale: float,
