@@ -380,6 +380,13 @@ def test_a_grid_sets_the_optimizer_of_its_runs(tmp_path):
                   tmp_path)
   args = runner.arguments(grid.points[1], 0)
   assert job_flags.fit_settings(args, epsilon=1.0).optimizer == "rowwise-adagrad"
+  # The report's first line names the preset's optimizer and says the points' replace it.
+  points = [_point("adafest", 0.6, 10.0, label=p.label) | {"flags": [list(f) for f in p.flags]}
+            for p in grid.points]
+  opening = tables._trained_with(  # pylint: disable=protected-access
+      {"preset": SMOKE.describe(), "points": points})
+  assert opening.strip() == ("Trained with `--optimizer adam --learning-rate 0.01`, except where a "
+                     "point's label gives its own optimizer.")
 
 
 def test_the_studys_optimizer_trains_every_run_and_keeps_adams_cache_keys(tmp_path, capsys):

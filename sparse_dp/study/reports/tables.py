@@ -145,8 +145,12 @@ def _trained_with(report: dict) -> str:
   preset = report.get("preset") or {}
   if "optimizer" not in preset:
     return ""
+  own = sorted({name for point in report.get("points", [])
+                for name, _ in point.get("flags", []) if name in ("optimizer", "learning_rate")})
   return (f"Trained with `--optimizer {preset['optimizer']} --learning-rate "
-          f"{preset['learning_rate']:g}`.\n\n")
+          f"{preset['learning_rate']:g}`"
+          + (f", except where a point's label gives its own {' and '.join(own)}" if own else "")
+          + ".\n\n")
 
 
 def markdown(report: dict) -> str:
