@@ -311,7 +311,7 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   stamps = {p: p.stat().st_mtime_ns for p in finished}
   killed.rename(killed.with_suffix(".partial"))
   killed.with_suffix(".partial").write_text(killed.with_suffix(".partial").read_text()[:50])
-  shutil.rmtree(tmp_path / "data")  # --from-cache keys the runs by the draw they recorded
+  shutil.rmtree(tmp_path / "data")  # --from-cache describes the draw, not draws it
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path),
                "--from-cache"]) == 0
   cached = json.loads(paths["json"].read_text())

@@ -27,7 +27,7 @@ SYNTHETIC = "synthetic"
 @dataclasses.dataclass(frozen=True)
 class StudyInputs:
   """``train``, ``held_out`` (validation when ``test`` is given) and ``test`` as
-  ``(features, labels)`` (None in a :meth:`recorded` description); ``source`` says
+  ``(features, labels)`` (None in a :meth:`described` draw); ``source`` says
   what they are."""
 
   train: Optional[tuple]
