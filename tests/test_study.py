@@ -147,13 +147,23 @@ CACHED_REPORTS = ([(s, "paper") for s, preset in COMMITTED.items() if preset == 
                   + [("tradeoffs", folder) for folder in GRID_FOLDERS])
 
 
+def committed_preset(folder: str):
+  """The preset a committed study folder trained with (the paper's, or its grid's)."""
+  grid = RESULTS / folder / "grid.json"
+  return Grid.read(grid).preset(PAPER) if grid.exists() else PAPER
+
+
+def committed_runs(folder: str) -> list[dict]:
+  """A committed study folder's cached runs, each with its key and metrics."""
+  return [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
+
+
 @pytest.mark.parametrize("study, folder", CACHED_REPORTS)
 def test_committed_reports_with_a_run_cache_are_their_runs(study, folder):
   # Every seed's AUC of every point is a committed run's, so a study resumes from the cache.
   report = json.loads(output_paths(study, RESULTS / folder)["json"].read_text())
-  cached = [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
-  grid = RESULTS / folder / "grid.json"
-  seeds = list((Grid.read(grid).preset(PAPER) if grid.exists() else PAPER).seeds)
+  cached = committed_runs(folder)
+  seeds = list(committed_preset(folder).seeds)
   assert report["points"]
   for point in report["points"]:
     fields = {k: point[k] for k in ("algorithm", "epsilon", "fest_k", "tau_sigmas",
@@ -385,8 +395,8 @@ def test_a_grid_sets_the_optimizer_of_its_runs(tmp_path):
             for p in grid.points]
   opening = tables._trained_with(  # pylint: disable=protected-access
       {"preset": SMOKE.describe(), "points": points})
-  assert opening.strip() == ("Trained with `--optimizer adam --learning-rate 0.01`, except where a "
-                     "point's label gives its own optimizer.")
+  assert opening.strip() == ("Trained with `--optimizer adam --learning-rate 0.01`, except "
+                             "where a point's label gives its own optimizer.")
 
 
 def test_the_studys_optimizer_trains_every_run_and_keeps_adams_cache_keys(tmp_path, capsys):
@@ -488,15 +498,14 @@ def test_committed_runs_are_keyed_by_their_draws_description(folder):
   # In a fresh clone the draws are not there (data/ is not committed): --from-cache keys
   # each seed's runs by the draw's description, which must be what the report's runs
   # recorded when they were drawn (the report's source is its first seed's).
-  grid = RESULTS / folder / "grid.json"
-  preset = Grid.read(grid).preset(PAPER) if grid.exists() else PAPER
+  preset = committed_preset(folder)
   described = {seed: StudyInputs.described(preset.examples, preset.synthetic_scale,
                                            preset.features, preset.max_examples, seed,
                                            preset.test_split).source
                for seed in preset.seeds}
   report = json.loads(output_paths("tradeoffs", RESULTS / folder)["json"].read_text())
   assert described[preset.seeds[0]] == report["source"]
-  cached = [json.loads(p.read_text()) for p in (RESULTS / folder / "runs").glob("*.json")]
+  cached = committed_runs(folder)
   for seed, source in described.items():
     assert source in [r["source"] for r in cached if r["settings"]["seed"] == seed], seed
 
