@@ -28,7 +28,7 @@ PAPER_SELECTION_SHARE = 0.01
 # Synthetic examples of the paper preset, sized on seed 0, where DP-SGD at epsilon 8 is
 # within 0.02 of the non-private model's AUC; over all 5 seeds, at one epoch, it is not,
 # nor at 2,000,000 or 8,000,000 examples, where the preset's Adam leaves DP-SGD further
-# behind and row-wise Adagrad narrows the gap to 0.027 (docs/paper_study.md, Results).
+# behind and row-wise Adagrad narrows the gap to 0.024 (docs/paper_study.md, Results).
 PAPER_EXAMPLES = 100_000
 
 # The eight largest categorical features of Table 3 (0-based), largest first.
