@@ -86,6 +86,7 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_a_large_table_takes_the_update_of_its_dense_noisy_gradient(monkeypatch, name):
   """DP-SGD steps on a table of 200 rows in chunks of 16: the optimizer given the update over

@@ -11,6 +11,7 @@ import pytest
 SCRIPT = pathlib.Path(__file__).with_name("mirrored_steps.py")
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("config", [
     {"algorithm": "dpsgd", "noise_multiplier": 1.0},
     # the table's noise in 4 chunks, an update over every row (mechanisms.noise.dense_noise)

@@ -28,7 +28,7 @@ from typing import List, Optional
 
 import pytest
 
-from conftest import one_stack
+from conftest import STACKS, one_stack
 from sparse_dp.cli import build_parser
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -45,7 +45,6 @@ HEREDOC = re.compile(r"<<-?\s*'?(\w+)'?([^\n]*)\n(.*?)^\1$", re.MULTILINE | re.D
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
 # A redirection: alone (its target is the next word) or with its target attached.
 REDIRECTION = re.compile(r"^(?:\d*|&)(?:>>?|<)(?P<target>&\d+|\S+)?$")
-STACKS = ("tf2.15", "tf2.21")
 
 
 @dataclasses.dataclass(frozen=True)

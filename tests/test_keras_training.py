@@ -195,6 +195,7 @@ def test_keras_3_model_is_refused_by_make_private_naming_the_fix():
                            num_examples=N, batch_size=256)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("optimizer", [
     lambda: keras.optimizers.legacy.SGD(0.5), lambda: keras.optimizers.Adam(0.01),
     lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)], ids=["sgd", "adam", "rowwise-adagrad"])

@@ -17,7 +17,6 @@ from sparse_dp.training.checks.validation import ModelValidationError
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
-from conftest import one_stack
 
 VOCAB, B = 50, 12
 NOISE = {"dpsgd": dict(noise_multiplier=0.8),
@@ -78,11 +77,10 @@ def trained(policy: str, algorithm: str):
   return initial, [w.numpy() for w in model.trainable_weights], private.epsilon()
 
 
-# Each bfloat16 case on one stack (CI time); the float16 cases run on both.
+@pytest.mark.split_stacks  # in this order each stack fits both policies and both algorithms
 @pytest.mark.parametrize("policy, algorithm", [
-    pytest.param("mixed_bfloat16", "dpsgd", marks=one_stack("tf2.15")),
-    pytest.param("mixed_bfloat16", "adafest", marks=one_stack("tf2.21")),
-    ("mixed_float16", "dpsgd"), ("mixed_float16", "adafest")])
+    ("mixed_bfloat16", "dpsgd"), ("mixed_bfloat16", "adafest"),
+    ("mixed_float16", "adafest"), ("mixed_float16", "dpsgd")])
 def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(policy, algorithm):
   # Same seed: the same noise and (DP-AdaFEST) the same selected rows, drawn in
   # float32; only the clipped per-example gradients differ, by 16-bit rounding
@@ -136,6 +134,7 @@ def test_an_example_is_clipped_in_float32_under_bfloat16():
     assert norm == pytest.approx(clip, rel=1e-6)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("sparse", [False, True], ids=["dpsgd", "adafest"])
 def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   # Noise sigma C2 = 5e5 drawn in float32 from the seed whatever the layers
@@ -151,6 +150,7 @@ def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   assert apart <= 2 * B * 0.5 + 2
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("microbatch_size", [None, 5])
 def test_the_loss_scale_is_divided_out_of_each_example_before_clipping(microbatch_size):
   # float16, no noise, C2 at the median example norm: half the examples are
@@ -183,6 +183,7 @@ def per_example_norms(model) -> np.ndarray:
   return np.array(norms)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("microbatch_size", [None, 5])
 def test_a_float16_overflow_zeroes_its_example_as_any_non_finite_example(microbatch_size):
   # S = 2^20: dl/dz ~ 0.5 S overflows float16 (largest 65504) in every example;

@@ -70,6 +70,7 @@ def _train(embedding, optimizer, algorithm="adafest", steps=6):
   return model, private, callbacks
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_adafest_steps_give_the_cpu_backends_tables(name):
   optimizer, tolerance = OPTIMIZERS[name]

@@ -59,6 +59,7 @@ def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", emb
   return model, private, private.poisson_dataset(ids, labels)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
   """The Keras table on the host (``table_placement='host'``): the step looks the batch up

@@ -46,6 +46,7 @@ def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size
   return [w.numpy() for w in model.trainable_weights], history.history, private
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("algorithm,optimizer", [
     ("none", None), ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None),
     ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])
@@ -68,6 +69,7 @@ def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
       private.epsilon()
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("optimizer", [None, lambda: LazyAdam(0.05)], ids=["sgd", "lazy-adam"])
 def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(monkeypatch,
                                                                                 optimizer):
@@ -82,6 +84,7 @@ def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(
                              rtol=1e-4)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("algorithm,microbatch_size", [
     ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None), ("adafest", 96)])
 def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microbatch_size):
@@ -125,6 +128,7 @@ def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
     model.fit(private.poisson_dataset(ids, labels, padded=False).take(1), verbose=0)
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
 def test_compiled_micro_batches_take_the_graph_steps(algorithm):
   # 96 does not divide the padded capacity: the last micro-batch is padded on.
@@ -171,6 +175,7 @@ def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
   assert private.accountant.steps == 0
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("microbatch_size", [None, 100])
 def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(microbatch_size):
   ids, labels = synthetic_data()
@@ -231,6 +236,7 @@ def test_adagrad_under_xla_is_refused_naming_what_compiles():
   assert private.accountant.steps == 0
 
 
+@pytest.mark.split_stacks
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
   # No room at all: every step's false positives overflow (really: probability 1e-18).
