@@ -7,7 +7,7 @@ at full scale) has ``<!-- check: parse-only, REASON -->`` on the line above it
 and is parsed instead: every ``sparse-dp`` command line by the command's own
 argument parser, the shell by ``bash -n``, Python (and a shell's here-document
 of Python) by ``compile``. ``<!-- check: slow, REASON -->`` marks a block that
-trains at the smoke scale: it runs on one stack (``conftest.one_stack``), the
+trains at the smoke scale: it runs on one stack (``split_stacks`` in conftest.py), the
 slow blocks alternating between the two. Identical blocks (the README's example
 is also the manual's) run once. The manual itself builds with ``mkdocs build
 --strict``.
@@ -28,7 +28,6 @@ from typing import List, Optional
 
 import pytest
 
-from conftest import STACKS, one_stack
 from sparse_dp.cli import build_parser
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -76,12 +75,8 @@ BLOCKS = _blocks()
 
 
 def _params():
-  slow = 0
-  for block in BLOCKS:
-    marks = []
-    if block.check == "slow":
-      marks.append(one_stack(STACKS[slow % 2]))
-      slow += 1
+  for block in BLOCKS:  # the slow blocks alternate between the stacks (conftest.py)
+    marks = [pytest.mark.split_stacks] if block.check == "slow" else []
     yield pytest.param(block, id=block.name, marks=marks)
 
 
