@@ -11,7 +11,7 @@ Settings:
 
 * ``table4-<trainer>-<vocab>``: the step-time model of Ghazi et al., NeurIPS 2023, App. D.2.1
   (Table 4): one table of ``dim`` 64, batch 1,024, SGD, measured by each tree's
-  own ``python -m sparse_dp.bench.step_time`` worker, for DP-SGD and
+  own ``python -m sparse_dp.jobs.bench.step_time_benchmark`` worker, for DP-SGD and
   DP-AdaFEST at 1e5, 1e6 and 1e7 rows;
 * ``pctr-<algorithm>``: the model of ``sparse-dp train`` with its default
   settings (26 tables of the synthetic data's Table-3 sizes, dims
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
             "worker_command": "cd TREE && PYTHONPATH=TREE TF_ENABLE_ONEDNN_OPTS=0 "
                               f"TF_CPP_MIN_LOG_LEVEL=2 {sys.executable} {pathlib.Path(__file__)} "
                               "--worker KIND 'SETTINGS_JSON'",
-            "notes": "table4 runs the tree's sparse_dp.bench.step_time.measure (3 warm-up "
+            "notes": "table4 runs the tree's sparse_dp.jobs.bench.step_time_benchmark.measure (3 warm-up "
                      "steps, then 'steps' timed; fewer at 1e6 and 1e7 rows, where DP-SGD "
                      "takes seconds per step); pctr: 'warmup_steps' then 'steps' timed. The "
                      "machine is shared with other engineers' tests: the interleaving spreads "
@@ -215,17 +215,18 @@ def _in_subprocess(tree: pathlib.Path, kind: str, settings: dict, timeout: float
 
 
 def _worker(kind: str, settings: dict) -> dict:
-  """One measurement in this process: ``table4`` by the tree's own ``step_time.measure``."""
-  import sparse_dp  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from sparse_dp.bench import step_time  # pylint: disable=import-outside-toplevel
-  result = step_time.measure(settings) if kind == "table4" else measure_pctr(settings)
+  """One measurement in this process: ``table4`` by the tree's own ``step_time_benchmark.measure``."""
+  import tensorflow as tf
+
+  import sparse_dp
+  from sparse_dp.jobs.bench import step_time_benchmark
+  result = step_time_benchmark.measure(settings) if kind == "table4" else measure_pctr(settings)
   return {**result, "sparse_dp": sparse_dp.__file__, "tensorflow": tf.__version__}
 
 
 def measure_pctr(settings: dict) -> dict:
   """Seconds per step of the pCTR job's model under ``settings["algorithm"]`` (in this process)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import numpy as np
 
   model, config, iterator = pctr_training(settings["algorithm"],
                                           settings["warmup_steps"] + settings["steps"],
@@ -250,23 +251,24 @@ def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
   """``(model, DPConfig, iterator)``: the pCTR job's model made private, and its batches.
 
   The model, optimizer and ``DPConfig`` of ``sparse-dp train`` with its defaults
-  (``models/fitting.py``), made private with ``sparse_dp.make_private``; the
+  (``sparse_dp/jobs/train/fitting.py``), made private with ``sparse_dp.make_private``; the
   iterator repeats ``batches`` batches of random Zipf ids and log-normal integer
   features, whose first dimension is unknown to the traced step, as the job's
   Poisson batches. ``jit_compile``: the step compiled with XLA and, for a DP
   algorithm, fed each batch padded to its capacity with its example mask, as the
   job's ``poisson_dataset`` pads it (``sparse-dp train --jit-compile``).
   """
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
 
-  import sparse_dp  # pylint: disable=import-outside-toplevel
-  from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
-  from sparse_dp.accounting import Algorithm  # pylint: disable=import-outside-toplevel
-  from sparse_dp.data.criteo_format import NUM_INTEGER  # pylint: disable=import-outside-toplevel
-  from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models import fitting, pctr, pctr_data  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.job_flags import FitSettings  # pylint: disable=import-outside-toplevel
+  import sparse_dp
+  from sparse_dp._keras import keras
+  from sparse_dp.accounting import Algorithm
+  from sparse_dp.data.criteo_format import NUM_INTEGER
+  from sparse_dp.data.synthetic import SyntheticCriteo
+  from sparse_dp.jobs.train import fitting
+  from sparse_dp.jobs.train.job_flags import FitSettings
+  from sparse_dp.models import pctr, pctr_data
 
   job = FitSettings()
   num_examples = int(400_000 * (1 - pctr_data.EVAL_SHARE))  # the job's default training split
@@ -277,7 +279,7 @@ def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
                                 embedding_dims=[pctr.embedding_dim(v) for v in sizes])
   model.compile(optimizer=keras.optimizers.Adam(job.learning_rate),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
-  config = fitting._dp_config(Algorithm.parse(algorithm), job,  # pylint: disable=protected-access
+  config = fitting._dp_config(Algorithm.parse(algorithm), job,
                               num_examples, batch)
   sparse_dp.make_private(model, config, num_examples=num_examples, batch_size=batch,
                          epochs=job.epochs)
@@ -289,9 +291,9 @@ def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
   dataset = tf.data.Dataset.from_tensor_slices(
       ({"integers": integers, "categorical": ids}, labels)).batch(batch)
   if jit_compile and algorithm != "none":
-    from sparse_dp.bench.step_time import pad_rows  # pylint: disable=import-outside-toplevel
-    from sparse_dp.training.sampling import padded_batches  # pylint: disable=import-outside-toplevel
-    from sparse_dp.training.sampling.poisson import batch_capacity  # pylint: disable=import-outside-toplevel
+    from sparse_dp.jobs.bench.step_time_benchmark import pad_rows
+    from sparse_dp.training.poisson import padded_batches
+    from sparse_dp.training.poisson.poisson_sampling import batch_capacity
     capacity = batch_capacity(num_examples, batch / num_examples)
     dataset = dataset.map(lambda x, y: padded_batches.padded(
         pad_rows((x, y), capacity - batch, tf), tf.range(capacity) < batch))

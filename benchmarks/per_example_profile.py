@@ -21,19 +21,19 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import per_example_cost  # pylint: disable=wrong-import-position
+import per_example_cost
 
 _WARMUP_STEPS = 2
 
 
 def main(argv=None) -> int:
-  settings = per_example_cost._settings()  # pylint: disable=protected-access
+  settings = per_example_cost._settings()
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("setting", choices=sorted(settings))
   parser.add_argument("--steps", type=int, default=2)
   parser.add_argument("--top", type=int, default=15, help="op names listed")
   args = parser.parse_args(argv)
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
 
   kind, worker_settings = settings[args.setting]
   train, iterator = _train_function(kind, worker_settings, args.steps)
@@ -43,12 +43,12 @@ def main(argv=None) -> int:
     tf.profiler.experimental.start(logdir)
     start = time.perf_counter()
     for _ in range(args.steps):
-      {k: v.numpy() for k, v in train(iterator).items()}  # pylint: disable=expression-not-assigned
+      {k: v.numpy() for k, v in train(iterator).items()}
     seconds = (time.perf_counter() - start) / args.steps
     tf.profiler.experimental.stop()
     by_type, by_name = _op_seconds(next(pathlib.Path(logdir).rglob("*.xplane.pb")))
   per_step = lambda table, top: {k: round(v / args.steps, 4) for k, v in table.most_common(top)}
-  import sparse_dp  # pylint: disable=import-outside-toplevel
+  import sparse_dp
   print(json.dumps({"setting": args.setting, "sparse_dp": sparse_dp.__file__,
                     "seconds_per_step_traced": seconds,
                     "op_seconds_per_step": round(sum(by_type.values()) / args.steps, 4),
@@ -59,25 +59,25 @@ def main(argv=None) -> int:
 
 def _train_function(kind: str, settings: dict, steps: int):
   """The setting's compiled train function and its batches, as the cost workers build them."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
   if kind == "pctr":
     model, _, iterator = per_example_cost.pctr_training(settings["algorithm"],
                                                         _WARMUP_STEPS + steps)
     return model.make_train_function(), iterator
-  from sparse_dp.bench import step_time  # pylint: disable=import-outside-toplevel
+  from sparse_dp.jobs.bench import step_time_benchmark
   rng = np.random.default_rng(0)
   shape = (_WARMUP_STEPS + steps, settings["batch_size"])
   ids = (rng.zipf(1.1, shape) % settings["vocab"]).astype("int64")
   labels = rng.integers(0, 2, shape + (1,)).astype("float32")
-  model, _ = step_time._build(settings, tf)  # pylint: disable=protected-access
+  model, _ = step_time_benchmark._build(settings, tf)
   iterator = iter(tf.data.Dataset.from_tensor_slices((ids, labels)).repeat())
   return model.make_train_function(), iterator
 
 
 def _op_seconds(path: pathlib.Path):
   """Seconds of the trace's TensorFlow op events (``name:Type``), by type and by name."""
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
   space = xplane_pb2.XSpace()
   space.ParseFromString(path.read_bytes())
   by_type, by_name = collections.Counter(), collections.Counter()

@@ -21,11 +21,12 @@ TABLES, VOCAB, DIM, N = 26, 20_000, 16, 200_000
 
 
 def worker(args):
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import sparse_dp  # pylint: disable=import-outside-toplevel
-  from sparse_dp import keras  # pylint: disable=import-outside-toplevel
-  from sparse_dp.layers import Embedding  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
+
+  import sparse_dp
+  from sparse_dp import keras
+  from sparse_dp.layers import Embedding
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.3, (N, TABLES)) % VOCAB).astype("int64")
@@ -85,7 +86,7 @@ def main():
   args = parser.parse_args()
   if args.worker:
     return worker(args)
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   runs = [launch(count, algorithm, args) for algorithm in ("adafest", "dpsgd")
           for count in (1, 2)]
   result = {

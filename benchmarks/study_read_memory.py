@@ -73,7 +73,7 @@ def main(argv=None) -> int:
   sizes = sorted(int(n) for n in args.examples.split(","))
   path = pathlib.Path(args.data) if args.data else None
   if path is None:
-    from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
+    from sparse_dp.data.synthetic import SyntheticCriteo
     folder = pathlib.Path(args.folder or tempfile.mkdtemp(prefix="read_memory_"))
     path = folder / f"synthetic_scale1_{sizes[-1]}.gz"
     if not path.exists():

@@ -8,7 +8,7 @@ Usage (the committed result, ``benchmarks/results/vocabulary_scale.{json,png}``)
 The model and step are ``sparse-dp train``'s: :func:`sparse_dp.models.pctr.build_pctr_model`
 (26 tables of Table 3's vocabularies times the scale, dims ``int(2 V^0.25)``, four
 ReLU layers of 598), compiled with ``--optimizer`` and made private with the job's
-calibration (:func:`sparse_dp.models.fitting.dp_config`: epsilon 1, one epoch of
+calibration (:func:`sparse_dp.jobs.train.fitting.dp_config`: epsilon 1, one epoch of
 ``--examples`` at batch 2,048), fed the job's Poisson batches
 (``PrivateTraining.poisson_dataset``; also for ``none``) through ``model.fit``
 with the DP callback. The examples are a day of
@@ -27,7 +27,7 @@ minus the first.
 
 Before a child trains, the memory it needs (tables, the optimizer's state, DP-SGD's
 dense noise of its largest table, overhead: the step-time study's bound,
-:func:`sparse_dp.models.memory.bytes_needed`) is compared with the machine's available
+:func:`sparse_dp.jobs.train.memory.bytes_needed`) is compared with the machine's available
 memory less ``--reserve-gb`` for other users; a child that would not fit is not
 started and the JSON says why.
 """
@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from sparse_dp.models.job_flags import OPTIMIZERS
+from sparse_dp.jobs.train.job_flags import OPTIMIZERS
 
 ALGORITHMS = ("none", "dpsgd", "adafest")
 
@@ -51,8 +51,8 @@ ALGORITHMS = ("none", "dpsgd", "adafest")
 def optimizer(name: str, learning_rate: float):
   """The job's ``--optimizer name`` in its sparse form for every run, non-private included
   (:func:`sparse_dp.optimizers.sparse_optimizer`), so the three runs differ only in the step."""
-  from sparse_dp.models.fitting import job_optimizer  # pylint: disable=import-outside-toplevel
-  from sparse_dp.optimizers import sparse_optimizer  # pylint: disable=import-outside-toplevel
+  from sparse_dp.jobs.train.fitting import job_optimizer
+  from sparse_dp.optimizers import sparse_optimizer
   return sparse_optimizer(job_optimizer(name, learning_rate))
 
 
@@ -72,15 +72,15 @@ def _field_bytes(path: str, field: str) -> int:
 def measure(settings: dict) -> dict:
   """One algorithm at one scale, in this process: the child's JSON line (``not_run``
   and why, when the machine has not the memory it needs)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import sparse_dp  # pylint: disable=import-outside-toplevel
-  from sparse_dp._keras import keras  # pylint: disable=import-outside-toplevel
-  from sparse_dp.accounting import Algorithm  # pylint: disable=import-outside-toplevel
-  from sparse_dp.data.synthetic import SyntheticCriteo  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models import fitting  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.job_flags import FitSettings  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models.pctr import build_pctr_model  # pylint: disable=import-outside-toplevel
-  from sparse_dp.models import memory  # pylint: disable=import-outside-toplevel
+  import numpy as np
+
+  import sparse_dp
+  from sparse_dp._keras import keras
+  from sparse_dp.accounting import Algorithm
+  from sparse_dp.data.synthetic import SyntheticCriteo
+  from sparse_dp.jobs.train import fitting, memory
+  from sparse_dp.jobs.train.job_flags import FitSettings
+  from sparse_dp.models.pctr import build_pctr_model
 
   scale, algorithm, examples = settings["scale"], settings["algorithm"], settings["examples"]
   synthetic = SyntheticCriteo(scale=scale, seed=settings["seed"])
@@ -105,7 +105,7 @@ def measure(settings: dict) -> dict:
   model = build_pctr_model(sizes)
   model.compile(optimizer=optimizer(settings["optimizer"], settings["learning_rate"]),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  config = fitting._dp_config(Algorithm.parse(algorithm), fit, examples,  # pylint: disable=protected-access
+  config = fitting._dp_config(Algorithm.parse(algorithm), fit, examples,
                               fit.batch_size)
   private = sparse_dp.make_private(model, config, num_examples=examples,
                                    batch_size=fit.batch_size, epochs=fit.epochs)
@@ -146,10 +146,10 @@ class StepClock:
     self.timed, self.rss, self.first_step, self.warmup_peak = [], [], None, None
     self._start = 0.0
 
-  def begin(self, batch, logs=None):  # pylint: disable=unused-argument
+  def begin(self, batch, logs=None):
     self._start = time.perf_counter()
 
-  def end(self, batch, logs=None):  # pylint: disable=unused-argument
+  def end(self, batch, logs=None):
     elapsed = time.perf_counter() - self._start
     if batch == 0:
       self.first_step = elapsed
@@ -180,9 +180,9 @@ def _child(settings: dict, timeout: float) -> dict:
 
 def plot(results: list[dict], path: pathlib.Path) -> None:
   """Examples per second and peak resident memory against table rows, per algorithm."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   figure, (speed, memory) = plt.subplots(1, 2, figsize=(10, 3.8))
   for algorithm in ALGORITHMS:
     ran = sorted((r for r in results if r["algorithm"] == algorithm and "error" not in r

@@ -128,6 +128,6 @@ def hash_buckets(values: np.ndarray, num_buckets: int) -> np.ndarray:
 
   Hashes each distinct value once: Criteo features repeat heavily.
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   distinct, inverse = np.unique(values, return_inverse=True)
   return tf.strings.to_hash_bucket_fast(distinct, num_buckets).numpy()[inverse]

@@ -65,9 +65,9 @@ class Reliability:
   def plot(self, path: pathlib.Path, title: str = "") -> None:
     """The reliability diagram: observed click rate against mean prediction per bin,
     the diagonal (perfect calibration) and, below, the examples per bin."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
+    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.pyplot as plt
     figure, (rates, counts) = plt.subplots(2, 1, figsize=(5, 6), sharex=True,
                                            gridspec_kw={"height_ratios": [3, 1]})
     filled = self.count > 0

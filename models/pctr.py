@@ -5,7 +5,7 @@ for a vocabulary of ``V`` rows; the embeddings are concatenated with the
 log-transformed integer features and go through four ReLU layers of 598 units
 and one logit. Built on :class:`sparse_dp.layers.Embedding`, so every
 algorithm of sparse-dp can train it. ``hashed_rows`` makes a compact variant (a
-distillation student, :mod:`sparse_dp.distillation`): feature ``i``'s ids are
+distillation student, :mod:`sparse_dp.jobs.distill`): feature ``i``'s ids are
 hashed (Keras ``Hashing``, FarmHash) into ``hashed_rows[i]`` rows before the lookup.
 """
 

@@ -38,9 +38,9 @@ import tensorflow as tf
 
 import sparse_dp
 from sparse_dp import keras
+from sparse_dp.jobs.study.presets import preset
+from sparse_dp.jobs.study.runner.inputs import StudyInputs
 from sparse_dp.models.pctr import build_pctr_model
-from sparse_dp.study.runner.inputs import StudyInputs
-from sparse_dp.study.presets import preset
 
 sizes = preset(PRESET)
 inputs = StudyInputs.load(DATA, sizes.examples, sizes.synthetic_scale, sizes.features,

@@ -42,8 +42,8 @@ LEARNING_RATE = os.environ.get("SPARSE_DP_STUDY_LEARNING_RATE")
 LEARNING_RATE = float(LEARNING_RATE) if LEARNING_RATE else None
 
 # %%
-from sparse_dp.study.presets import preset
-from sparse_dp.study.studies import show, show_claims, trained_with
+from sparse_dp.jobs.study.presets import preset
+from sparse_dp.jobs.study.studies import show, show_claims, trained_with
 
 trained_with(preset(PRESET), OPTIMIZER, LEARNING_RATE).describe()
 

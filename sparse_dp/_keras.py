@@ -38,7 +38,7 @@ def _keras2_namespace():
     _keep_keras_exports_before_tf_keras(tf.keras)
     return tf.keras
   try:
-    import tf_keras  # pylint: disable=import-outside-toplevel
+    import tf_keras
   except ImportError:
     raise ImportError(
         f"sparse_dp needs Keras 2, which TensorFlow {tf.__version__} ships separately: "
@@ -67,14 +67,14 @@ def _keep_keras_exports_before_tf_keras(keras_api) -> None:
   """
   if "tf_keras" in sys.modules:
     return
-  from tensorflow.python.saved_model import revived_types  # pylint: disable=import-outside-toplevel
-  from tensorflow.python.util import tf_export  # pylint: disable=import-outside-toplevel
+  from tensorflow.python.saved_model import revived_types
+  from tensorflow.python.util import tf_export
   _ = keras_api.optimizers.legacy.Optimizer  # Keras's revived optimizer types are registered
-  tables = (tf_export._NAME_TO_SYMBOL_MAPPING,  # pylint: disable=protected-access
-            revived_types._REVIVED_TYPE_REGISTRY)  # pylint: disable=protected-access
+  tables = (tf_export._NAME_TO_SYMBOL_MAPPING,
+            revived_types._REVIVED_TYPE_REGISTRY)
   kept = [dict(table) for table in tables]
   try:
-    import tf_keras.optimizers.legacy  # pylint: disable=import-outside-toplevel,unused-import
+    import tf_keras.optimizers.legacy
   except ImportError:
     return
   finally:
@@ -87,9 +87,9 @@ keras = _keras2_namespace()
 if "sparse_dp.layers" not in sys.modules:
   # This module loaded TensorFlow, so the import hook of sparse_dp/__init__.py
   # left the registration of our Keras objects to it (they need `keras`).
-  import sparse_dp  # pylint: disable=import-outside-toplevel,wrong-import-position
+  import sparse_dp
 
-  sparse_dp._register_keras_objects()  # pylint: disable=protected-access
+  sparse_dp._register_keras_objects()
 
 
 class Keras3ModelError(TypeError):

@@ -227,9 +227,9 @@ def _register_saved_model_revival() -> None:
       versions=[load.VersionedTypeRegistration(
           object_factory=lambda proto: _RestoredRowwiseAdagrad(), version=1,
           min_producer_version=1, min_consumer_version=1,
-          setter=_RestoredRowwiseAdagrad._set_hyper)])  # pylint: disable=protected-access
-  from tensorflow.python.saved_model import revived_types  # pylint: disable=import-outside-toplevel
-  order = revived_types._TYPE_IDENTIFIERS  # pylint: disable=protected-access
+          setter=_RestoredRowwiseAdagrad._set_hyper)])
+  from tensorflow.python.saved_model import revived_types
+  order = revived_types._TYPE_IDENTIFIERS
   order.insert(0, order.pop(order.index("sparse_dp_rowwise_adagrad")))
 
 
@@ -252,7 +252,7 @@ def create_weights(optimizer: keras.optimizers.Optimizer, var_list) -> None:
   create its weights as it does.
   """
   if isinstance(optimizer, _legacy.Optimizer):
-    optimizer._create_all_weights(list(var_list))  # pylint: disable=protected-access
+    optimizer._create_all_weights(list(var_list))
 
 
 def sparse_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:

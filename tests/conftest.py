@@ -12,7 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-import sparse_dp  # noqa: E402,F401  pylint: disable=unused-import
+import sparse_dp  # noqa: E402,F401
 
 # setup.py installs TF Privacy 0.9.0 on the Python 3.10-3.11 stack only; there
 # its tests must run (an import error fails them), on Python 3.12+ they skip.

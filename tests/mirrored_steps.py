@@ -13,10 +13,11 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
+from tiny_model import tiny_model  # noqa: E402
+
 import sparse_dp  # noqa: E402
 from sparse_dp.mechanisms.noise import dense_noise  # noqa: E402
 from sparse_dp.optimizers import RowwiseAdagrad  # noqa: E402
-from tiny_model import tiny_model  # noqa: E402
 
 VOCAB, BATCH = 200, 64
 

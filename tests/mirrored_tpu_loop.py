@@ -16,10 +16,11 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import sparse_dp  # noqa: E402
 from keras_models import N, functional_model, synthetic_data  # noqa: E402
+
+import sparse_dp  # noqa: E402
 from sparse_dp import keras  # noqa: E402
-from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble  # noqa: E402
+from sparse_dp.layers.embedding_backends.doubles.tpu_api_double import TPUEmbeddingAPIDouble  # noqa: E402
 from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)

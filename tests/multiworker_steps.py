@@ -16,9 +16,9 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+from tiny_model import tiny_model  # noqa: E402
 
 import sparse_dp  # noqa: E402
-from tiny_model import tiny_model  # noqa: E402
 
 VOCAB, BATCH, STEPS, N = 200, 64, 3, 640
 CONFIGS = {

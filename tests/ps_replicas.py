@@ -15,10 +15,11 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import sparse_dp  # noqa: E402
-from sparse_dp.distribute import ParameterServerTraining  # noqa: E402
 from graph_ops import ancestors  # noqa: E402
 from tiny_model import tiny_model  # noqa: E402
+
+import sparse_dp  # noqa: E402
+from sparse_dp.distribute import ParameterServerTraining  # noqa: E402
 
 VOCAB, BATCH, N, STEPS = 200, 64, 640, 2
 NOISE = {"dpsgd": dict(noise_multiplier=1.0),
@@ -61,7 +62,7 @@ def writes_after_count(strategy, algorithm):
   """In the step's graph: the ops that write a trained weight (every replica's copy),
   and how many of them have an op that counts the step (writes ``steps_taken``) before them."""
   training = trainer(strategy, algorithm)
-  graph = training._step.get_concrete_function().graph  # pylint: disable=protected-access
+  graph = training._step.get_concrete_function().graph
   inside = {id(outer): inner for outer, inner in graph.captures}
 
   def handles(variables):

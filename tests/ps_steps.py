@@ -86,7 +86,7 @@ def lost_after_update(strategy, steps=4, lost_key=1):
   """``steps`` steps on both workers; the attempt keyed ``lost_key`` fails after its update."""
   private, _ = private_model(strategy, CONFIGS["dpsgd"])
   trainer = ParameterServerTraining(private, IDS, LABELS)
-  step = trainer._step  # pylint: disable=protected-access
+  step = trainer._step
 
   @tf.function
   def losing_step():
@@ -98,7 +98,7 @@ def lost_after_update(strategy, steps=4, lost_key=1):
     with tf.control_dependencies([lost]):
       return {name: tf.identity(value) for name, value in logs.items()}
 
-  trainer._step = losing_step  # pylint: disable=protected-access
+  trainer._step = losing_step
   expected = private.epsilon(steps + 1)  # before any step: every attempt counted
   logs = trainer.fit(steps=steps)
   return {"keys": logs["keys"], "lost_key": lost_key, "taken": logs["steps"],

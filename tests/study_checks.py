@@ -10,7 +10,7 @@ import pytest
 from matplotlib.text import Text
 from PIL import Image
 
-from sparse_dp.study.reports import plots
+from sparse_dp.jobs.study.reports import plots
 
 
 def plotted_errorbars(figure) -> list[tuple[float, float, float]]:
@@ -72,7 +72,7 @@ def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path
     numbers = [t.get_text() for t in figure.axes[0].texts if t.get_gid() == plots.POINT_LABEL]
     assert sorted(numbers, key=int) == [str(i + 1) for i in range(len(drawn))]
   assert_point_labels_apart(figure)
-  expected = [(p["gradient_size_reduction"], *plots._auc_bar(p, paired))  # pylint: disable=protected-access
+  expected = [(p["gradient_size_reduction"], *plots._auc_bar(p, paired))
               for p in drawn]
   expected += [(max(r["days"]), r["auc_mean"], r["auc_std"])  # at the period's last day
                for p in report["points"] for r in p.get("periods", [])]
@@ -85,4 +85,4 @@ def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path
     assert len(bars) >= len(drawn)
   for bar in bars:
     assert any(bar == pytest.approx(e, rel=1e-9, abs=1e-12) for e in expected), bar
-  plots._pyplot().close(figure)  # pylint: disable=protected-access
+  plots._pyplot().close(figure)

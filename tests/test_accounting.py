@@ -4,14 +4,22 @@ import math
 
 import dp_accounting
 import pytest
+from conftest import requires_tf_privacy
 from dp_accounting import pld, rdp
 
-from conftest import requires_tf_privacy
-from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport,
-                                  PrivacySpec, TopKSelectionCost, UnreachableTargetError,
-                                  calibrate, effective_noise_multiplier,
-                                  gaussian_steps_event, split_noise_multiplier,
-                                  steps_for_epochs)
+from sparse_dp.accounting import (
+  BatchSchedule,
+  PrivacyAccountant,
+  PrivacyReport,
+  PrivacySpec,
+  TopKSelectionCost,
+  UnreachableTargetError,
+  calibrate,
+  effective_noise_multiplier,
+  gaussian_steps_event,
+  split_noise_multiplier,
+  steps_for_epochs,
+)
 from sparse_dp.accounting.discretization import pld_interval
 
 N = 1_000_000

@@ -6,18 +6,18 @@ import shlex
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import one_stack
 
 from sparse_dp._keras import keras
-from sparse_dp.audit.canaries import Canaries
-from sparse_dp.audit.cli import orderings
-from sparse_dp.audit.job import audit_power, true_epsilon
-from sparse_dp.audit.scores import SCORES, CanaryRows, StepAlignment, canary_scores, own_rows
-from sparse_dp.audit.testing import noise_scaled_for_testing
 from sparse_dp.cli import build_parser, main
+from sparse_dp.jobs.audit.audit_command import orderings
+from sparse_dp.jobs.audit.audit_job import audit_power, true_epsilon
+from sparse_dp.jobs.audit.canaries import Canaries
+from sparse_dp.jobs.audit.scores import SCORES, CanaryRows, StepAlignment, canary_scores, own_rows
+from sparse_dp.jobs.audit.testing import noise_scaled_for_testing
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.training.dp_step.step import StepNoise
 from sparse_dp.training.wrappers import entry_point
-from conftest import one_stack
 
 
 def test_canaries_have_fresh_ids_random_labels_and_secret_inclusion():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sparse_dp.audit import bound, exposure, one_run
+from sparse_dp.jobs.audit import bound, exposure, one_run
 
 
 def direct_tail(eps: float, guesses: int, correct: int) -> float:

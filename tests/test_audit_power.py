@@ -5,7 +5,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from sparse_dp.audit import one_run, power
+from sparse_dp.jobs.audit import one_run, power
 
 
 @pytest.mark.parametrize("epsilon,delta", [(1.0, 1e-6), (4.0, 1e-6), (4.0, 1e-5)])

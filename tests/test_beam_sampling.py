@@ -12,14 +12,14 @@ import sys
 
 import numpy as np
 import pytest
-from scipy import stats
-
 from conftest import ALPHA, one_stack
 from criteo_lines import HAND_WRITTEN, write
+from scipy import stats
+
 from sparse_dp.cli import main
 from sparse_dp.data.vocabulary import Vocabulary
-from sparse_dp.sampling import pipeline
-from sparse_dp.sampling.draws import SecretSeed, example_key
+from sparse_dp.jobs.sample import pipeline
+from sparse_dp.jobs.sample.draws import SecretSeed, example_key
 
 SEED_BYTES = b"test seed: not a secret, 32 byte"
 SEED = SecretSeed(SEED_BYTES)
@@ -305,9 +305,9 @@ def _copy(sample: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
 
 
 def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path):
+  from sparse_dp.jobs.sample import step_claims
+  from sparse_dp.jobs.sample.batches import SampledBatches
   from sparse_dp.models.pctr_data import hashed_vocabulary
-  from sparse_dp.sampling import claims
-  from sparse_dp.sampling.batches import SampledBatches
   sample = str(_copy(small_sample / "sample", tmp_path / "sample"))
   batches = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)
   later_run = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)  # another process's
@@ -319,21 +319,21 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   rest = batches.dataset(1)
   assert [int(y.shape[0]) for _, y in rest] == [batches.manifest.batch_sizes[4]]
   assert not list(rest) and not list(rest.repeat(3))  # never again
-  assert [(c.first, c.end) for c in claims.claims(sample)] == [(0, 3), (3, 4), (4, 5)]
+  assert [(c.first, c.end) for c in step_claims.claims(sample)] == [(0, 3), (3, 4), (4, 5)]
   with pytest.raises(ValueError, match="0 unread batches of 5 .5 taken by this or earlier"):
     SampledBatches.open(sample, hashed_vocabulary(0.01), SEED).dataset(1)
   # Two runs that read the claims at once want the same first step: the second is refused.
   with pytest.raises(ValueError, match="claimed the sample's batches from step 4 at the same"):
-    claims.claim(sample, 4, 5)
-  assert sorted(p.name for p in (tmp_path / "sample" / claims.CLAIMS).iterdir()) == [
+    step_claims.claim(sample, 4, 5)
+  assert sorted(p.name for p in (tmp_path / "sample" / step_claims.CLAIMS).iterdir()) == [
       "from-000000000.json", "from-000000003.json", "from-000000004.json"]  # no partial file
   damaged = _copy(small_sample / "sample", tmp_path / "damaged")
-  (damaged / claims.CLAIMS).mkdir()
-  (damaged / claims.CLAIMS / "from-000000000.json").write_text('{"first": 0')
+  (damaged / step_claims.CLAIMS).mkdir()
+  (damaged / step_claims.CLAIMS / "from-000000000.json").write_text('{"first": 0')
   with pytest.raises(ValueError, match="from-000000000.json is not readable"):
     SampledBatches.open(str(damaged), hashed_vocabulary(0.01), SEED)
   unwritable = _copy(small_sample / "sample", tmp_path / "unwritable")
-  (unwritable / claims.CLAIMS).write_text("a file where the claims folder goes")
+  (unwritable / step_claims.CLAIMS).write_text("a file where the claims folder goes")
   with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
     SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
 
@@ -344,8 +344,9 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   batch is split between them, the chief alone claims the steps, and the model is the one
   a single process trains on the same batches (a fresh copy of the sample)."""
   import tensorflow as tf
-  from sparse_dp.sampling import claims
   from test_multi_worker import free_ports
+
+  from sparse_dp.jobs.sample import step_claims
   vocabulary = tmp_path / "vocabulary.json"
   Vocabulary.hashed([50] * 26).save(vocabulary)
 
@@ -380,7 +381,7 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   alone = json.loads(out.strip().splitlines()[-1])
   runs = [tmp_path / "cluster", tmp_path / "cluster" / "workers" / "worker_1"]
   # q = 20 / 1,000: 3 steps; each counted once, claimed once (by the chief).
-  assert [(c.first, c.end) for c in claims.claims(str(tmp_path / "cluster_sample"))] == [(0, 3)]
+  assert [(c.first, c.end) for c in step_claims.claims(str(tmp_path / "cluster_sample"))] == [(0, 3)]
   for run in runs:
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["steps"] == alone["steps"] == 3 and metrics["poisson_sampling"] is True
@@ -399,7 +400,7 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
 
 
 def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_path, capsys):
-  from sparse_dp.sampling import claims, ledger
+  from sparse_dp.jobs.sample import sample_ledger, step_claims
   paths = _write_files(tmp_path / "data", [600, 400])
   seed_file = tmp_path / "secret" / "seed"
   seed_file.parent.mkdir()
@@ -417,17 +418,17 @@ def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_p
   assert sorted(p.name for p in (tmp_path / "secret" / "seed.samples").iterdir()) == sorted(
       f"{salt}.json" for salt in salts)
   with pytest.raises(ValueError, match="was drawn before"):
-    ledger.record(str(seed_file), salts[0], str(tmp_path / "c"))
+    sample_ledger.record(str(seed_file), salts[0], str(tmp_path / "c"))
   # --reproduce draws a sample again into its own folder, under its claims: it restores a
   # lost shard as it was written, and the manifest stays.
   sample = tmp_path / "a"
   lost = sorted(sample.glob("*.tfrecord"))[1]
   written, manifest = lost.read_bytes(), (sample / "manifest.json").read_text()
   lost.unlink()
-  claims.claim(str(sample), 0, 2)
+  step_claims.claim(str(sample), 0, 2)
   assert main(["sample", "--reproduce", str(sample), "--seed-file", str(seed_file)]) == 0
   assert lost.read_bytes() == written and (sample / "manifest.json").read_text() == manifest
-  assert claims.steps_taken(str(sample)) == 2
+  assert step_claims.steps_taken(str(sample)) == 2
   # Nowhere else: a copy would hold the batches without the claims.
   copy = _copy(sample, tmp_path / "copy")
   assert "was drawn into" in _error(capsys, ["sample", "--reproduce", str(copy),

@@ -3,8 +3,12 @@
 import numpy as np
 import pytest
 
-from sparse_dp.models.calibration import (Reliability, base_rate_log_loss, calibration_metrics,
-                                          log_loss)
+from sparse_dp.models.calibration import (
+  Reliability,
+  base_rate_log_loss,
+  calibration_metrics,
+  log_loss,
+)
 
 # Five predictions in 10 equal-width bins: 0.05 -> bin 0, 0.15 (twice) -> bin 1,
 # 0.55 -> bin 5, 0.95 -> bin 9.

@@ -2,7 +2,7 @@
 
 import re
 
-from sparse_dp.study.reports.claims import claims
+from sparse_dp.jobs.study.reports.claims import claims
 
 
 def stream(algorithm, aucs, reduction=20.0, source=None):

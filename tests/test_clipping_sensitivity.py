@@ -4,9 +4,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparse_dp.mechanisms import (clip_factors, clipped_row_sum, contribution_maps, is_valid,
-                                  per_example_row_gradients, restrict_to_rows,
-                                  squared_norms)
+from sparse_dp.mechanisms import (
+  clip_factors,
+  clipped_row_sum,
+  contribution_maps,
+  is_valid,
+  per_example_row_gradients,
+  restrict_to_rows,
+  squared_norms,
+)
 
 VOCAB_A, VOCAB_B, DIM = 5000, 3000, 4
 

@@ -4,13 +4,13 @@ import gzip
 
 import numpy as np
 import pytest
+from criteo_lines import BAD_LINES, HAND_WRITTEN, write
 
 from sparse_dp.data.criteo import CriteoReader, MalformedLineError, integer_features
 from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data.synthetic import SyntheticCriteo, planted_auc
 from sparse_dp.models.pctr_data import CriteoSplit, EncodedSplit, hashed_vocabulary, model_inputs
 
-from criteo_lines import BAD_LINES, HAND_WRITTEN, write
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_reads_real_criteo_lines(tmp_path, compress):
@@ -97,6 +97,7 @@ def test_planted_model_is_learnable_and_days_drift():
 
 def test_vocabulary_ids_thresholds_hashing_and_round_trip(tmp_path):
   import pandas as pd
+
   from sparse_dp.data.criteo_format import CATEGORICAL_NAMES
   from sparse_dp.data.vocabulary import MISSING_ID, OOV_ID, Vocabulary
 

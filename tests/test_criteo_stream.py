@@ -3,13 +3,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from criteo_lines import BAD_LINES, HAND_WRITTEN, write
 
 from sparse_dp.data.criteo import CriteoReader, MalformedLineError, integer_features
 from sparse_dp.data.criteo_stream import CriteoStream, malformed_line_error
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.data.vocabulary import Vocabulary
-
-from criteo_lines import BAD_LINES, HAND_WRITTEN, write
 
 
 def stream_arrays(stream):

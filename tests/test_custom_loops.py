@@ -10,12 +10,12 @@ returns) takes DP steps, each example computed alone
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import one_stack
 
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
-from conftest import one_stack
 
 N, B, VOCAB = 64, 16, 20
 

@@ -4,9 +4,9 @@ and handed to the optimizer over every row as the update the dense gradient give
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
 from sparse_dp import keras, mechanisms
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.noise import dense_noise

@@ -10,15 +10,15 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
+from conftest import ALPHA, one_stack
 from dp_accounting import pld
 from scipy import stats
 
-from conftest import ALPHA, one_stack
 from sparse_dp.cli import main
-from sparse_dp.distillation import dp_teacher
-from sparse_dp.distillation.rona import privacy as rona_privacy
-from sparse_dp.distillation.rona.answers import NoisyAnswers, clip_rows
-from sparse_dp.distillation.rona.query_selection import bernoulli_kl, select_queries
+from sparse_dp.jobs.distill import dp_teacher
+from sparse_dp.jobs.distill.rona import privacy as rona_privacy
+from sparse_dp.jobs.distill.rona.answers import NoisyAnswers, clip_rows
+from sparse_dp.jobs.distill.rona.query_selection import bernoulli_kl, select_queries
 
 # Teacher: 96-unit tower; student: a tenth of the rows, 8-unit tower.
 TINY = ["--synthetic-scale", "0.01", "--max-examples", "300", "--max-public-examples", "300",
@@ -89,8 +89,8 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
   assert report["compression_ratio"] == pytest.approx(_count(teacher) / _count(student))
   assert report["compression_ratio"] > 5
   # The epsilon is the teacher's record, composed here straight from its weights.
-  (record,) = {dp_record.decode(w.numpy()) for l in teacher.layers
-               for w in [getattr(l, "dp_record", None)] if w is not None}
+  (record,) = {dp_record.decode(w.numpy()) for layer in teacher.layers
+               for w in [getattr(layer, "dp_record", None)] if w is not None}
   events = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       run.sampling_rate, dp_accounting.GaussianDpEvent(run.noise_multiplier)), steps)
             for run, steps in zip(record.runs, record.steps_by_run().values())]
@@ -216,7 +216,7 @@ def test_a_teacher_without_dp_record_is_refused():
 
 def test_declared_public_features_are_reported(tmp_path):
   from sparse_dp.cli import build_parser
-  from sparse_dp.distillation import pctr_inputs
+  from sparse_dp.jobs.distill import pctr_inputs
   args = build_parser().parse_args(["distill", "--method", "dp-teacher", *TINY,
                                     "--public-day", "1", "--out", "x.json"])
   with pytest.raises(ValueError, match="private training examples"):

@@ -6,7 +6,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from sparse_dp.cli import build_parser
-from sparse_dp.distillation import dp_teacher, privacy_fields
+from sparse_dp.jobs.distill import dp_teacher, privacy_fields
 from sparse_dp.training.dp_state.dp_record import Record, Run
 from sparse_dp.training.dp_state.state import attach
 

@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
-from sparse_dp.distillation.swing import metrics as swing_metrics
-from sparse_dp.distillation.swing.data import Canaries, MarkovItemChain
-from sparse_dp.distillation.swing.model import NextItemModelSpec
-from sparse_dp.distillation.swing.temperature import SwingTargets, as_distribution, clue_distance
+from sparse_dp.jobs.distill.swing import metrics as swing_metrics
+from sparse_dp.jobs.distill.swing.model import NextItemModelSpec
+from sparse_dp.jobs.distill.swing.swing_data import Canaries, MarkovItemChain
+from sparse_dp.jobs.distill.swing.temperature import SwingTargets, as_distribution, clue_distance
 
 CLUES = (7, 9)
 

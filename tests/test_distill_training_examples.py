@@ -18,7 +18,7 @@ from sparse_dp.data import training_examples
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.data.criteo_format import CATEGORICAL_NAMES, INTEGER_NAMES
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.distillation import pctr_inputs
+from sparse_dp.jobs.distill import pctr_inputs
 from sparse_dp.models.pctr_data import CriteoSplit
 
 EXAMPLES = 300  # --max-examples and --max-public-examples

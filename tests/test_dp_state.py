@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from dp_accounting import pld
+from keras_models import N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 
 BATCH = 256  # q = 1/16: 16 steps per epoch

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from scipy import stats
-
 from conftest import ALPHA
+from scipy import stats
 
 from sparse_dp import keras
 from sparse_dp.layers import Embedding

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import NO_TF_PRIVACY, TF_PRIVACY_STACK
 
 if not TF_PRIVACY_STACK:

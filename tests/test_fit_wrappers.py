@@ -4,9 +4,9 @@ import dp_accounting
 import pytest
 import tensorflow as tf
 from dp_accounting import pld
+from keras_models import N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.training.checks.validation import ModelValidationError
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import VOCAB, N, SubclassedModel, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, VOCAB, SubclassedModel, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp._keras import Keras3ModelError
 from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k
@@ -182,7 +182,7 @@ def test_keras_3_model_is_refused_by_make_private_naming_the_fix():
   if tuple(int(part) for part in tf.__version__.split(".")[:2]) < (2, 16):
     pytest.skip(f"TensorFlow {tf.__version__} has no Keras 3: its tf.keras is Keras 2")
   try:
-    import keras as keras3  # pylint: disable=import-outside-toplevel
+    import keras as keras3
   except ImportError:
     pytest.skip("the standalone keras package (Keras 3) is not installed")
   if not keras3.version().startswith("3."):

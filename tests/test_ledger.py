@@ -18,7 +18,7 @@ def test_ledger_sums_spends_and_refuses_past_the_budget(tmp_path):
   ledger.record(1, "selection", 0.1, 0.0, days=[1])
   ledger.record(1, "training", 0.5, 5e-6, days=[1])
   lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
-  assert [json.loads(l)["kind"] for l in lines] == ["selection", "training"]
+  assert [json.loads(line)["kind"] for line in lines] == ["selection", "training"]
   assert json.loads(lines[0]) == {"period": 1, "kind": "selection", "epsilon": 0.1,
                                   "delta": 0.0, "days": [1]}
   reread = PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5)

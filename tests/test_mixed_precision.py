@@ -7,9 +7,9 @@ import functools
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import N, synthetic_data
 
 import sparse_dp
-from keras_models import N, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.rows.padding import ordinary_slices
@@ -69,10 +69,10 @@ def trained(policy: str, algorithm: str):
         model, sparse_dp.DPConfig(algorithm, noise_seed=1, **NOISE[algorithm]),
         num_examples=N, batch_size=256)
     model.fit(private.poisson_dataset(ids, labels).take(3), verbose=0)
-  assert model._jit_compile and private.accountant.steps == 3  # pylint: disable=protected-access
+  assert model._jit_compile and private.accountant.steps == 3
   assert private.loss_scale == (FIXED_SCALE if policy == "mixed_float16" else 1.0)
   assert all(w.dtype == tf.float32 for w in model.trainable_weights)
-  compute = {l.compute_dtype for l in model.layers if l.trainable_weights}
+  compute = {layer.compute_dtype for layer in model.layers if layer.trainable_weights}
   assert compute == {"float32" if policy == "float32" else policy.split("_")[1]}
   return initial, [w.numpy() for w in model.trainable_weights], private.epsilon()
 

@@ -10,11 +10,11 @@ import pytest
 
 jupytext = pytest.importorskip("jupytext", reason="test extra: pip install '.[test]'")
 
-from sparse_dp.study.notebooks import execute  # noqa: E402
-from sparse_dp.study.studies import output_paths  # noqa: E402
-
 from conftest import one_stack  # noqa: E402
 from study_checks import assert_figure_matches_report  # noqa: E402
+
+from sparse_dp.jobs.study.notebooks import execute  # noqa: E402
+from sparse_dp.jobs.study.studies import output_paths  # noqa: E402
 
 # The repository's notebooks (the installed package does not hold them).
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
@@ -24,7 +24,7 @@ STUDIES = {"01_quickstart": [], "02_criteo_tradeoffs": ["tradeoffs", "epsilon", 
            "03_streaming": ["streaming"], "04_step_time": ["step-time"]}
 
 
-# The words a claim's line ends with (sparse_dp.study.reports.claims).
+# The words a claim's line ends with (sparse_dp.jobs.study.reports.claims).
 VERDICTS = ("holds", "does not hold", "undecided")
 
 

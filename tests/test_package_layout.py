@@ -40,21 +40,23 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Training, bottom up: what a run keeps and how it samples, the DP step, the
     # checks that refuse a model, make_private and the Keras wrappers, the TPU
     # loop and the public names.
-    ("sparse_dp.training.config", "sparse_dp.training.dp_state", "sparse_dp.training.sampling"),
+    ("sparse_dp.training.config", "sparse_dp.training.dp_state", "sparse_dp.training.poisson"),
     ("sparse_dp.training.dp_step",),
     ("sparse_dp.training.checks",),
     ("sparse_dp.training.wrappers",),
     ("sparse_dp.training",),
-    # The pCTR model, its flags and data, which the sampling job reads; then the
-    # jobs that train it.
+    # The pCTR model definitions and their data; then the jobs, apart from the
+    # library: where their progress goes, the Beam sampling job, the train job
+    # (which reads sampled batches), the stream job that retrains it, and a
+    # study's parts below its studies.
     ("sparse_dp.models",),
-    ("sparse_dp.sampling",),
-    ("sparse_dp.models.fitting", "sparse_dp.models.stream_job", "sparse_dp.models.stream_periods",
-     "sparse_dp.models.train_job"),
-    # The commands' parts: a study's presets, runs and reports below its studies.
-    ("sparse_dp.study.presets", "sparse_dp.study.reports", "sparse_dp.study.runner"),
-    ("sparse_dp.bench", "sparse_dp.distillation", "sparse_dp.study"),
-    ("sparse_dp.audit",),
+    ("sparse_dp.jobs", "sparse_dp.jobs.job_output"),
+    ("sparse_dp.jobs.sample",),
+    ("sparse_dp.jobs.train",),
+    ("sparse_dp.jobs.stream",),
+    ("sparse_dp.jobs.study.presets", "sparse_dp.jobs.study.reports", "sparse_dp.jobs.study.runner"),
+    ("sparse_dp.jobs.bench", "sparse_dp.jobs.distill", "sparse_dp.jobs.study"),
+    ("sparse_dp.jobs.audit",),
     ("sparse_dp.__main__", "sparse_dp.cli"),
 )
 
@@ -182,3 +184,13 @@ def test_graph_counts_every_import(tmp_path):
   # Importing a submodule runs its package's __init__ (not the importer's own package's).
   assert graph["sparse_dp.user"] == {"sparse_dp.other", "sparse_dp.other.sub"}
   assert graph["sparse_dp.other"] == {"sparse_dp.other.sub"}
+
+
+def test_one_name_per_module():
+  """No two modules share a file name: a name says which one it is without its folder."""
+  by_name = {}
+  for name, path in module_files().items():
+    if path.name not in ("__init__.py", "__main__.py"):
+      by_name.setdefault(path.stem, []).append(name)
+  shared = {stem: names for stem, names in by_name.items() if len(names) > 1}
+  assert not shared, f"modules that share a name (rename one): {shared}"

@@ -4,17 +4,16 @@ import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from dp_accounting import pld
 from scipy import stats
 
 import sparse_dp
-from conftest import ALPHA
 from sparse_dp import keras
 from sparse_dp.accounting import PrivacyAccountant, calibrate_after
 from sparse_dp.cli import main
-from sparse_dp.mechanisms.platt_scaling import (PlattMechanism, PlattScaling,
-                                                noisy_gradient_sum)
-from sparse_dp.models import private_calibration
+from sparse_dp.jobs.train import private_calibration
+from sparse_dp.mechanisms.platt_scaling import PlattMechanism, PlattScaling, noisy_gradient_sum
 from sparse_dp.models.calibration import log_loss
 from sparse_dp.training.dp_state.state import saved_state
 

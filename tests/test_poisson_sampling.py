@@ -5,16 +5,20 @@ import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from dp_accounting import pld
+from keras_models import VOCAB, N, functional_model, synthetic_data
 from scipy import stats
 
 import sparse_dp
-from conftest import ALPHA
-from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
-from sparse_dp.training.sampling.poisson import (PoissonSample, largest_plausible_batch,
-                                                 poisson_batches, poisson_passes)
+from sparse_dp.training.poisson.poisson_sampling import (
+  PoissonSample,
+  largest_plausible_batch,
+  poisson_batches,
+  poisson_passes,
+)
 
 SIGMA = 1.0
 
@@ -197,7 +201,7 @@ def test_other_inputs_are_counted_and_their_epsilon_says_not_poisson():
   assert (taken, unproved) == (3 + 3 + 2 + 1 + 2, 3 + 2 + 1 + 2)
   report = private.report()
   assert not report.poisson_sampling and not report.to_dict()["poisson_sampling"]
-  epsilon_line = next(l for l in report.statement().splitlines() if "-DP for" in l)
+  epsilon_line = next(line for line in report.statement().splitlines() if "-DP for" in line)
   assert "NOT a proved epsilon" in epsilon_line
   assert "NOT a proved epsilon" in private.epsilon_text(private.epsilon())
 
@@ -208,7 +212,7 @@ def test_a_map_over_poisson_batches_that_copies_examples_is_refused_by_batch_siz
   model, private = private_model()
   doubled = private.poisson_dataset(ids, labels).map(
       lambda x, y: (tf.concat([x, x], 0), tf.concat([y, y], 0)))
-  with pytest.warns(UserWarning, match="through map"), \
+  with pytest.warns(UserWarning, match="through map"),\
        pytest.raises(tf.errors.InvalidArgumentError, match="expected batch size 256 "):
     model.fit(doubled, verbose=0)
   assert int(private.steps_taken.numpy()) == 0

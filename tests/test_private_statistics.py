@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
 import sparse_dp
-from conftest import ALPHA
 from sparse_dp import keras, preprocessing
 from sparse_dp.accounting import PrivacyAccountant
 from sparse_dp.layers import Embedding

@@ -11,11 +11,11 @@ covered by epsilon) they are updated from the batch as in plain Keras.
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import N, synthetic_data
+from test_tfrs_model import RankingModel
 
 import sparse_dp
-from keras_models import N, synthetic_data
 from sparse_dp import keras
-from test_tfrs_model import RankingModel
 
 
 def metric_values(model) -> dict:

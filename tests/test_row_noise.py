@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
 from sparse_dp.mechanisms import add_row_sparse_noise
 
 SIGMA2, C2 = 1.3, 0.7

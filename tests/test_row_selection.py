@@ -3,14 +3,21 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
-from sparse_dp.mechanisms import (PAD, ContributionMap, bernoulli_positions,
-                                  false_positive_capacity, false_positive_probability,
-                                  padded_bernoulli_positions, sample_zero_rows, select_rows)
-from sparse_dp.mechanisms.selection import row_selection
+from sparse_dp.mechanisms import (
+  PAD,
+  ContributionMap,
+  bernoulli_positions,
+  false_positive_capacity,
+  false_positive_probability,
+  padded_bernoulli_positions,
+  sample_zero_rows,
+  select_rows,
+)
 from sparse_dp.mechanisms.randomness.exponential import exponential_from_bits
+from sparse_dp.mechanisms.selection import row_selection
 
 
 def binomial_interval(n, p):

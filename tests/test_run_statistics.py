@@ -3,9 +3,9 @@
 import re
 
 import numpy as np
+from keras_models import VOCAB, N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 
 

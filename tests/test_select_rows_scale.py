@@ -8,9 +8,9 @@ import resource
 
 import numpy as np
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
 from sparse_dp.mechanisms import contribution_maps, false_positive_probability, select_rows
 
 VOCABULARY = 1_000_000_000

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import synthetic_data
 
 import sparse_dp
-from keras_models import synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.optimizers import LazyAdam, sparse_optimizer

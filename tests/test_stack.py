@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 import tensorflow as tf
-
 from conftest import TF_PRIVACY_STACK
+
 from sparse_dp import _keras, keras
-from sparse_dp.bench import step_time
+from sparse_dp.jobs.bench import step_time_benchmark
 
 KERAS3_STACK = tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 16)
 needs_keras3 = pytest.mark.skipif(not KERAS3_STACK,
@@ -111,7 +111,7 @@ def test_tfrs_after_keras_3_was_used_fails_naming_the_fix(tmp_path):
 
 @needs_keras3
 def test_keras_3_model_is_refused_naming_the_fix():
-  import keras as keras3  # pylint: disable=import-outside-toplevel
+  import keras as keras3
   model = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(1)])
   with pytest.raises(_keras.Keras3ModelError, match=r"Keras 3 model.*import tf_keras as keras"):
     _keras.require_keras2_model(model)
@@ -119,7 +119,7 @@ def test_keras_3_model_is_refused_naming_the_fix():
 
 @needs_keras3
 def test_keras_3_layer_inside_a_keras_2_model_is_refused_by_its_path():
-  import keras as keras3  # pylint: disable=import-outside-toplevel
+  import keras as keras3
 
   class Mixed(keras.Model):
 
@@ -148,4 +148,4 @@ def test_tf_privacy_trainer_is_refused_where_tf_privacy_is_not_installed():
                             batch_size=8, steps=1, clip=1.0, sigma1=1.0, sigma2=1.0, tau=1.0,
                             timeout=60, json=True)
   with pytest.raises(ValueError, match=r"dpsgd-tfp needs TF Privacy.*--trainers adafest"):
-    step_time.run(args)
+    step_time_benchmark.run(args)

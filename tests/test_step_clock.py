@@ -1,4 +1,4 @@
-"""Throughput after the first step, which traces the train function (models/step_clock.py)."""
+"""Throughput after the first step, which traces the train function (sparse_dp/jobs/train/step_clock.py)."""
 
 import time
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sparse_dp import keras
-from sparse_dp.models.step_clock import StepClock
+from sparse_dp.jobs.train.step_clock import StepClock
 
 
 class SlowFirstCall(keras.callbacks.Callback):

@@ -9,8 +9,8 @@ is a table-sized temporary: a dense read of the table, a densified
 
 import pytest
 import tensorflow as tf
-
 from graph_ops import ancestors
+
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding

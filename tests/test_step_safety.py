@@ -8,8 +8,11 @@ from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
-from sparse_dp.training.dp_step.penalties import (DataDependentLossError, add_penalty_gradients,
-                                                  penalty_of)
+from sparse_dp.training.dp_step.penalties import (
+  DataDependentLossError,
+  add_penalty_gradients,
+  penalty_of,
+)
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 VOCAB, B, L = 40, 8, 3
@@ -115,7 +118,7 @@ def test_an_empty_batch_gives_noise_only(noise):
 
 
 def train_one_step(model, config):
-  import sparse_dp  # pylint: disable=import-outside-toplevel
+  import sparse_dp
   x, y = batch(64)
   private = sparse_dp.make_private(model, config, num_examples=64, batch_size=64)
   model.fit(private.poisson_dataset(x, y, epochs=1), verbose=0)
@@ -124,7 +127,7 @@ def train_one_step(model, config):
 
 def test_fit_applies_a_kernel_regularizer_with_zero_clipped_sum():
   """With C2 -> 0 and no noise the step's gradient is the penalty's alone: w -= lr 2 l2 w."""
-  import sparse_dp  # pylint: disable=import-outside-toplevel
+  import sparse_dp
   model = pctr_like(kernel_regularizer=keras.regularizers.L2(0.5))
   model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
@@ -137,7 +140,7 @@ def test_fit_applies_a_kernel_regularizer_with_zero_clipped_sum():
 
 
 def test_a_threshold_below_the_noise_warns_with_the_fix():
-  import sparse_dp  # pylint: disable=import-outside-toplevel
+  import sparse_dp
   keras.utils.set_random_seed(2)
   ids = keras.Input(shape=(), dtype=tf.int64)
   model = compiled(keras.Model(ids, keras.layers.Dense(1)(Embedding(1_000_000, 2)(ids))))
@@ -175,7 +178,7 @@ class OwnLoss(OwnStep):
     (OwnStep, "OwnStep defines its own train_step"),
     (OwnLoss, "OwnLoss overrides keras.Model.compute_loss.*compile\\(loss=")])
 def test_a_model_with_its_own_train_step_or_compute_loss_is_refused(make, message):
-  import sparse_dp  # pylint: disable=import-outside-toplevel
+  import sparse_dp
   model = compiled(make())
   model(batch()[0][:, 0])
   with pytest.raises(ValueError, match=message):

@@ -10,15 +10,15 @@ import sys
 import time
 
 import pytest
-
 from conftest import one_stack
+
 from sparse_dp.cli import build_parser, main
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.models import stream_job
-from sparse_dp.models.stream_job import parse_days
-from sparse_dp.models.stream_periods import StreamData
-from sparse_dp.models.stream_state import StreamState
-from sparse_dp.study.presets import FULL, SMOKE
+from sparse_dp.jobs.stream import stream_job
+from sparse_dp.jobs.stream.stream_job import parse_days
+from sparse_dp.jobs.stream.stream_periods import StreamData
+from sparse_dp.jobs.stream.stream_state import StreamState
+from sparse_dp.jobs.study.presets import FULL, SMOKE
 
 # A small stream: 2 one-day periods of 1,500 examples, tables at 5% of Table 3.
 SMALL = ["--train-days", "1-2", "--eval-days", "3", "--examples-per-day", "1500",

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import one_stack
+
 from sparse_dp.accounting.ledger import BudgetExceededError
 from sparse_dp.cli import main
-from sparse_dp.models.stream_lock import LOCK_FILE, StateLock
-from sparse_dp.models.stream_state import StreamState
+from sparse_dp.jobs.stream.stream_lock import LOCK_FILE, StateLock
+from sparse_dp.jobs.stream.stream_state import StreamState
 
 # One day of 200 examples, a DP-SGD period on 1% tables and 8 hidden units.
 TINY = ["--train-days", "1", "--eval-days", "2", "--examples-per-day", "200",
@@ -22,7 +22,7 @@ TINY = ["--train-days", "1", "--eval-days", "2", "--examples-per-day", "200",
 
 _HOLDER = """
 import sys
-from sparse_dp.models.stream_lock import StateLock
+from sparse_dp.jobs.stream.stream_lock import StateLock
 with StateLock(sys.argv[1]):
   print("locked", flush=True)
   sys.stdin.read()

@@ -1,4 +1,4 @@
-"""``sparse_dp.study``: sweeps' analysis, tables and figures from JSON, cached runs, CLI."""
+"""``sparse_dp.jobs.study``: sweeps' analysis, tables and figures from JSON, cached runs, CLI."""
 
 import dataclasses
 import json
@@ -8,30 +8,34 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from sparse_dp._keras import keras
+from conftest import one_stack
+from study_checks import assert_figure_matches_report
 
 from sparse_dp.cli import main
-from sparse_dp.models import job_flags
-from sparse_dp.models.fitting import job_optimizer
+from sparse_dp.data.synthetic import SyntheticCriteo
+from sparse_dp.jobs.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
+from sparse_dp.jobs.study.reports import plots, tables
+from sparse_dp.jobs.study.runner.grid import Grid
+from sparse_dp.jobs.study.runner.inputs import StudyInputs
+from sparse_dp.jobs.study.runner.runs import Point, Runner, paired_difference
+from sparse_dp.jobs.study.step_time import throughput
+from sparse_dp.jobs.study.streaming import stream_folder, streaming
+from sparse_dp.jobs.study.studies import output_paths, publish, run_study, trained_with
+from sparse_dp.jobs.study.sweeps import best_reduction, default_point, refined_points, sweep_points
+from sparse_dp.jobs.train import job_flags
+from sparse_dp.jobs.train.fitting import job_optimizer
+from sparse_dp.jobs.train.memory import (
+  DRAW_TEMPORARIES,
+  OVERHEAD_BYTES,
+  bytes_needed,
+  memory_limit_bytes,
+  optimizer_bytes,
+  refusal,
+  table_bytes,
+)
 from sparse_dp.models.pctr import build_pctr_model
 from sparse_dp.models.pctr_data import hashed_vocabulary
 from sparse_dp.optimizers import sparse_optimizer
-from sparse_dp.study.reports import plots, tables
-from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.study.runner.grid import Grid
-from sparse_dp.study.runner.inputs import StudyInputs
-from sparse_dp.models.memory import (DRAW_TEMPORARIES, OVERHEAD_BYTES, bytes_needed,
-                                    memory_limit_bytes, optimizer_bytes, refusal, table_bytes)
-from sparse_dp.study.presets import FULL, PAPER, PAPER_SELECTION_SHARE, SMOKE
-from sparse_dp.study.runner.runs import Point, Runner, paired_difference
-from sparse_dp.study.step_time import throughput
-from sparse_dp.study.streaming import stream_folder, streaming
-from sparse_dp.study.studies import output_paths, publish, run_study, trained_with
-from sparse_dp.study.sweeps import best_reduction, default_point, refined_points, sweep_points
-
-from conftest import one_stack
-from study_checks import assert_figure_matches_report
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "study"
 
@@ -291,7 +295,7 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
   figure = plots.figure(report)
   assert (f"x0.1 {points[0]['label']} not run: {refused['reason']}"
           in {t.get_text() for t in figure.axes[1].texts})
-  plots._pyplot().close(figure)  # pylint: disable=protected-access
+  plots._pyplot().close(figure)
   assert 0 < memory_limit_bytes()
 
 
@@ -393,7 +397,7 @@ def test_a_grid_sets_the_optimizer_of_its_runs(tmp_path):
   # The report's first line names the preset's optimizer and says the points' replace it.
   points = [_point("adafest", 0.6, 10.0, label=p.label) | {"flags": [list(f) for f in p.flags]}
             for p in grid.points]
-  opening = tables._trained_with(  # pylint: disable=protected-access
+  opening = tables._trained_with(
       {"preset": SMOKE.describe(), "points": points})
   assert opening.strip() == ("Trained with `--optimizer adam --learning-rate 0.01`, except "
                              "where a point's label gives its own optimizer.")
@@ -511,8 +515,8 @@ def test_committed_runs_are_keyed_by_their_draws_description(folder):
 
 
 def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first_values():
-  from sparse_dp.models.job_flags import FitSettings
-  from sparse_dp.study.runner.runs import _settings_key  # pylint: disable=protected-access
+  from sparse_dp.jobs.study.runner.runs import _settings_key
+  from sparse_dp.jobs.train.job_flags import FitSettings
   # The committed paper cache was keyed before FitSettings had these fields.
   assert not {"optimizer", "embedding_dim"} & set(_settings_key(FitSettings()))
   changed = _settings_key(FitSettings(optimizer="rowwise-adagrad", embedding_dim=8))

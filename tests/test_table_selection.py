@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
 from sparse_dp.mechanisms import PAD, false_positive_capacity, select_rows_of_tables
 from sparse_dp.mechanisms.selection import row_selection, table_selection
 

@@ -3,9 +3,9 @@
 import pytest
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
+from keras_models import VOCAB, N, synthetic_data
 
 import sparse_dp
-from keras_models import N, VOCAB, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 
-from conftest import ALPHA
 from sparse_dp.accounting import TopKSelectionCost
 from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k, public_top_k
 from sparse_dp.mechanisms.selection.top_k import gumbel_noise

@@ -23,11 +23,11 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import one_stack
+from keras_models import VOCAB, N, functional_model, synthetic_data
 from tensorflow.core.protobuf.tpu import topology_pb2
 
 import sparse_dp
-from conftest import one_stack
-from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.cli import main
 from sparse_dp.layers import embedding_backends
@@ -113,7 +113,7 @@ def test_checkpoints_restore_across_backends(tmp_path):
   ids = tf.constant([0, 5, VOCAB - 1])
   np.testing.assert_array_equal(serving.embedding_lookup({"ids": ids})["ids"],
                                 tf.gather(backend.table_rows(layer), ids))
-  np.testing.assert_array_equal(serving._variables["ids"]["momenta"].numpy(),  # pylint: disable=protected-access
+  np.testing.assert_array_equal(serving._variables["ids"]["momenta"].numpy(),
                                 backend.engine.slots("ids")["momenta"].numpy()[:VOCAB])
   # The Keras model (its tables kept equal to the engine's) restores on the CPU backend;
   # its checkpoint restarts the TPU backend's engine with the trained tables and the

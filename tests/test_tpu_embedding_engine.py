@@ -12,10 +12,10 @@ import functools
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ALPHA
 from scipy import stats
 from tensorflow.python.tpu import tpu_embedding_v2  # the API's sharded variable creator
 
-from conftest import ALPHA
 from sparse_dp import keras, mechanisms
 from sparse_dp.layers import Embedding
 from sparse_dp.layers.embedding_backends import EngineDouble, TPUEmbeddingBackend
@@ -150,7 +150,7 @@ def test_extra_feature_puts_noise_of_the_right_std_on_exactly_the_selected_rows(
   ids, gradients = update_feature(noisy, vocabulary, bound)
   assert ids.shape == [bound] and np.all(ids.numpy()[300:] == vocabulary)
   engine = _engine(API.SGD(1.0), vocabulary + 1)
-  del engine._feature_config["g"]  # pylint: disable=protected-access
+  del engine._feature_config["g"]
   before = engine.slots("t")["parameters"].numpy()
   engine.apply_gradients({"f": ids}, {"f": gradients})
   change = before - engine.slots("t")["parameters"].numpy()

@@ -18,13 +18,13 @@ import functools
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers.embedding_backends import LiveEngine, TPUEmbeddingBackend
-from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
-from sparse_dp.training.sampling.poisson import largest_plausible_batch
+from sparse_dp.layers.embedding_backends.doubles.tpu_api_double import TPUEmbeddingAPIDouble
+from sparse_dp.training.poisson.poisson_sampling import largest_plausible_batch
 
 API = tf.tpu.experimental.embedding
 D = 4
@@ -107,12 +107,12 @@ def test_one_dequeue_and_one_apply_gradients_per_function():
 
 def test_a_training_round_updates_by_the_engine_rules_and_none_is_a_zero_gradient():
   api = _api()
-  before = api._variables["t"]["parameters"].numpy()  # pylint: disable=protected-access
+  before = api._variables["t"]["parameters"].numpy()
   api.enqueue({"a": tf.constant([1, 1, 3]), "b": tf.constant([4, 5])}, training=True)
   rows = api.dequeue()
   np.testing.assert_array_equal(rows["a"], before[[1, 1, 3]])
   api.apply_gradients({"a": GRADS["a"], "b": None})
-  after = api._variables["t"]["parameters"].numpy()  # pylint: disable=protected-access
+  after = api._variables["t"]["parameters"].numpy()
   expected = np.zeros_like(before)
   expected[1], expected[3] = 0.5 * 2, 0.5  # SGD(0.5) of the gradients summed per row
   np.testing.assert_array_equal(before - after, expected)
@@ -190,7 +190,7 @@ def _error(call) -> str:
 
 def test_the_doubles_shape_errors_are_the_real_apis():
   """The real object's own checks (``tpu_embedding_v2.py``), run off TPU where they run."""
-  # pylint: disable=protected-access
+
   real = API.TPUEmbedding(*_features())
   real._output_shapes = [tf.TensorShape([3]), tf.TensorShape([2])]
   double = _api()

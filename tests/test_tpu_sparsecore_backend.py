@@ -22,21 +22,23 @@ v3 = pytest.importorskip("tensorflow.python.tpu.tpu_embedding_v3", reason=(
     "TPUEmbeddingV2 (tensorflow/python/tpu/tpu_embedding_v3.py) is in TF 2.16+; this stack's "
     "TF has none (the TF 2.21 stack runs these tests)"))
 
-# pylint: disable=wrong-import-position,protected-access
+
+from keras_models import VOCAB, N, functional_model, synthetic_data
 from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as adapter
 from tensorflow.python.trackable.base import ShardInfo
+from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
+from test_tpu_two_program_loop import _variables_used
 
 import sparse_dp
-from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout
+from sparse_dp.layers.embedding_backends.doubles.sparsecore_api_double import (
+  TPUEmbeddingV2APIDouble,
+)
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
-from sparse_dp.layers.embedding_backends.sparsecore_api_double import TPUEmbeddingV2APIDouble
 from sparse_dp.training.dp_step.input_ids import functional_input_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
 from sparse_dp.training.wrappers.entry_point import update_bounds
-from test_tpu_embedding_backend import ADAFEST, OPTIMIZERS, _EngineRows
-from test_tpu_two_program_loop import _variables_used
 
 API = tf.tpu.experimental.embedding
 D = 4
@@ -55,7 +57,7 @@ def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", emb
     private.use_embedding_backend(SparseCoreBackend(
         [layer], model.optimizer, bounds, {layer: private.largest_batch},
         functional_input_ids(model, [layer]), api_factory=TPUEmbeddingV2APIDouble, **settings))
-  model._jit_compile = jit_compile  # pylint: disable=protected-access
+  model._jit_compile = jit_compile
   return model, private, private.poisson_dataset(ids, labels)
 
 

@@ -16,17 +16,17 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import one_stack
+from keras_models import N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
-from sparse_dp.layers.embedding_backends.api_double import TPUEmbeddingAPIDouble
+from sparse_dp.layers.embedding_backends.doubles.tpu_api_double import TPUEmbeddingAPIDouble
 from sparse_dp.models.pctr import build_pctr_model, table_ids
 from sparse_dp.training.tpu_loop import TPUTrainer
-from conftest import one_stack
 
 ADAFEST = dict(sigma1=3.0, sigma2=0.8, threshold=6.0, noise_seed=4)
 STEP = [("enqueue", False), ("dequeue", False), ("enqueue", True), ("dequeue", True),
@@ -55,7 +55,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   for program in (trainer._program_a, trainer._program_b):
     used = _variables_used(program)
     assert layer.embeddings.ref() not in used
-    hidden = next(l for l in looped.layers if isinstance(l, keras.layers.Dense))
+    hidden = next(layer for layer in looped.layers if isinstance(layer, keras.layers.Dense))
     assert hidden.kernel.ref() in used or program is trainer._program_b
   np.testing.assert_array_equal(trainer.backend.table_rows(layer), layer.embeddings)
   assert trainer.engine.api.calls == STEP * 3 and len(history) == 3
@@ -76,7 +76,7 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
 
 def _variables_used(function) -> set:
   """Refs of the variables that the traced programs of ``function`` read or write."""
-  concrete = function._list_all_concrete_functions_for_serialization()  # pylint: disable=protected-access
+  concrete = function._list_all_concrete_functions_for_serialization()
   assert concrete
   return {variable.ref() for program in concrete for variable in program.graph.variables}
 

@@ -6,15 +6,16 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import one_stack
-from sparse_dp.accounting.report import NOT_POISSON
+
 from sparse_dp import keras
+from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.cli import build_parser, main
-from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data import training_examples
+from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.models import pctr_data, train_job
+from sparse_dp.jobs.train import train_job
+from sparse_dp.models import pctr_data
 from sparse_dp.models.calibration import base_rate_log_loss
 from sparse_dp.optimizers import RowwiseAdagrad
 
@@ -180,7 +181,7 @@ def test_a_vocabulary_scale_beyond_this_machines_memory_is_refused_before_any_da
   """At 100x Table 3 the tables are 11.5 GiB: Adam's two slots cannot fit 24 GiB, row-wise
   Adagrad's one float per row can (DP-SGD's chunked noise too). Refused in one line naming
   the flags, before synthetic data is written."""
-  from sparse_dp.models import memory
+  from sparse_dp.jobs.train import memory
   monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 24 * memory.GIB)
   out = tmp_path / "run"
   assert main(["train", "--vocabulary-scale", "100", "--out", str(out)]) == 2
@@ -188,8 +189,8 @@ def test_a_vocabulary_scale_beyond_this_machines_memory_is_refused_before_any_da
   assert len(error) == 1 and "--vocabulary-scale 100 with --optimizer adam" in error[0]
   assert "adam's 2 table-sized slots" in error[0] and "--optimizer rowwise-adagrad" in error[0]
   assert not any(out.rglob("*.txt"))  # no synthetic day written
-  from sparse_dp.models.job_flags import fit_settings
-  from sparse_dp.models.train_job import check_memory
+  from sparse_dp.jobs.train.job_flags import fit_settings
+  from sparse_dp.jobs.train.train_job import check_memory
   for algorithm in ("none", "adafest", "dpsgd"):
     args = build_parser().parse_args(["train", "--vocabulary-scale", "100", "--optimizer",
                                       "rowwise-adagrad", "--algorithm", algorithm])

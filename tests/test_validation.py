@@ -3,10 +3,19 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import (
+  VOCAB,
+  InBatchRetrieval,
+  PublicNegativesRetrieval,
+  SubclassedModel,
+  TwoTowers,
+  functional_model,
+  synthetic_data,
+)
+from test_step_safety import batch as small_vocabulary_batch
+from test_tfrs_model import RankingModel
 
 import sparse_dp
-from keras_models import (VOCAB, InBatchRetrieval, PublicNegativesRetrieval, SubclassedModel,
-                          TwoTowers, functional_model, synthetic_data)
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.training.checks.probe_noise import fixed_noise
@@ -14,8 +23,6 @@ from sparse_dp.training.checks.validation import ModelValidationError, check_mod
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
-from test_step_safety import batch as small_vocabulary_batch
-from test_tfrs_model import RankingModel
 
 B, L, FEATURES = 32, 3, 4
 
@@ -255,7 +262,7 @@ def test_fixed_noise_follows_each_example_across_passes():
   dropout = keras.layers.Dropout(0.5)
   model = keras.Sequential([dropout])
   model.build((None, 64))
-  original, x = dropout._random_generator, tf.ones([5, 64])  # pylint: disable=protected-access
+  original, x = dropout._random_generator, tf.ones([5, 64])
   with fixed_noise(model) as passes:
     with passes.over([0, 1, 2, 3, 4]):
       full = dropout(x, training=True)
@@ -263,7 +270,7 @@ def test_fixed_noise_follows_each_example_across_passes():
       without_one = dropout(tf.gather(x, [0, 2, 3, 4]), training=True)
   np.testing.assert_array_equal(without_one, tf.gather(full, [0, 2, 3, 4]))
   assert not np.array_equal(full[0], full[2])  # each example draws its own mask
-  assert dropout._random_generator is original  # pylint: disable=protected-access
+  assert dropout._random_generator is original
 
 
 def test_probe_refuses_randomness_outside_random_layers_with_the_fix():

@@ -9,18 +9,21 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_models import VOCAB, N, functional_model, synthetic_data
 
 import sparse_dp
-from keras_models import N, VOCAB, functional_model, synthetic_data
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.noise import dense_noise
 from sparse_dp.mechanisms.selection import row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
-from sparse_dp.training.sampling import padded_batches
-from sparse_dp.training.sampling.poisson import (PoissonSample, batch_capacity,
-                                                 largest_plausible_batch)
+from sparse_dp.training.poisson import padded_batches
+from sparse_dp.training.poisson.poisson_sampling import (
+  PoissonSample,
+  batch_capacity,
+  largest_plausible_batch,
+)
 
 NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
 CONFIGS = {

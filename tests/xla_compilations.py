@@ -7,8 +7,9 @@ for every new batch.
 
 import sys
 
-import sparse_dp
 from keras_models import N, functional_model, synthetic_data
+
+import sparse_dp
 from sparse_dp import keras
 
 steps = int(sys.argv[1])

@@ -32,8 +32,7 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
 from sparse_dp.accounting.algorithms import check_positive
-from sparse_dp.accounting.discretization import (COARSE_INTERVAL, DEFAULT_INTERVAL,
-                                                 pld_interval)
+from sparse_dp.accounting.discretization import COARSE_INTERVAL, DEFAULT_INTERVAL, pld_interval
 from sparse_dp.accounting.schedule import BatchSchedule
 
 
@@ -128,7 +127,7 @@ class Truncation:
 
 
 def _dp_accounting_version() -> str:
-  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  import importlib.metadata
   return importlib.metadata.version("dp-accounting")
 
 

@@ -6,8 +6,7 @@ import dataclasses
 from typing import Optional
 
 from sparse_dp.accounting.accountant import AccountantKind, PrivacyAccountant
-from sparse_dp.accounting.algorithms import (Algorithm, check_positive,
-                                             effective_noise_multiplier)
+from sparse_dp.accounting.algorithms import Algorithm, check_positive, effective_noise_multiplier
 from sparse_dp.accounting.schedule import BatchSchedule
 
 

@@ -7,13 +7,14 @@ import re
 import sys
 from typing import Optional, Sequence
 
-from sparse_dp.audit import cli as audit_cli
-from sparse_dp.bench import select_rows, step_time
-from sparse_dp.cli import privacy, tensorflow_logs
-from sparse_dp.distillation import cli as distill_cli
-from sparse_dp.models import stream_job, train_job
-from sparse_dp.sampling import cli as sample_cli
-from sparse_dp.study import cli as study_cli
+from sparse_dp.cli import privacy_command, tensorflow_logs
+from sparse_dp.jobs.audit import audit_command
+from sparse_dp.jobs.bench import select_rows_benchmark, step_time_benchmark
+from sparse_dp.jobs.distill import distill_command
+from sparse_dp.jobs.sample import sample_command
+from sparse_dp.jobs.stream import stream_job
+from sparse_dp.jobs.study import study_command
+from sparse_dp.jobs.train import train_job
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -30,18 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
                   "without destroying gradient sparsity.")
   commands = parser.add_subparsers(dest="command", required=True,
                                    parser_class=_OneLineErrorParser)
-  privacy.add_parser(commands)
+  privacy_command.add_parser(commands)
   train_job.add_parser(commands)
   stream_job.add_parser(commands)
-  sample_cli.add_parser(commands)
-  study_cli.add_parser(commands)
-  audit_cli.add_parser(commands)
-  distill_cli.add_parser(commands)
+  sample_command.add_parser(commands)
+  study_command.add_parser(commands)
+  audit_command.add_parser(commands)
+  distill_command.add_parser(commands)
   bench = commands.add_parser("bench", help="speed and memory benchmarks (JSON)")
   benchmarks = bench.add_subparsers(dest="benchmark", required=True,
                                     parser_class=_OneLineErrorParser)
-  step_time.add_parser(benchmarks)
-  select_rows.add_parser(benchmarks)
+  step_time_benchmark.add_parser(benchmarks)
+  select_rows_benchmark.add_parser(benchmarks)
   _add_verbose(parser)
   return parser
 
@@ -52,7 +53,7 @@ def _add_verbose(parser: argparse.ArgumentParser, top: bool = True) -> None:
                       default=False if top else argparse.SUPPRESS,
                       help="show TensorFlow's C++ start-up lines (CUDA, cuBLAS, TensorRT, CPU "
                            "features), hidden unless TF_CPP_MIN_LOG_LEVEL is set")
-  for action in parser._subparsers._group_actions if parser._subparsers else []:  # pylint: disable=protected-access
+  for action in parser._subparsers._group_actions if parser._subparsers else []:
     for subcommand in action.choices.values():
       _add_verbose(subcommand, top=False)
 
@@ -64,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tensorflow_logs.quiet_tensorflow_start_up()
   try:
     return args.run(args)
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     refusal = _refusal(error)
     if refusal is None:
       raise

@@ -18,7 +18,7 @@ restart from the latest checkpoint (``steps_taken`` is saved with the model).
 The attempt keyed ``k``:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
-  probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.sampling.poisson.PoissonSample`),
+  probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
   exactly the sample the accountant assumes (Ghazi et al., NeurIPS 2023, §3.3); on a worker
   with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
@@ -75,7 +75,7 @@ class ParameterServerTraining:
 
   On several replicas per step (a worker's GPUs, a ``MirroredStrategy``'s
   devices) each replica draws the step's Poisson batch from its key and takes
-  its own disjoint part of it (:class:`~sparse_dp.training.sampling.poisson.PoissonSample`),
+  its own disjoint part of it (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
   so the replicas together clip each sampled example once; the DP step then
   works as under Keras ``fit`` on such a strategy (:mod:`sparse_dp.training.dp_step.step`):
   the selection is the whole batch's, the noise is added on the first replica

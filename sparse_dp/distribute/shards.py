@@ -13,7 +13,7 @@ so each parameter server receives only its rows of the update.
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.distribute.sharded_variable import ShardedVariable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 
 def is_sharded(variable) -> bool:

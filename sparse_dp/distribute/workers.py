@@ -13,7 +13,7 @@ over the strategy's collectives; the seed never leaves the cluster.
 Each worker then draws the whole global Poisson batch of a step and trains on
 its own slice of it, so the workers must draw the same batches: their keys
 depend only on the seed, the dataset's number and its pass count
-(:mod:`sparse_dp.training.sampling.poisson`), and ``fit`` compares a fingerprint of
+(:mod:`sparse_dp.training.poisson.poisson_sampling`), and ``fit`` compares a fingerprint of
 its first batch across the workers before it trains (:func:`refuse_different_batches`).
 Each batch reaches ``fit`` whole and is split exactly among the replicas
 (:func:`sliced_per_replica`), which ``fit`` checks (:func:`refuse_unsliced_batches`).
@@ -36,7 +36,7 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
 def chiefs_value(strategy: tf.distribute.Strategy, value: int) -> int:
   """Worker 0's (the chief's) ``value`` on every worker of a multi-worker ``strategy``;
   else ``value``: the secret seed (``make_private``), the first step of a pre-sampled run
-  (:meth:`sparse_dp.sampling.SampledBatches.dataset`).
+  (:meth:`sparse_dp.jobs.sample.SampledBatches.dataset`).
 
   Every worker must call this at the same point: it runs one collective
   all-gather across the workers.
@@ -56,7 +56,7 @@ def refuse_different_batches(strategy: tf.distribute.Strategy, fingerprint: int)
   """Refuses to train unless every worker of a multi-worker ``strategy`` gives one ``fingerprint``.
 
   ``fingerprint``: of the first batch a worker's ``fit`` is about to draw
-  (:meth:`sparse_dp.training.sampling.poisson.PoissonPasses.next_batch_fingerprint`),
+  (:meth:`sparse_dp.training.poisson.poisson_sampling.PoissonPasses.next_batch_fingerprint`),
   0 for input that is not the run's Poisson batches. Every worker computes the
   whole global Poisson batch and trains on its own slice of it, so a step is
   one Poisson sample, as accounted, only if the workers draw the same batches:

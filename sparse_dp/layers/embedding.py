@@ -8,11 +8,11 @@ from typing import Optional
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.embedding_tables import mark_embedding_table
 from sparse_dp.layers import row_gather
 from sparse_dp.layers.recording import Lookup, is_recording, record_lookup
 from sparse_dp.layers.table_placement import check_placement, variables_placed
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
-from sparse_dp.embedding_tables import mark_embedding_table
 
 _COMBINERS = ("sum", "mean", None)
 

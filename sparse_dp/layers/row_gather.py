@@ -15,8 +15,8 @@ per-example partition of ids (``DynamicPartition``, of varying sizes) is built.
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=no-name-in-module
-from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=no-name-in-module
+from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.ops.parallel_for import pfor
 
 
 def gather_from_variable(variable, ids: tf.Tensor) -> tf.Tensor:

@@ -28,7 +28,7 @@ import contextlib
 from typing import Iterator
 
 import tensorflow as tf
-from tensorflow.python.distribute import device_util, numpy_dataset  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import device_util, numpy_dataset
 
 PLACEMENTS = ("default_device", "host")
 

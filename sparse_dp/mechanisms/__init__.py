@@ -9,24 +9,37 @@ All are usable inside ``tf.function`` and take explicit ``[2]``-shaped seeds
 (stateless random ops), so a step's noise is reproducible from its seed.
 """
 
-from sparse_dp.mechanisms.rows.activations import Activations, activations, distinct_pairs
-from sparse_dp.mechanisms.selection.contribution_map import (
-    ContributionMap, clipped_contribution_maps, contribution_clip_weights, contribution_maps)
-from sparse_dp.mechanisms.gradient_clipping import (RowGradients, clip_factors,
-                                                    clipped_row_sum,
-                                                    per_example_row_gradients,
-                                                    restrict_to_rows, squared_norms,
-                                                    zero_examples)
+from sparse_dp.mechanisms.gradient_clipping import (
+    RowGradients,
+    clip_factors,
+    clipped_row_sum,
+    per_example_row_gradients,
+    restrict_to_rows,
+    squared_norms,
+    zero_examples,
+)
 from sparse_dp.mechanisms.noise.dense_noise import NoisyTable, add_dense_noise
+from sparse_dp.mechanisms.noise.row_noise import add_row_sparse_noise, row_sparse_noise, sum_on_rows
 from sparse_dp.mechanisms.randomness.gaussian import standard_normal
+from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
+from sparse_dp.mechanisms.rows.activations import Activations, activations, distinct_pairs
 from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
-from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
-from sparse_dp.mechanisms.noise.row_noise import (add_row_sparse_noise, row_sparse_noise,
-                                                  sum_on_rows)
+from sparse_dp.mechanisms.selection.contribution_map import (
+    ContributionMap,
+    clipped_contribution_maps,
+    contribution_clip_weights,
+    contribution_maps,
+)
 from sparse_dp.mechanisms.selection.row_selection import (
-    RowSelection, bernoulli_positions, false_positive_capacity, false_positive_probability,
-    padded_bernoulli_positions, sample_zero_rows, select_rows)
+    RowSelection,
+    bernoulli_positions,
+    false_positive_capacity,
+    false_positive_probability,
+    padded_bernoulli_positions,
+    sample_zero_rows,
+    select_rows,
+)
 from sparse_dp.mechanisms.selection.table_selection import select_rows_of_tables
 from sparse_dp.mechanisms.selection.top_k import bucket_counts, dp_top_k, public_top_k
 

@@ -41,7 +41,7 @@ a TPU with the V1 engine only (v2, v3, v4; other hardware is refused: on
 SparseCore (V2) the tables train in ``fit``, through
 :class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`), where the functions compile as TPU
 programs (never run on a TPU: README, "TPU embedding"). Tests pass
-``api_factory=``:class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`,
+``api_factory=``:class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`,
 and the programs run off TPU as ``tf.function``s.
 """
 
@@ -56,7 +56,7 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
 from sparse_dp.training.dp_step.input_ids import InputIds, functional_input_ids, ids_per_example
-from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.wrappers import fit_wrappers, host_guards
 from sparse_dp.training.wrappers.entry_point import update_bounds
 from sparse_dp.training.wrappers.private_training import PrivateTraining
@@ -70,7 +70,7 @@ class TPUTrainer:
   a model input, that input). ``api_factory(feature_config, optimizer)``: the
   API object; default the real ``TPUEmbedding``, refused but on a TPU with the
   V1 engine; tests pass
-  :class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`.
+  :class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
   The accountant is the private model's: ``private.epsilon()`` counts every
   step this loop takes. The model's tables are the engine's host copies:
   build them with ``Embedding(..., table_placement="host")``, which on a TPU
@@ -113,8 +113,8 @@ class TPUTrainer:
           "programs' strategy.run as one program on one device, which cannot reach the other "
           "replicas' variables (a TPU compiles each replica's program); pass "
           "jit_compile=False, or one replica")
-    tables = [l for l in private.leaves if isinstance(l, Embedding)]
-    in_hbm = [l.name for l in tables if l.table_placement != "host"]
+    tables = [layer for layer in private.leaves if isinstance(layer, Embedding)]
+    in_hbm = [table.name for table in tables if table.table_placement != "host"]
     if on_tpu and in_hbm:
       raise ValueError(
           f"TPUTrainer: the tables of {', '.join(in_hbm)} are in every core's TensorCore HBM "
@@ -171,7 +171,7 @@ class TPUTrainer:
     private.sync_with_state()
     private.create_optimizer_weights()  # before the step's first trace
     poisson = private.feeds_poisson(dataset)
-    # pylint: disable=protected-access  (fit's own checks of its input, run as fit runs them)
+  # fit's own checks of its input, run as fit runs them
     if not poisson:
       fit_wrappers._warn_if_transformed(private.transformations_to(dataset))
     if not private.separability_checked:

@@ -14,10 +14,15 @@ engine where the hardware has one, else ``cpu``, and says why.
 """
 
 from sparse_dp.layers.embedding_backends.base import CpuBackend, EmbeddingBackend
-from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
-from sparse_dp.layers.embedding_backends.hardware import (BACKEND_NAMES, BackendChoice,
-                                                          EmbeddingFeature, choose_backend,
-                                                          embedding_feature, on_tpu)
+from sparse_dp.layers.embedding_backends.doubles.engine_double import EngineDouble
+from sparse_dp.layers.embedding_backends.hardware import (
+                                                          BACKEND_NAMES,
+                                                          BackendChoice,
+                                                          EmbeddingFeature,
+                                                          choose_backend,
+                                                          embedding_feature,
+                                                          on_tpu,
+)
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend
 from sparse_dp.layers.embedding_backends.tpu import TPUEmbeddingBackend

@@ -1,7 +1,7 @@
 """The embedding engine's two operations on the live TPU embedding API.
 
 :class:`LiveEngine` gives :class:`~sparse_dp.layers.embedding_backends.tpu.TPUEmbeddingBackend`
-the interface of :class:`~sparse_dp.layers.embedding_backends.engine_double.EngineDouble`
+the interface of :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`
 (``lookup``, ``apply_gradients``, ``slots``, ``build``) on the mid-level API
 object ``tf.tpu.experimental.embedding.TPUEmbedding``
 (``tensorflow/python/tpu/tpu_embedding_v2.py``, the same file in TF 2.15 and 2.21):
@@ -67,7 +67,7 @@ core) and a second ``strategy.run`` dequeues and applies the gradients.
 :meth:`enqueue_round`, :meth:`dequeue_round` and :meth:`send_gradients` are
 those calls, one API call each; :class:`sparse_dp.training.tpu_loop.TPUTrainer`
 is that loop. None of this has run on a TPU: it is tested through
-:class:`~sparse_dp.layers.embedding_backends.api_double.TPUEmbeddingAPIDouble`.
+:class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
 
 ``TPUEmbeddingV2`` (SparseCore, TF 2.16+, ``tpu_embedding_v3.py``) has no
 training flag: ``apply_gradients(gradients, preserved_outputs)`` takes the
@@ -117,7 +117,7 @@ class StaticFeatureEngine:
 
     On a TPU these are current only after a retrieval (a checkpoint save).
     """
-    return self.api._variables[table_name]  # pylint: disable=protected-access
+    return self.api._variables[table_name]
 
   def _dummy(self, name: str) -> int:
     return self.feature_config[name].table.vocabulary_size - 1

@@ -81,8 +81,11 @@ from sparse_dp._keras import keras
 from sparse_dp.layers.embedding_backends import sparse_core_layout
 from sparse_dp.layers.embedding_backends.hardware import sparse_cores_per_chip
 from sparse_dp.layers.embedding_backends.live_engine import StaticFeatureEngine
-from sparse_dp.layers.embedding_backends.tpu import (TPUEmbeddingBackend, _initial_rows,
-                                                     feature_bounds)
+from sparse_dp.layers.embedding_backends.tpu import (
+  TPUEmbeddingBackend,
+  _initial_rows,
+  feature_bounds,
+)
 
 _API = tf.tpu.experimental.embedding
 

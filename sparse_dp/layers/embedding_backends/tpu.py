@@ -57,7 +57,7 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
-from sparse_dp.layers.embedding_backends.engine_double import EngineDouble
+from sparse_dp.layers.embedding_backends.doubles.engine_double import EngineDouble
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.mechanisms.rows.padding import is_valid
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
@@ -108,7 +108,7 @@ def step_learning_rate(optimizer: keras.optimizers.Optimizer) -> Callable[[], tf
   The Keras optimizer's (schedules included), bias-corrected for Adam at step
   ``t = optimizer.iterations + 1``: read it before the dense update.
   """
-  learning_rate = lambda: optimizer._decayed_lr(tf.float32)  # pylint: disable=protected-access
+  learning_rate = lambda: optimizer._decayed_lr(tf.float32)
   if not isinstance(optimizer, LazyAdam):
     return learning_rate
   config = optimizer.get_config()
@@ -313,7 +313,7 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     serving.build()
     for layer in self.tables:
       trained = self.engine.slots(layer.name)
-      for slot, variable in serving._variables[layer.name].items():  # pylint: disable=protected-access
+      for slot, variable in serving._variables[layer.name].items():
         variable.assign(trained[slot][:layer.vocabulary_size])
     return serving
 

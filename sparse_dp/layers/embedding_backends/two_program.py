@@ -31,8 +31,11 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
-from sparse_dp.layers.embedding_backends.tpu import (TPUEmbeddingBackend, feature_bounds,
-                                                     step_learning_rate)
+from sparse_dp.layers.embedding_backends.tpu import (
+  TPUEmbeddingBackend,
+  feature_bounds,
+  step_learning_rate,
+)
 
 
 class TwoProgramBackend(TPUEmbeddingBackend):
@@ -72,7 +75,7 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     ids, which are the engine's rows, the same whichever example asked.
     """
     activations = self.engine.dequeue_round(
-        {l.name: self.engine.input_bounds[l.name] for l in self.tables})
+        {table.name: self.engine.input_bounds[table.name] for table in self.tables})
     self._tracing.round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]),
                                   activations[name]) for name in ids}  # _round_lookup reads it
     self._tracing.pending = None

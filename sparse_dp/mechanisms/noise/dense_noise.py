@@ -34,8 +34,8 @@ from typing import Sequence, Union
 import tensorflow as tf
 
 from sparse_dp.mechanisms.randomness.gaussian import standard_normal
-from sparse_dp.mechanisms.rows.padding import mask_rows
 from sparse_dp.mechanisms.randomness.seeds import split
+from sparse_dp.mechanisms.rows.padding import mask_rows
 
 # Tables of more rows draw their noise in chunks of this many rows (at dimension 107, the
 # largest of the pCTR model at 100x Table 3, a chunk is 112 MiB and its draw ~0.45 GiB).

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.rows import padding
 from sparse_dp.mechanisms.randomness.gaussian import standard_normal
+from sparse_dp.mechanisms.rows import padding
 from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 

@@ -31,10 +31,10 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.rows import padding, scans
 from sparse_dp.mechanisms.randomness import seeds
-from sparse_dp.mechanisms.selection.contribution_map import ContributionMap
 from sparse_dp.mechanisms.randomness.exponential import standard_exponential
+from sparse_dp.mechanisms.rows import padding, scans
+from sparse_dp.mechanisms.selection.contribution_map import ContributionMap
 
 # Over-provisioning of one batch of geometric gaps, in standard deviations of
 # the Binomial count; a second batch is drawn only if this one falls short.

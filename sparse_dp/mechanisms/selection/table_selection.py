@@ -45,9 +45,13 @@ import tensorflow as tf
 from sparse_dp.mechanisms.rows import padding, scans
 from sparse_dp.mechanisms.rows.activations import Activations, distinct_pairs
 from sparse_dp.mechanisms.selection.contribution_map import clipped_contribution_maps
-from sparse_dp.mechanisms.selection.row_selection import (RowSelection, false_positive_capacity,
-                                                           false_positive_probability,
-                                                           merged_rows, threshold_rows)
+from sparse_dp.mechanisms.selection.row_selection import (
+  RowSelection,
+  false_positive_capacity,
+  false_positive_probability,
+  merged_rows,
+  threshold_rows,
+)
 
 
 def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],

@@ -18,9 +18,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_dp.accounting.algorithms import check_positive
+from sparse_dp.mechanisms.randomness.exponential import standard_exponential
 from sparse_dp.mechanisms.rows import padding
 from sparse_dp.mechanisms.rows.activations import Ids, activations
-from sparse_dp.mechanisms.randomness.exponential import standard_exponential
 
 
 def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:

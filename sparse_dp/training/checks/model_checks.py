@@ -52,7 +52,7 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
     ``public_layers`` (:mod:`sparse_dp.training.checks.preprocessing_checks`).
   """
   problems = []
-  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+  for layer in model._flatten_layers(include_self=True):
     if isinstance(layer, _BATCH_NORMALIZATION) and layer.trainable:
       problems.append(
           f"{describe_layer(layer)} normalises each example by the statistics of its batch in "
@@ -80,7 +80,7 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
 def time_distributed_problems(model: keras.Model) -> list[str]:
   """``TimeDistributed`` around a trainable layer, whose rows are ``batch * T``, not examples."""
   problems = []
-  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+  for layer in model._flatten_layers(include_self=True):
     if not isinstance(layer, keras.layers.TimeDistributed) or not layer.trainable_weights:
       continue
     inner = layer.layer
@@ -102,7 +102,7 @@ def describe_layer(layer: keras.layers.Layer) -> str:
 
 def _is_retrieval_task(layer) -> bool:
   try:
-    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+    import tensorflow_recommenders as tfrs
   except ImportError:
     return False
   return isinstance(layer, tfrs.tasks.Retrieval)

@@ -30,7 +30,7 @@ _STATISTICS = {
 def statistics_problems(model: keras.Model, public_layers: Iterable[str] = ()) -> list[str]:
   """Why each preprocessing layer of ``model`` that holds statistics of data is refused."""
   public = set(public_layers)
-  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  layers = list(model._flatten_layers(include_self=True))
   unknown = public - {layer.name for layer in layers}
   if unknown:
     raise ValueError(f"public_layers names {sorted(unknown)}, which model '{model.name}' does "

@@ -13,8 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_dp.training.checks.model_checks import describe_layer
-from sparse_dp.training.checks.probe_tensors import (close, is_batch, not_per_example, per_example,
-                                                     probe_weights, take)
+from sparse_dp.training.checks.probe_tensors import (
+  close,
+  is_batch,
+  not_per_example,
+  per_example,
+  probe_weights,
+  take,
+)
 from sparse_dp.training.checks.probe_trace import LayerCall, Trace
 from sparse_dp.training.dp_step.losses import loss_name
 
@@ -107,11 +113,11 @@ def _same_outputs(new, recorded, n: int, kept: Optional[list]) -> bool:
 
 def _innermost(layers: list) -> list:
   """The layers of ``layers`` that contain none of the others."""
-  found = {id(l) for l in layers}
+  found = {id(layer) for layer in layers}
   inner = []
   for layer in layers:
-    nested = layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
-    if not any(id(l) in found for l in nested) and layer not in inner:
+    nested = layer._flatten_layers(include_self=False)
+    if not any(id(inner_layer) in found for inner_layer in nested) and layer not in inner:
       inner.append(layer)
   return inner
 

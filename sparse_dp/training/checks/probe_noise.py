@@ -120,7 +120,7 @@ def fixed_noise(model: keras.Model) -> Iterator[FixedPasses]:
   attribute tracking, so that the model's checkpoint structure is unchanged.
   """
   passes = FixedPasses()
-  everything = model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+  everything = model._flatten_layers(include_self=True)
   layers = [layer for layer in everything if vars(layer).get(_RANDOM_GENERATOR) is not None]
   originals = [vars(layer)[_RANDOM_GENERATOR] for layer in layers]
   for index, (layer, original) in enumerate(zip(layers, originals)):

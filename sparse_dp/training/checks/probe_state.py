@@ -38,7 +38,7 @@ class ProbeState:
     trained = {w.ref() for leaf in leaves for w in leaf.trainable_weights}
     self._snapshots: list[_Snapshot] = []
     seen = set(trained)
-    for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+    for layer in model._flatten_layers(include_self=True):
       for variable in held_variables(layer):
         if variable.ref() not in seen:
           seen.add(variable.ref())
@@ -66,7 +66,7 @@ def held_variables(layer: keras.layers.Layer) -> list:
     module = modules.pop()
     # tf.Module's own walk, called on the base class: a layer may define a
     # _flatten of its own (sparse_dp's Embedding flattens ids).
-    for leaf in tf.Module._flatten(module, recursive=False,  # pylint: disable=protected-access
+    for leaf in tf.Module._flatten(module, recursive=False,
                                    predicate=lambda v: isinstance(v, (tf.Variable, tf.Module))):
       if isinstance(leaf, tf.Variable):
         found.append(leaf)

@@ -66,7 +66,7 @@ def trace(model: keras.Model, leaves: list, losses_of: LossesOf, probe, n: int) 
 
 def _probed_layers(model) -> list:
   """Every layer of ``model`` (itself included) that computes on the batch: not metrics."""
-  return [layer for layer in model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+  return [layer for layer in model._flatten_layers(include_self=True)
           if not isinstance(layer, keras.metrics.Metric)]
 
 

@@ -13,8 +13,15 @@ from sparse_dp.training.checks.model_checks import ModelValidationError
 from sparse_dp.training.checks.probe_culprits import gradient_culprits, removal_culprits
 from sparse_dp.training.checks.probe_noise import FixedPasses, fixed_noise
 from sparse_dp.training.checks.probe_state import ProbeState, restored_state
-from sparse_dp.training.checks.probe_tensors import (as_tensor, batch_size, close, not_per_example,
-                                                     probe_weights, rows, take)
+from sparse_dp.training.checks.probe_tensors import (
+  as_tensor,
+  batch_size,
+  close,
+  not_per_example,
+  probe_weights,
+  rows,
+  take,
+)
 from sparse_dp.training.checks.probe_trace import LossesOf, PerExample, Trace, trace
 from sparse_dp.training.dp_step.losses import loss_name
 from sparse_dp.training.dp_step.mixed_precision import float32_compute
@@ -146,8 +153,8 @@ def _check_attribution(recorded: Trace, n: int) -> None:
 def _check_gradients(model, recorded: Trace, n: int) -> None:
   """Check 3: ``d(sum w_i l_i)/dt_j = w_j d(sum l_i)/dt_j`` for every per-example tensor."""
   tensors = list(recorded.inputs)
-  tensors += [PerExample(f"lookups of embedding layer '{l.layer.name}'", l.vectors, l.example)
-              for l in recorded.lookups]
+  tensors += [PerExample(f"lookups of embedding layer '{lookup.layer.name}'", lookup.vectors, lookup.example)
+              for lookup in recorded.lookups]
   tensors += [PerExample(f"output of Dense layer '{c.layer.name}'", c.preactivation)
               for c in recorded.dense_calls]
   weights = probe_weights(n)

@@ -226,12 +226,12 @@ def record_weights(model: keras.Model) -> list[tf.Variable]:
   through ``make_private`` before ``load_weights``/``set_weights`` of a trained
   one; Keras refuses the weight count otherwise).
   """
-  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
-  weights = list({id(l.dp_record): l.dp_record for l in layers
-                  if isinstance(getattr(l, "dp_record", None), tf.Variable)}.values())
+  layers = list(model._flatten_layers(include_self=True))
+  weights = list({id(layer.dp_record): layer.dp_record for layer in layers
+                  if isinstance(getattr(layer, "dp_record", None), tf.Variable)}.values())
   if weights:
     return weights
-  dense = [l for l in layers if isinstance(l, keras.layers.Dense) and l.trainable]
+  dense = [layer for layer in layers if isinstance(layer, keras.layers.Dense) and layer.trainable]
   with model.distribute_strategy.scope():
     for layer in dense:
       layer.dp_record = add_dp_record(layer)

@@ -38,10 +38,10 @@ class DenseCall(NamedTuple):
 def trainable_leaf_layers(model: keras.Model) -> list[keras.layers.Layer]:
   """Layers that own trainable weights, with a clear error for unsupported ones."""
   leaves = []
-  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+  for layer in model._flatten_layers(include_self=True):
     # A frozen layer (layer.trainable = False) has no trainable weights, whatever
     # its variables' own flags say.
-    own = [w for w in layer._trainable_weights if w.trainable]  # pylint: disable=protected-access
+    own = [w for w in layer._trainable_weights if w.trainable]
     if not own or not layer.trainable:
       continue
     if not isinstance(layer, (keras.layers.Dense, Embedding)):
@@ -79,7 +79,7 @@ def _weightless_alternative(layer: keras.layers.Layer) -> str:
 def recording_dense_calls(layers) -> Iterator[list[DenseCall]]:
   """Within the block, every call of a ``Dense`` in ``layers`` is recorded."""
   calls: list[DenseCall] = []
-  dense = [l for l in layers if isinstance(l, keras.layers.Dense)]
+  dense = [layer for layer in layers if isinstance(layer, keras.layers.Dense)]
   graph = tf.compat.v1.get_default_graph()  # calls traced elsewhere are not the step's
   for layer in dense:
     layer.call = _recording_call(layer, calls, graph)

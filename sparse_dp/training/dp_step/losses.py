@@ -106,7 +106,7 @@ def _metrics_frozen_when_recording(model: keras.Model):
       metric.update_state = update_state
 
 
-def _no_update(*args, **kwargs):  # pylint: disable=unused-argument
+def _no_update(*args, **kwargs):
   return tf.no_op()
 
 
@@ -140,14 +140,14 @@ def _tfrs_reduction_fix(model) -> str:
 
 
 def _tfrs_tasks(model) -> list:
-  import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
-  layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  import tensorflow_recommenders as tfrs
+  layers = model._flatten_layers(include_self=False)
   return [layer for layer in layers if isinstance(layer, tfrs.tasks.Ranking)]
 
 
 def _is_tfrs(model) -> bool:
   try:
-    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+    import tensorflow_recommenders as tfrs
   except ImportError:
     return False
   return isinstance(model, tfrs.Model)

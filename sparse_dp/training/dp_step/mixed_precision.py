@@ -92,7 +92,7 @@ def float32_compute(model: keras.Model) -> Iterator[None]:
   The layers, their variables and their calls are the same; only the cast of
   their inputs and weights changes. Their policies are restored afterwards.
   """
-  # pylint: disable=protected-access
+
   low = [layer for layer in model._flatten_layers(include_self=True)
          if layer.dtype_policy.compute_dtype in _LOW_PRECISION]
   policies = [layer.dtype_policy for layer in low]

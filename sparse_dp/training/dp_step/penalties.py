@@ -39,7 +39,7 @@ class DataDependentLossError(ValueError):
 
 
 def _layers(model: keras.Model) -> list[keras.layers.Layer]:
-  return list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  return list(model._flatten_layers(include_self=True))
 
 
 def penalty_of(model: keras.Model) -> Optional[Callable[[], tf.Tensor]]:
@@ -48,7 +48,7 @@ def penalty_of(model: keras.Model) -> Optional[Callable[[], tf.Tensor]]:
   Raises if a penalty's gradient reaches an :class:`Embedding` table.
   """
   terms = [term for layer in _layers(model)
-           for term in layer._callable_losses]  # pylint: disable=protected-access
+           for term in layer._callable_losses]
   if not terms:
     return None
 
@@ -90,7 +90,7 @@ def add_penalty_gradients(penalty: Optional[Callable[[], tf.Tensor]], gradients:
 def check_no_data_dependent_losses(model: keras.Model) -> None:
   """Raises if the forward pass just run added a loss tensor (``add_loss`` in ``call``)."""
   added = [layer.name for layer in _layers(model)
-           if layer._eager_losses]  # pylint: disable=protected-access
+           if layer._eager_losses]
   if added:
     raise DataDependentLossError(
         f"layer(s) {', '.join(added)} added a loss computed from the batch (add_loss(tensor) "

@@ -45,7 +45,6 @@ from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.recording import recording
 from sparse_dp.mechanisms import per_example_row_gradients
 from sparse_dp.mechanisms.rows import padding
-
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
 
@@ -73,7 +72,7 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
   per-example losses; it is only ever called on a batch of one example.
   Tables and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not
   use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
-  mask, :mod:`sparse_dp.training.sampling.padded_batches`): the rows where it is false
+  mask, :mod:`sparse_dp.training.poisson.padded_batches`): the rows where it is false
   get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
 
   Under mixed precision the layers compute in 16 bits and what this returns
@@ -92,7 +91,7 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
       loss = _the_loss(losses)
       scaled = loss * loss_scale
     by_table, by_dense = lookups.by_layer(), _by_layer(calls)
-    sources = ([[l.vectors for l in by_table.get(t, [])] for t in tables],
+    sources = ([[lookup.vectors for lookup in by_table.get(t, [])] for t in tables],
                [[c.preactivation for c in by_dense.get(d, [])] for d in dense])
     table_grads, dense_grads = tf.nest.map_structure(
         lambda g: tf.cast(g, tf.float32) / loss_scale,
@@ -100,8 +99,8 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
                       unconnected_gradients=tf.UnconnectedGradients.ZERO))
     rows = [_rows(t, by_table.get(t, []), grads) for t, grads in zip(tables, table_grads)]
     dense_parts = [_tokens(d, by_dense.get(d, []), grads) for d, grads in zip(dense, dense_grads)]
-    outside = [tf.add_n([tf.math.count_nonzero(l.outside, dtype=tf.int64)
-                         for l in by_table.get(t, []) if l.outside is not None]
+    outside = [tf.add_n([tf.math.count_nonzero(lookup.outside, dtype=tf.int64)
+                         for lookup in by_table.get(t, []) if lookup.outside is not None]
                         or [tf.constant(0, tf.int64)]) for t in tables]
     return loss, rows, dense_parts, outside
 
@@ -131,7 +130,7 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> 
     with recording() as lookups, forward_without_state_writes():
       losses_of(example)
     by_table = lookups.by_layer()
-    return [_concat([l.row for l in by_table.get(t, [])], tf.int64, []) for t in tables]
+    return [_concat([lookup.row for lookup in by_table.get(t, [])], tf.int64, []) for t in tables]
 
   signature = [_spec([None], tf.int64) for _ in tables]
   found = _over_examples(one_example, data, signature)
@@ -155,8 +154,8 @@ def _masked(values: tf.Tensor, in_batch) -> tf.Tensor:
 
 
 def _split(leaves: list) -> tuple[list, list]:
-  return ([l for l in leaves if isinstance(l, Embedding)],
-          [l for l in leaves if isinstance(l, keras.layers.Dense)])
+  return ([layer for layer in leaves if isinstance(layer, Embedding)],
+          [layer for layer in leaves if isinstance(layer, keras.layers.Dense)])
 
 
 def _by_layer(calls: list) -> dict:
@@ -179,7 +178,7 @@ def _the_loss(losses) -> tf.Tensor:
 
 def _rows(table: Embedding, lookups: list, grads: list) -> tuple[tf.Tensor, tf.Tensor]:
   """Rows the example looked up in ``table`` and ``dl/d(vector)`` of each lookup."""
-  ids = _concat([l.row for l in lookups], tf.int64, [])
+  ids = _concat([lookup.row for lookup in lookups], tf.int64, [])
   values = _concat([tf.reshape(g, [-1, table.output_dim]) for g in grads], tf.float32,
                    [table.output_dim])
   return ids, values

@@ -95,7 +95,7 @@ def _called_functions(op) -> list[str]:
 
 def _function_def(graph, name: str):
   while graph is not None:
-    function = graph._get_function(name)  # pylint: disable=protected-access
+    function = graph._get_function(name)
     if function is not None:
       return function.definition
     graph = getattr(graph, "outer_graph", None)

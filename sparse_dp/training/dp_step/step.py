@@ -41,9 +41,12 @@ from sparse_dp.distribute import shards
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 from sparse_dp.training.dp_step import dense_layers
-from sparse_dp.training.dp_step.per_example import (LossesOf, PerExampleGradients,
-                                                    per_example_gradients, per_example_rows)
-
+from sparse_dp.training.dp_step.per_example import (
+  LossesOf,
+  PerExampleGradients,
+  per_example_gradients,
+  per_example_rows,
+)
 
 # The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
 # refuse outside the compiled program.
@@ -100,7 +103,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   ``on_outputs(labels, predictions, weights)`` (Keras metric updates, with
   ``debug_metrics`` only) is called once with a plain forward pass of the
   whole batch. ``in_batch``: the example mask of a padded batch
-  (:mod:`sparse_dp.training.sampling.padded_batches`); its padding rows weigh nothing
+  (:mod:`sparse_dp.training.poisson.padded_batches`); its padding rows weigh nothing
   anywhere. ``loss_scale``: the fixed loss scale of mixed precision
   (:mod:`sparse_dp.training.dp_step.mixed_precision`). Returns ``(gradients by
   variable ref, per-example losses, statistics)``.
@@ -108,7 +111,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   The statistics are DP by default (see :func:`_add_noise`); with
   ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
   """
-  tables = [l for l in leaves if isinstance(l, Embedding)]
+  tables = [layer for layer in leaves if isinstance(layer, Embedding)]
   selection_seed, noise_seed = mechanisms.split(seed, 2)
   if microbatch_size is None:
     recorded = per_example_gradients(leaves, losses_of, data, in_batch, loss_scale)
@@ -165,7 +168,7 @@ def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dic
   (:func:`~sparse_dp.mechanisms.select_rows_of_tables`).
   """
   none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
-  everyone, batch_size = _gather_across_replicas([pairs.get(l, none) for l in tables], batch_size)
+  everyone, batch_size = _gather_across_replicas([pairs.get(table, none) for table in tables], batch_size)
   selections = mechanisms.select_rows_of_tables(
       everyone, [layer.vocabulary_size for layer in tables], batch_size,
       noise.contribution_clip, noise.threshold,
@@ -244,7 +247,7 @@ class _Chunks:
   Under XLA every shape must be static: the batch (a padded one, of static
   size ``C``) is padded on to ``ceil(C / m) m`` rows with copies of its first
   example outside ``in_batch`` (loss 0, no lookups, a zero gradient, as in
-  :mod:`~sparse_dp.training.sampling.padded_batches`), so that every micro-batch has
+  :mod:`~sparse_dp.training.poisson.padded_batches`), so that every micro-batch has
   ``m`` rows and there are ``ceil(C / m)`` of them.
   """
 
@@ -298,7 +301,7 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, no
                               loss_scale: float):
   """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; and the
   ids outside each table's vocabulary (counted under XLA)."""
-  tables = [l for l in leaves if isinstance(l, Embedding)]
+  tables = [layer for layer in leaves if isinstance(layer, Embedding)]
   dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
@@ -388,7 +391,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
       if variable is not None and variable.ref() in sums.dense:
         gradients[variable.ref()] = noised(variable, sums.dense[variable.ref()], draw_seed)
 
-  table_rows = sum(l.vocabulary_size for l in leaves if isinstance(l, Embedding))
+  table_rows = sum(layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding))
   stats = {
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
       "nonzero_coordinates": tf.cast(nonzero_coordinates, tf.float32),

@@ -57,5 +57,5 @@ def guard(optimizer, model_name: str):
     return apply_gradients(*args, **kwargs)
 
   optimizer.apply_gradients = guarded
-  optimizer._sparse_dp_guarded = True  # pylint: disable=protected-access
+  optimizer._sparse_dp_guarded = True
   return optimizer

@@ -7,12 +7,11 @@ import tensorflow as tf
 
 from sparse_dp import mechanisms
 from sparse_dp._keras import keras
-
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.penalties import add_penalty_gradients
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 from sparse_dp.training.dp_step.update_guard import dp_step_update
-from sparse_dp.training.sampling import padded_batches
+from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.wrappers.host_guards import budget_message, largest_batch, too_large_message
 from sparse_dp.training.wrappers.private_training import PrivateTraining
 

@@ -22,7 +22,7 @@ from sparse_dp.training.dp_step import dense_layers, mixed_precision, update_gua
 from sparse_dp.training.dp_step.input_ids import functional_input_ids, ids_per_example
 from sparse_dp.training.dp_step.penalties import penalty_of
 from sparse_dp.training.dp_step.step import StepNoise
-from sparse_dp.training.sampling.poisson import largest_plausible_batch
+from sparse_dp.training.poisson.poisson_sampling import largest_plausible_batch
 from sparse_dp.training.wrappers import fit_wrappers
 from sparse_dp.training.wrappers.dp_train_step import dp_train_step
 from sparse_dp.training.wrappers.private_training import PrivateTraining, epsilon_budget
@@ -129,7 +129,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   spec = _resolve_spec(config, num_examples, batch_size, epochs)
   if algorithm.uses_contribution_map:
     warn_if_threshold_densifies(
-        [l.vocabulary_size for l in leaves if isinstance(l, Embedding)],
+        [layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding)],
         config.threshold_for(spec.sigma1), spec.sigma1 * config.contribution_clip, batch_size)
   noise = StepNoise(
       gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
@@ -155,7 +155,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     # or replica 0's (the noise): Keras's "auto" would sum them over the replicas off TPU.
     model.distribute_reduction_method = "first"
   training.embedding_choice = choice
-  tables = [l for l in leaves if isinstance(l, Embedding)]
+  tables = [layer for layer in leaves if isinstance(layer, Embedding)]
   if choice.name == "engine-double":
     training.use_embedding_backend(embedding_backends.TPUEmbeddingBackend(
         tables, model.optimizer, update_bounds(tables, noise, num_examples, batch_size)))
@@ -219,10 +219,10 @@ def update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size:
 
 def _check_built(model: keras.Model) -> None:
   """Refuses a model whose weights do not exist yet (its leaves cannot be found)."""
-  layers = list(model._flatten_layers(include_self=True))  # pylint: disable=protected-access
+  layers = list(model._flatten_layers(include_self=True))
   unbuilt = [layer.name for layer in layers
              if isinstance(layer, (keras.layers.Dense, Embedding)) and not layer.built]
-  if unbuilt or not any(layer._trainable_weights for layer in layers):  # pylint: disable=protected-access
+  if unbuilt or not any(layer._trainable_weights for layer in layers):
     raise ValueError(
         f"model '{model.name}' ({type(model).__name__}) is not built"
         f"{' (layers ' + ', '.join(unbuilt) + ')' if unbuilt else ''}: its weights do not "
@@ -241,7 +241,7 @@ def _check_train_step(model: keras.Model) -> None:
   own = type(model).train_step
   allowed = {keras.Model.train_step}
   try:
-    import tensorflow_recommenders as tfrs  # pylint: disable=import-outside-toplevel
+    import tensorflow_recommenders as tfrs
     allowed.add(tfrs.Model.train_step)
     tfrs_model = isinstance(model, tfrs.Model)
   except ImportError:

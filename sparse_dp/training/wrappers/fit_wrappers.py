@@ -29,12 +29,11 @@ from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training.checks.model_checks import ModelValidationError
 from sparse_dp.training.dp_step import mixed_precision, run_statistics, update_guard
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
-from sparse_dp.training.sampling import padded_batches
-from sparse_dp.training.sampling.poisson import head
+from sparse_dp.training.poisson import padded_batches
+from sparse_dp.training.poisson.poisson_sampling import head
 from sparse_dp.training.wrappers import host_guards
 from sparse_dp.training.wrappers.callbacks import NOT_POISSON_KEY
 from sparse_dp.training.wrappers.private_training import PrivateTraining
-
 
 # Batches of a non-Poisson input the separability probe tries before giving up
 # for this fit (a batch of fewer than 2 examples cannot show a coupling).

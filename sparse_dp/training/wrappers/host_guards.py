@@ -27,8 +27,11 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.training.dp_step.step import IDS_OUTSIDE, OVER_CAPACITY, OVER_CAPACITY_MESSAGE
-from sparse_dp.training.sampling import padded_batches
-from sparse_dp.training.sampling.poisson import BATCH_SIZE_FALSE_ALARM, largest_plausible_batch
+from sparse_dp.training.poisson import padded_batches
+from sparse_dp.training.poisson.poisson_sampling import (
+  BATCH_SIZE_FALSE_ALARM,
+  largest_plausible_batch,
+)
 from sparse_dp.training.wrappers.callbacks import BudgetExhaustedError
 from sparse_dp.training.wrappers.private_training import PrivateTraining
 

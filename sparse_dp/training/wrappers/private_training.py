@@ -13,8 +13,13 @@ from typing import Optional
 import tensorflow as tf
 
 from sparse_dp import optimizers
-from sparse_dp.accounting import (BatchSchedule, PrivacyAccountant, PrivacyReport, PrivacySpec,
-                                  steps_for_epochs)
+from sparse_dp.accounting import (
+  BatchSchedule,
+  PrivacyAccountant,
+  PrivacyReport,
+  PrivacySpec,
+  steps_for_epochs,
+)
 from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers import embedding_backends
@@ -26,9 +31,14 @@ from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint, WeightsM
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.run_statistics import RunStatistics
 from sparse_dp.training.dp_step.step import StepNoise
-from sparse_dp.training.sampling.poisson import (PoissonSample, batch_capacity, derives_from,
-                                                 examples_in_batch, poisson_passes,
-                                                 transformations_from)
+from sparse_dp.training.poisson.poisson_sampling import (
+  PoissonSample,
+  batch_capacity,
+  derives_from,
+  examples_in_batch,
+  poisson_passes,
+  transformations_from,
+)
 from sparse_dp.training.wrappers.callbacks import PrivacyCallback
 
 
@@ -102,8 +112,8 @@ class PrivateTraining:
       # rollback to an earlier checkpoint (steps_taken goes back) never redraws
       # noise already used, which would let two updates subtract it.
       self.noise_draws = tf.Variable(0, dtype=tf.int64, name="dp_noise_draws", **flag)
-      self.run_statistics = RunStatistics(sum(l.vocabulary_size for l in leaves
-                                              if isinstance(l, Embedding)))
+      self.run_statistics = RunStatistics(sum(layer.vocabulary_size for layer in leaves
+                                              if isinstance(layer, Embedding)))
     self._update_step_limit()
 
   @property
@@ -123,7 +133,7 @@ class PrivateTraining:
   @property
   def largest_batch(self) -> int:
     """The most examples one step's batch holds: ``max_batch_size``, else the capacity of a
-    padded Poisson batch (:func:`~sparse_dp.training.sampling.poisson.batch_capacity`), which bounds
+    padded Poisson batch (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`), which bounds
     an unpadded one too and any replica's slice of it (a TPU engine's static bound)."""
     return self.max_batch_size or batch_capacity(self.num_examples, self.sampling_rate)
 
@@ -290,7 +300,7 @@ class PrivateTraining:
     Only for a sampler that makes each batch an independent Poisson sample of
     rate ``sampling_rate`` of all ``num_examples`` examples, truncated to
     ``max_batch_size``, and feeds each batch at most once
-    (:meth:`sparse_dp.sampling.SampledBatches.dataset`); a sample of another
+    (:meth:`sparse_dp.jobs.sample.SampledBatches.dataset`); a sample of another
     ``N``, ``q`` or truncation than this run accounts is refused.
     """
     sample = (num_examples, sampling_rate, max_batch_size)

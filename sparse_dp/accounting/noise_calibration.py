@@ -1,0 +1,154 @@
+"""Smallest noise that meets a target (epsilon, delta).
+
+Wraps ``dp_accounting.calibrate_dp_mechanism`` (Brent's method on the noise
+multiplier, whose result is guaranteed to be within budget) with a bracket
+found by doubling, so that unreachable targets fail with a clear message.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import dp_accounting
+
+from sparse_dp.accounting.accountant import AccountantKind, PrivacyAccountant
+from sparse_dp.accounting.algorithms import Algorithm, check_positive, split_noise_multiplier
+from sparse_dp.accounting.schedule import BatchSchedule
+from sparse_dp.accounting.spec import PrivacySpec
+
+# Noise multipliers outside this range are not searched: below it the PLD
+# discretisation is meaningless, above it training learns nothing.
+MIN_NOISE_MULTIPLIER = 0.05
+MAX_NOISE_MULTIPLIER = 1e4
+_RELATIVE_TOLERANCE = 1e-4
+# How far under the target the exact epsilon of the result may fall.
+_EPSILON_SLACK = 0.005
+
+
+class UnreachableTargetError(ValueError):
+  """No noise multiplier in the searched range meets the target."""
+
+
+def calibrate_noise_multiplier(target_epsilon: float, delta: float,
+                               schedule: BatchSchedule,
+                               kind: "str | AccountantKind" = "pld") -> float:
+  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target
+  (:func:`_least_noise`)."""
+  check_positive("target epsilon", target_epsilon)
+  kind = AccountantKind.parse(kind)
+  if schedule.total_steps == 0:
+    raise UnreachableTargetError("the schedule has no steps: there is nothing to calibrate")
+  return _least_noise(
+      lambda sigma: PrivacyAccountant(kind).step_schedule(sigma, schedule).training_event(),
+      target_epsilon, delta, kind)
+
+
+def calibrate_after(spent: PrivacyAccountant, target_epsilon: float, delta: float,
+                    steps: int) -> float:
+  """Smallest ``sigma`` of ``steps`` more full-batch Gaussian steps (sampling rate 1,
+  noise multiplier ``sigma``) that keeps ``spent`` plus them at ``<= target_epsilon``.
+
+  The new steps are composed with ``spent``'s events by ``dp_accounting`` (one
+  accountant over ``ComposedDpEvent([spent's steps, SelfComposedDpEvent(
+  GaussianDpEvent(sigma), steps)])``; pure spends add), not split off with a
+  budget of their own: the same ``delta`` covers all of it.
+  """
+  check_positive("target epsilon", target_epsilon)
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  remaining = target_epsilon - spent.pure_epsilon
+  if remaining <= 0 or spent.get_training_epsilon(delta) >= remaining:
+    raise UnreachableTargetError(
+        f"epsilon {spent.get_epsilon(delta):g} is already spent of the target "
+        f"{target_epsilon:g}: nothing is left for {steps} more steps")
+
+  def event(sigma: float):
+    return copy.deepcopy(spent).step(sigma, 1.0, steps).training_event()
+
+  return _least_noise(event, remaining, delta, spent.kind)
+
+
+def _least_noise(event, target_epsilon: float, delta: float, kind: AccountantKind) -> float:
+  """Smallest ``sigma`` with ``epsilon(event(sigma), delta) <= target_epsilon``.
+
+  A search on the coarse (pessimistic, fast) accountant finds a multiplier that
+  meets the target. If the exact accountant puts it more than 0.5% under the
+  target, a search on the exact accountant narrows it down from there. Either
+  way the result meets the target exactly and comes within 0.5% of it.
+  """
+
+  def epsilon(sigma: float, coarse: bool) -> float:
+    return kind.new(coarse, event(sigma)).compose(event(sigma)).get_epsilon(delta)
+
+  def solve(start: float, factor: float, coarse: bool) -> float:
+    low, high = _bracket(lambda sigma: epsilon(sigma, coarse), target_epsilon, delta,
+                         start, factor)
+    # The least noise of the bracket needs the widest PLD grid; it fits them all.
+    return dp_accounting.calibrate_dp_mechanism(
+        make_fresh_accountant=lambda: kind.new(coarse, event(low)), make_event_from_param=event,
+        target_epsilon=target_epsilon, target_delta=delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(low, high),
+        tol=_RELATIVE_TOLERANCE * low)
+
+  sigma = solve(1.0, 2.0, coarse=True)
+  if kind is AccountantKind.RDP or epsilon(sigma, False) >= (1 - _EPSILON_SLACK) * target_epsilon:
+    return sigma
+  return solve(sigma, 1.02, coarse=False)
+
+
+def _bracket(epsilon, target: float, delta: float, start: float,
+             factor: float) -> tuple[float, float]:
+  """``(low, high)`` with ``epsilon(low) > target >= epsilon(high)``, stepping by ``factor``.
+
+  Never evaluates ``epsilon`` outside ``[MIN_NOISE_MULTIPLIER,
+  MAX_NOISE_MULTIPLIER]``: below it the PLD loses its numerical footing.
+  """
+  low = high = start
+  if epsilon(start) > target:
+    while True:
+      if high * factor > MAX_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target:g} at delta {delta:g} needs a noise multiplier above "
+            f"{high:g} (the search stops at {MAX_NOISE_MULTIPLIER:g}): use fewer steps, "
+            "a smaller sampling rate or a larger target epsilon")
+      low, high = high, high * factor
+      if epsilon(high) <= target:
+        break
+  else:
+    while True:
+      if low / factor < MIN_NOISE_MULTIPLIER:
+        raise UnreachableTargetError(
+            f"epsilon {target:g} at delta {delta:g} is met even with a noise "
+            f"multiplier of {low:g} (the search stops at {MIN_NOISE_MULTIPLIER:g}); "
+            "such a target protects nothing: choose a smaller target epsilon")
+      low, high = low / factor, low
+      if epsilon(low) > target:
+        break
+  return low, high
+
+
+def calibrate(algorithm: "str | Algorithm", target_epsilon: float, delta: float,
+              schedule: BatchSchedule, kind: "str | AccountantKind" = "pld", *,
+              sigma_ratio: float = 5.0, selection_epsilon: float = 0.0) -> PrivacySpec:
+  """The spec of ``algorithm`` with the least noise meeting ``target_epsilon``.
+
+  DP-FEST and DP-AdaFEST+ first deduct ``selection_epsilon`` from the target
+  (App. C.3); DP-AdaFEST keeps ``sigma1 / sigma2 = sigma_ratio``.
+  """
+  algorithm = Algorithm.parse(algorithm)
+  check_positive("target epsilon", target_epsilon)
+  training_target = target_epsilon
+  if algorithm.uses_top_k_selection:
+    check_positive("top-k selection epsilon (epsilon1)", selection_epsilon)
+    training_target = target_epsilon - selection_epsilon
+    if training_target <= 0:
+      raise UnreachableTargetError(
+          f"target epsilon {target_epsilon:g} leaves nothing for training after "
+          f"the top-k selection's epsilon1 = {selection_epsilon:g}; lower epsilon1 "
+          "or raise the target")
+  sigma = calibrate_noise_multiplier(training_target, delta, schedule, kind)
+  noise = {"noise_multiplier": sigma}
+  if algorithm.uses_contribution_map:
+    noise = dict(zip(("sigma1", "sigma2"), split_noise_multiplier(sigma, sigma_ratio)))
+  return PrivacySpec(algorithm=algorithm, schedule=schedule,
+                     selection_epsilon=selection_epsilon, **noise)

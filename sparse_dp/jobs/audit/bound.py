@@ -1,0 +1,105 @@
+"""The one-run epsilon lower bound (Steinke, Nasr, Jagielski 2023).
+
+"Privacy Auditing with One (1) Training Run" (NeurIPS 2023; arXiv 2305.08846).
+``tests/test_audit_bound.py`` checks the numbers against the paper's Appendix D
+code (its ``get_eps_audit``), a direct binomial tail and an epsilon = 0 null:
+
+* m canaries, each included in the training data independently with
+  probability 1/2: ``S_i in {-1, +1}`` (§3, the auditing game).
+* After training, the auditor guesses ``T_i in {-1, 0, +1}`` from the output
+  alone (``+1``: included, ``-1``: excluded, ``0``: abstain); ``r = ||T||_1``
+  guesses, ``W = sum_i max(0, T_i S_i)`` of them correct.
+* **Pure DP** (the paper's main result, §3; Theorem 3.1 as we remember its
+  number): if the training is ``eps``-DP, ``W`` is stochastically dominated by
+  ``Binomial(r, p)``, ``p = e^eps / (1 + e^eps)``. Write
+  ``f_eps(v) = P[Binomial(r, p) >= v]``.
+* **Approximate DP** (the same result's ``(eps, delta)`` form, proved in §5 of
+  the arXiv version): ``P[W >= v] <= f_eps(v) + 2 m delta max_{1<=i<=m}
+  (f_eps(v - i) - f_eps(v)) / i``.
+
+Having seen ``v`` correct guesses, every ``eps`` whose tail above is
+``<= beta`` is rejected at level ``beta``. With ``delta = 0`` the tail
+increases with ``eps`` and the lower bound is the ``eps`` where it reaches
+``beta`` (the Clopper-Pearson limit, in closed form). With ``delta > 0`` the
+tail is checked upward from 0 on a grid of step 0.01 and the bound is the last
+grid point before the first ``eps`` not rejected, so no rejection is claimed
+past an acceptance even where the delta term makes the tail non-monotone. If
+the training is ``(eps_true, delta)``-DP, the bound exceeds ``eps_true`` only
+if ``eps_true`` (or, with ``delta > 0``, the grid point just above it) is
+rejected: with probability at most ``beta``.
+
+The largest bound ``r`` guesses can give (all correct, ``delta = 0``) is
+``log(p / (1 - p))`` with ``p = beta^(1/r)``: about 2.75 for ``r = 100`` and 4.4
+for ``r = 500`` at ``beta = 0.05 / 24``; the number of canaries caps what an
+audit can show (:mod:`sparse_dp.jobs.audit.power`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+from scipy.special import betaincinv, expit
+
+_GRID_STEP = 0.01
+
+
+def binomial_tail(eps: float, guesses: int, correct: int) -> float:
+  """``f_eps(correct) = P[Binomial(guesses, e^eps / (1 + e^eps)) >= correct]``."""
+  return float(stats.binom.sf(correct - 1, guesses, expit(eps)))
+
+
+def tail_bound(eps, guesses: int, correct: int, canaries: int, delta: float) -> np.ndarray:
+  """The theorem's bound on ``P[W >= correct]`` for ``(eps, delta)``-DP training.
+
+  ``eps`` may be an array (one bound per value).
+  """
+  eps = np.atleast_1d(np.asarray(eps, float))[:, None]
+  p = expit(eps)
+  at_v = stats.binom.sf(correct - 1, guesses, p)  # [E, 1]
+  if delta == 0 or correct <= 0:
+    return at_v[:, 0]
+  shifts = np.arange(1, min(canaries, correct) + 1)  # beyond v, f(v - i) = 1 falls with i
+  below = stats.binom.sf(correct - shifts - 1, guesses, p)  # [E, I]
+  slope = np.max((below - at_v) / shifts, axis=1)
+  return at_v[:, 0] + 2 * canaries * delta * slope
+
+
+def epsilon_lower_bound(guesses: int, correct: int, canaries: int, delta: float,
+                        beta: float) -> float:
+  """The smallest ``eps >= 0`` that ``correct`` of ``guesses`` right does not reject at ``beta``.
+
+  ``canaries`` (``m``) enters only through the delta term. Returns 0 when
+  even ``eps = 0`` is not rejected.
+  """
+  _check(guesses, correct, canaries, delta, beta)
+  if guesses == 0 or binomial_tail(0.0, guesses, correct) > beta:
+    return 0.0
+  pure = _pure_bound(guesses, correct, beta)
+  if delta == 0:
+    return pure
+  # The delta term only adds to the tail: the bound is at most the pure one.
+  grid = np.arange(0.0, pure + _GRID_STEP, _GRID_STEP)
+  accepted = np.flatnonzero(tail_bound(grid, guesses, correct, canaries, delta) > beta)
+  if not accepted.size:
+    return pure
+  return float(grid[accepted[0] - 1]) if accepted[0] > 0 else 0.0  # the last rejected
+
+
+def _pure_bound(guesses: int, correct: int, beta: float) -> float:
+  """``f_eps(correct) = beta`` solved exactly: ``P[Binomial(r, p) >= v] = I_p(v, r - v + 1)``
+  (the regularised incomplete beta function), so ``p = I^{-1}_beta(v, r - v + 1)``
+  (the Clopper-Pearson lower limit) and ``eps = log(p / (1 - p))``."""
+  p = float(betaincinv(correct, guesses - correct + 1, beta))
+  return math.log(p / (1.0 - p))
+
+
+def _check(guesses, correct, canaries, delta, beta) -> None:
+  if not 0 <= correct <= guesses <= canaries:
+    raise ValueError(f"need 0 <= correct ({correct}) <= guesses ({guesses}) <= canaries "
+                     f"({canaries})")
+  if not 0 <= delta < 1:
+    raise ValueError(f"delta must be in [0, 1), got {delta}")
+  if not 0 < beta < 1:
+    raise ValueError(f"beta (1 - confidence) must be in (0, 1), got {beta}")

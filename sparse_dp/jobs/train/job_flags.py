@@ -1,0 +1,139 @@
+"""The training flags ``sparse-dp train`` and ``sparse-dp stream`` share, and their settings.
+
+Kept free of TensorFlow imports so that ``sparse-dp --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Optional
+
+# --optimizer: the Keras optimizer the job compiles (models.fitting.job_optimizer builds it).
+OPTIMIZERS = ("adam", "lazy-adam", "adagrad", "rowwise-adagrad", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+  """Hyper-parameters of one training run (``epsilon``: the training's own)."""
+
+  epsilon: float = 1.0
+  delta: Optional[float] = None
+  epochs: float = 1.0
+  batch_size: int = 2048
+  learning_rate: float = 3e-3
+  optimizer: str = "adam"  # one of OPTIMIZERS; learning_rate is its step size
+  l2_norm_clip: float = 1.0
+  contribution_clip: float = 1.0
+  sigma_ratio: float = 2.0
+  tau: Optional[float] = None
+  tau_sigmas: float = 4.0
+  hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
+  embedding_dim: Optional[int] = None  # None: the paper's int(2 V^0.25) per table
+  seed: int = 0
+  noise_seed: Optional[int] = None
+  embedding: str = "auto"  # sparse_dp.layers.embedding_backends.BACKEND_NAMES
+  strategy: str = "default"  # sparse_dp.distribute.local_cluster.STRATEGIES
+  tpu: str = "local"  # the TPU of --strategy tpu (TPUClusterResolver)
+  jit_compile: bool = False  # model.compile(jit_compile=True): the step compiled by XLA
+  # Epsilon that earlier runs on the warm-started weights spent: their records
+  # (``dp_record``) compose with this run's, so the run's budget includes them.
+  earlier_epsilon: float = 0.0
+  # Pure-DP epsilon of the top-k preselection made for this run (DP-FEST,
+  # DP-AdaFEST+): charged in the model's record, so every epsilon logged includes it.
+  selection_epsilon: float = 0.0
+
+
+def add_fit_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--delta", type=float, help="default 1/N")
+  parser.add_argument("--epochs", type=float, default=1.0)
+  parser.add_argument("--batch-size", type=int, default=2048)
+  parser.add_argument("--learning-rate", type=float, default=3e-3,
+                      help="the --optimizer's step size, for every optimizer (3e-3: Adam's best "
+                           "of 1e-4..1e-2 for DP on the default data)")
+  parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                      help="adam (default; LazyAdam on the tables of a DP run), lazy-adam, "
+                           "adagrad, rowwise-adagrad (one accumulator per table row: the "
+                           "least optimizer memory for large tables) or sgd; docs/optimizers.md")
+  parser.add_argument("--l2-norm-clip", type=float, default=1.0,
+                      help="C2 (1: the best AUC on the default data; its clip biases the "
+                           "predictions low, which --calibration-share corrects; 10 "
+                           "calibrates too, at about 0.01 AUC: docs/calibration.md)")
+  parser.add_argument("--contribution-clip", type=float, default=1.0, help="C1")
+  parser.add_argument("--sigma-ratio", type=float, default=2.0,
+                      help="AdaFEST sigma1 / sigma2 (paper's grid 0.1-10; 2 measured best of "
+                           "2 and 5 on the default data)")
+  parser.add_argument("--tau", type=float,
+                      help="AdaFEST threshold (default: --tau-sigmas x sigma1 x C1)")
+  parser.add_argument("--tau-sigmas", type=float, default=4.0,
+                      help="default threshold in units of the contribution map's noise")
+  parser.add_argument("--fest-k", type=int, default=300,
+                      help="DP-FEST / DP-AdaFEST+: buckets kept per table")
+  parser.add_argument("--selection-share", type=float, default=0.1,
+                      help="DP-FEST / DP-AdaFEST+: share of epsilon spent on the top-k")
+  parser.add_argument("--hidden-units", default="598,598,598,598",
+                      help="widths of the ReLU layers (default: the paper's, App. D.1.1)")
+  parser.add_argument("--embedding-dim", type=int,
+                      help="one embedding dimension for every table (default: the paper's "
+                           "int(2 V^0.25) for a table of V rows)")
+  parser.add_argument("--on-bad-line", choices=["error", "skip"], default="error")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the synthetic data and the initial weights")
+  parser.add_argument("--noise-seed", type=int,
+                      help="fix the DP noise for a reproducible experiment (never for a "
+                           "release: the noise is only as secret as this number); "
+                           "default: a secret seed from the OS")
+  parser.add_argument("--embedding", choices=["auto", "tpu", "cpu", "engine-double"],
+                      default="auto",
+                      help="where the tables live: tpu (the TPU embedding engine, with "
+                           "--strategy tpu: V1 on v2-v4, trained by a two-program loop; "
+                           "SparseCore on v5p/v6e, TF 2.16+, trained by fit), cpu (Keras "
+                           "variables: CPU, GPU or ordinary TPU variables), auto (tpu where the "
+                           "hardware has an engine, else cpu; says which and why on stderr), "
+                           "engine-double (testing: "
+                           "the engine's update in pure TensorFlow off TPU); README 'TPU "
+                           "embedding'. The metrics name the one used")
+  parser.add_argument("--strategy", choices=["default", "mirrored", "multi-worker", "ps", "tpu"],
+                      default="default",
+                      help="tf.distribute strategy: multi-worker and ps join the cluster "
+                           "TF_CONFIG names; ps without TF_CONFIG starts 2 parameter servers "
+                           "and 2 workers on localhost (README 'Training past one machine'); "
+                           "tpu: TPUStrategy on --tpu")
+  parser.add_argument("--tpu", default="local",
+                      help="--strategy tpu: the TPU, 'local' (this TPU VM's, default), a TPU "
+                           "name or a grpc:// address")
+  parser.add_argument("--jit-compile", action="store_true",
+                      help="compile the train step with XLA, as on a TPU (model.compile("
+                           "jit_compile=True)); the Poisson batches are padded to one size")
+
+
+def fit_settings(args: argparse.Namespace, epsilon: float,
+                 delta: Optional[float] = None) -> FitSettings:
+  """The settings of ``args``, checked, with the training's own ``epsilon``."""
+  if not 0 <= args.selection_share < 1:
+    raise ValueError(f"--selection-share must be in [0, 1), got {args.selection_share}")
+  if not args.learning_rate > 0:
+    raise ValueError(f"--learning-rate must be > 0, got {args.learning_rate}")
+  if args.embedding_dim is not None and args.embedding_dim < 1:
+    raise ValueError(f"--embedding-dim must be a positive integer, got {args.embedding_dim}")
+  hidden = layer_widths(args.hidden_units, "--hidden-units")
+  return FitSettings(
+      epsilon=epsilon, delta=args.delta if delta is None else delta, epochs=args.epochs,
+      batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
+      l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
+      sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
+      hidden_units=hidden, embedding_dim=args.embedding_dim, seed=args.seed,
+      noise_seed=args.noise_seed, embedding=args.embedding,
+      strategy=getattr(args, "strategy", "default"), tpu=getattr(args, "tpu", "local"),
+      jit_compile=getattr(args, "jit_compile", False))
+
+
+def layer_widths(text: str, flag: str) -> tuple[int, ...]:
+  """``"598,598"`` as ``(598, 598)``; anything but positive integers is refused naming ``flag``."""
+  try:
+    widths = tuple(int(u) for u in text.split(","))
+  except ValueError:
+    widths = ()
+  if not widths or min(widths) < 1:
+    raise ValueError(f"{flag} must be positive integers like 598,598, got {text!r}")
+  return widths
