@@ -1,0 +1,281 @@
+"""The DP step compiles with XLA (``jit_compile=True``, as every TPU program is) and
+takes the step graph mode takes for the same noise seed."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from sparse_dp import keras
+from sparse_dp.layers import Embedding
+from sparse_dp.mechanisms.noise import dense_noise
+from sparse_dp.mechanisms.selection import row_selection
+from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
+from sparse_dp.training import BudgetExhaustedError
+from sparse_dp.training.poisson import padded_batches
+from sparse_dp.training.poisson.poisson_sampling import (
+  PoissonSample,
+  batch_capacity,
+  largest_plausible_batch,
+)
+
+from support.keras_models import VOCAB, N, functional_model, synthetic_data
+
+NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
+CONFIGS = {
+    "none": {},
+    "dpsgd": NOISE["dpsgd"],
+    "fest": dict(NOISE["dpsgd"], selection_epsilon=0.5),
+    "adafest": NOISE["adafest"],
+    "adafest+": dict(NOISE["adafest"], selection_epsilon=0.5),
+}
+
+
+def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size=None):
+  """Trained weights and logs after 4 Poisson batches (padded by default under XLA)."""
+  ids, labels = synthetic_data()
+  model = functional_model(seed=3)
+  model.compile(optimizer=optimizer or keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
+  config = sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=microbatch_size,
+                              **CONFIGS[algorithm])
+  private = sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
+  dataset = private.poisson_dataset(ids, labels, epochs=1, padded=padded)
+  history = model.fit(dataset.take(4), verbose=0)
+  return [w.numpy() for w in model.trainable_weights], history.history, private
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("algorithm,optimizer", [
+    ("none", None), ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None),
+    ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])
+def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
+  make = optimizer or (lambda: None)
+  graph, graph_logs, _ = trained(algorithm, False, make())
+  compiled, logs, private = trained(algorithm, True, make())
+  assert private.model._jit_compile
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  if algorithm != "none":
+    # epsilon() also checks the weight fingerprint that the compiled step kept current
+    assert private.accountant.steps == 4 and private.epsilon() > 0
+    assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+  if algorithm == "adafest":  # its table is fingerprinted: a move outside the step is seen
+    table = private.model.get_layer("ids").embeddings
+    table.scatter_add(tf.IndexedSlices(tf.random.stateless_normal([1, table.shape[1]], [1, 2]),
+                                       [5]))
+    with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
+      private.epsilon()
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("optimizer", [None, lambda: LazyAdam(0.05)], ids=["sgd", "lazy-adam"])
+def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(monkeypatch,
+                                                                                optimizer):
+  monkeypatch.setattr(dense_noise, "CHUNK_ROWS", 256)  # the table's 1,000 rows: 4 chunks
+  make = optimizer or (lambda: None)
+  graph, graph_logs, _ = trained("dpsgd", False, make())
+  compiled, logs, private = trained("dpsgd", True, make())
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  assert private.accountant.steps == 4
+  np.testing.assert_allclose(logs["noisy_gradient_norm"], graph_logs["noisy_gradient_norm"],
+                             rtol=1e-4)
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("algorithm,microbatch_size", [
+    ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None), ("adafest", 96)])
+def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microbatch_size):
+  # Graph mode, same seed: the padding rows (copies of example 0) weigh nothing
+  # in the clipping, the contribution map, the noise, or the logged loss.
+  plain, plain_logs, _ = trained(algorithm, False, microbatch_size=microbatch_size)
+  padded, logs, _ = trained(algorithm, False, padded=True, microbatch_size=microbatch_size)
+  for a, b in zip(plain, padded):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  for name in plain_logs:
+    np.testing.assert_allclose(logs[name], plain_logs[name], rtol=1e-5)
+
+
+def test_padded_poisson_batches_have_one_static_shape_and_mask_the_sampled_examples():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  dataset = private.poisson_dataset(ids, labels)  # padded: the model is compiled with XLA
+  capacity = batch_capacity(N, 256 / N)
+  spec = dataset.element_spec
+  assert spec[padded_batches.IN_BATCH].shape == [capacity]
+  assert [part.shape for part in spec[padded_batches.EXAMPLES]] == [[capacity], [capacity]]
+  plain = private.poisson_dataset(ids, labels, padded=False)
+  assert plain.element_spec[0].shape.as_list() == [None]
+  sizes = [int(np.sum(batch[padded_batches.IN_BATCH])) for batch in dataset.take(20)]
+  assert 200 < np.mean(sizes) < 312 and len(set(sizes)) > 5 and max(sizes) < capacity
+  model.fit(dataset.take(3), verbose=0)
+  assert model.train_function.experimental_get_tracing_count() == 1
+
+
+def test_a_poisson_batch_past_the_padded_capacity_is_refused_not_cut():
+  ids, labels = synthetic_data()
+  sample = PoissonSample((ids, labels), 0.5, capacity=1000)  # about 2,048 sampled
+  with pytest.raises(tf.errors.InvalidArgumentError, match="larger than the padded batch capacity"):
+    sample(tf.constant([1, 2], tf.int64))
+
+
+def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  with pytest.warns(UserWarning, match="compiles the DP step again for each new batch size"):
+    model.fit(private.poisson_dataset(ids, labels, padded=False).take(1), verbose=0)
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_compiled_micro_batches_take_the_graph_steps(algorithm):
+  # 96 does not divide the padded capacity: the last micro-batch is padded on.
+  graph, graph_logs, _ = trained(algorithm, False, microbatch_size=96)
+  compiled, logs, private = trained(algorithm, True, microbatch_size=96)
+  for a, b in zip(graph, compiled):
+    np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+  assert private.accountant.steps == 4 and private.epsilon() > 0
+  assert logs["nonzero_rows"] == pytest.approx(graph_logs["nonzero_rows"])
+
+
+def compiled_private(budget=None, microbatch_size=None, noise=None):
+  model = functional_model(seed=3)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  if noise is None:
+    noise = dict(noise_multiplier=3.0, epsilon_budget=budget) if budget else CONFIGS["adafest"]
+  algorithm = "dpsgd" if budget else "adafest"
+  config = sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=microbatch_size, **noise)
+  return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
+
+
+def test_a_compiled_step_past_the_budget_is_refused_on_the_host():
+  # XLA compiles the step's own assert to nothing: the host refuses the step.
+  ids, labels = synthetic_data()
+  model, private = compiled_private(budget=0.15)
+  limit = int(private.step_limit.numpy())
+  assert 0 < limit < 30
+  with pytest.raises(BudgetExhaustedError, match="budget 0.15 allows no further step"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=3).take(limit + 2), verbose=0)
+  assert private.accountant.steps == limit
+
+
+def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  with pytest.raises(ValueError, match="larger than any Poisson sample.*Realised batch size: 2000"):
+    model.fit(ids, labels, batch_size=2000, verbose=0)
+  batches = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(2000)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="larger than any Poisson sample"):
+    model.fit(batches, verbose=0)
+  with pytest.raises(ValueError, match="larger than any Poisson sample"):
+    model.train_on_batch(ids[:2000], labels[:2000])
+  assert private.accountant.steps == 0
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("microbatch_size", [None, 100])
+def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(microbatch_size):
+  ids, labels = synthetic_data()
+  # tau = 10 sigma1 C1: no false positives (Psi(10) < 1e-23 a row), and only rows many
+  # examples look up pass; so the last row moves only if an id outside the vocabulary
+  # reached it (XLA clamps an index past the end to the last row). At the usual tau
+  # (sigma1 C1) the last row is a false positive w.p. 0.16 a step.
+  model, private = compiled_private(microbatch_size=microbatch_size,
+                                    noise=dict(CONFIGS["adafest"], threshold=30.0))
+  # The first fit's probe (not compiled) would refuse bad ids itself; after it, the
+  # compiled step meets them.
+  model.fit(private.poisson_dataset(ids, labels, epochs=1).take(1), verbose=0)
+  ids[:50] = VOCAB + 7
+  before = model.get_layer("ids").embeddings.numpy()
+  with pytest.raises(ValueError, match=r"outside the vocabulary .*layer\(s\) ids \(\d+ ids\)"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=1).take(2), verbose=0)
+  after = model.get_layer("ids").embeddings.numpy()
+  assert np.isfinite(after).all() and np.array_equal(after[-1], before[-1])
+
+
+class _History(keras.Model):
+  """Multi-valent (ragged) histories summed in one table."""
+
+  def __init__(self):
+    super().__init__()
+    self.table = Embedding(VOCAB, 4, combiner="sum")
+    self.logit = keras.layers.Dense(1)
+
+  def call(self, history):
+    return self.logit(self.table(history))
+
+
+def test_ragged_inputs_under_xla_are_refused_before_any_step_naming_the_fix():
+  histories = tf.ragged.constant([[1, 2], [3], [4, 5, 6]] * 100, tf.int64)
+  labels = tf.zeros([300, 1])
+  model = _History()
+  model(histories[:2])
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", noise_seed=1, **CONFIGS["adafest"]),
+      num_examples=300, batch_size=30)
+  refused = r"jit_compile=True is fed ragged or sparse inputs.*Compile without jit_compile"
+  with pytest.raises(ValueError, match=refused):
+    model.fit(private.poisson_dataset(histories, labels).take(1), verbose=0)
+  with pytest.raises(ValueError, match=refused):
+    model.train_on_batch(histories[:30], labels[:30])
+  assert private.accountant.steps == 0
+
+
+def test_adagrad_under_xla_is_refused_naming_what_compiles():
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  model.compile(optimizer=keras.optimizers.legacy.Adagrad(0.1),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=True)
+  with pytest.raises(ValueError, match="no XLA kernel.*RowwiseAdagrad.*SGD or Adam"):
+    model.fit(private.poisson_dataset(ids, labels, epochs=1), verbose=0)
+  assert private.accountant.steps == 0
+
+
+@pytest.mark.split_stacks
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
+  # No room at all: every step's false positives overflow (really: probability 1e-18).
+  monkeypatch.setattr(row_selection, "false_positive_capacity", lambda *args, **kwargs: 0)
+  ids, labels = synthetic_data()
+  model = functional_model(seed=3)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", noise_seed=1,
+                                                             **CONFIGS["adafest"]),
+                                   num_examples=N, batch_size=256)
+  with pytest.raises((ValueError, tf.errors.InvalidArgumentError),
+                     match="false positives overflowed the room"):
+    model.fit(private.poisson_dataset(ids, labels).take(2), verbose=0)
+
+
+def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
+  # A compile-time constant that depends on the batch's values (as an assert's data
+  # inside the per-example vectorized_map once did) would compile every step anew.
+  here = pathlib.Path(__file__).parent
+  env = {**os.environ, "TF_CPP_VMODULE": "device_compiler=1", "TF_CPP_MIN_LOG_LEVEL": "0",
+         "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+  done = subprocess.run([sys.executable, str(here / "xla_compilations.py"), "6"], env=env,
+                        capture_output=True, text=True, timeout=900, check=True)
+  assert "steps 6" in done.stdout
+  compilations = done.stderr.count("Compilation of XLA executable")
+  assert 1 <= compilations <= 2, done.stderr[-3000:]
+
+
+def test_a_padded_batch_behind_a_map_is_checked_by_its_sampled_examples():
+  # Not Poisson any more (a map), so its size is checked on the host: by the mask's
+  # count, not by the capacity, which exceeds the largest plausible batch.
+  ids, labels = synthetic_data()
+  model, private = compiled_private()
+  assert batch_capacity(N, 256 / N) > largest_plausible_batch(N, 256 / N)
+  with pytest.warns(UserWarning, match="through map"):
+    model.fit(private.poisson_dataset(ids, labels).map(lambda batch: batch).take(2), verbose=0)
+  assert private.accountant.steps == 2 and not private.poisson_sampling

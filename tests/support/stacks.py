@@ -1,0 +1,44 @@
+"""The two supported stacks, the markers that place a test on one, and the suite's ALPHA.
+
+* Python 3.10-3.11: TF 2.15.1 with TF Privacy 0.9.0 (``"tf2.15"``);
+* Python 3.12-3.13: TF 2.21.0 with tf-keras (``"tf2.21"``), no TF Privacy.
+
+CI runs the fast tier on both stacks and the slow tier once, its tests split
+between the stacks (``one_stack``, and ``split_stacks`` in ``tests/conftest.py``).
+``SPARSE_DP_ALL_STACKS=1`` runs every test on the stack at hand.
+"""
+
+import os
+import sys
+
+import pytest
+
+# setup.py installs TF Privacy 0.9.0 on the Python 3.10-3.11 stack only; there
+# its tests must run (an import error fails them), on Python 3.12+ they skip.
+TF_PRIVACY_STACK = sys.version_info < (3, 12)
+NO_TF_PRIVACY = ("TF Privacy is not in the Python 3.12+ stack (TF 2.21): TF Privacy 0.9.0 "
+                 "caps TensorFlow <= 2.15 and Python < 3.12; this check runs on Python 3.11")
+requires_tf_privacy = pytest.mark.skipif(not TF_PRIVACY_STACK, reason=NO_TF_PRIVACY)
+
+STACKS = ("tf2.15", "tf2.21")
+STACK = STACKS[0] if TF_PRIVACY_STACK else STACKS[1]
+
+# False-failure probability of every statistical test in this suite. Each test
+# uses a fixed seed, so it passes or fails deterministically; this is the
+# chance that a correct implementation would fail for a random seed.
+ALPHA = 1e-6
+
+
+def one_stack(stack: str):
+  """Runs the test only on ``stack`` ("tf2.15": Python 3.10-3.11, "tf2.21": 3.12+).
+
+  Args:
+    stack: one of :data:`STACKS`.
+
+  Returns:
+    A ``skipif`` mark, lifted by ``SPARSE_DP_ALL_STACKS=1``.
+  """
+  return pytest.mark.skipif(
+      stack != STACK and os.environ.get("SPARSE_DP_ALL_STACKS") != "1",
+      reason=f"run in CI on the {stack} stack only (CI time); "
+             "SPARSE_DP_ALL_STACKS=1 runs it here")

@@ -1,0 +1,156 @@
+"""The DP step's clipped sums equal an explicit per-example computation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+from sparse_dp import keras
+from sparse_dp.layers import Embedding
+from sparse_dp.mechanisms.rows.padding import ordinary_slices
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
+
+from support.stacks import ALPHA
+
+VOCAB_A, VOCAB_B = 50, 30
+
+
+def build_model():
+  keras.utils.set_random_seed(3)
+  a = keras.Input(shape=(None,), dtype=tf.int64, ragged=True, name="a")
+  b = keras.Input(shape=(), dtype=tf.int64, name="b")
+  table_a = Embedding(VOCAB_A, 4, combiner="mean", name="table_a")
+  table_b = Embedding(VOCAB_B, 3, name="table_b")
+  features = keras.layers.Concatenate()([table_a(a), table_b(b), table_a(b)])  # a shared table
+  hidden = keras.layers.Dense(5, activation="tanh")(features)
+  logit = keras.layers.Dense(1)(hidden)
+  return keras.Model({"a": a, "b": b}, logit)
+
+
+def batch():
+  rng = np.random.default_rng(5)
+  a = tf.ragged.constant([rng.integers(0, VOCAB_A, rng.integers(1, 5)).tolist() for _ in range(12)],
+                         tf.int64)
+  b = tf.constant(rng.integers(0, VOCAB_B, 12), tf.int64)
+  y = tf.constant(rng.integers(0, 2, 12), tf.float32)
+  return {"a": a, "b": b}, y
+
+
+def per_example_losses(model, x, y):
+  logits = tf.squeeze(model(x, training=True), -1)
+  return tf.nn.sigmoid_cross_entropy_with_logits(y, logits) * 50.0  # large: clipping bites
+
+
+def reference_clipped_sum(model, x, y, clip, keep_rows=None):
+  """Loop over examples: full gradient of each, masked, clipped jointly, summed."""
+  total = [np.zeros(v.shape) for v in model.trainable_variables]
+  for i in range(12):
+    xi = {"a": x["a"][i:i + 1], "b": x["b"][i:i + 1]}
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(per_example_losses(model, xi, y[i:i + 1]))
+    grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    if keep_rows is not None:
+      for j, v in enumerate(model.trainable_variables):
+        if v.name in keep_rows:
+          mask = np.zeros(v.shape[0], bool)
+          mask[keep_rows[v.name]] = True
+          grads[j][~mask] = 0.0
+    norm = np.sqrt(sum(np.sum(g ** 2) for g in grads))
+    factor = min(1.0, clip / norm)
+    total = [t + factor * g for t, g in zip(total, grads)]
+  return total
+
+
+def run_step(model, x, y, noise, microbatch_size=None, debug_metrics=False):
+  leaves = dense_layers.trainable_leaf_layers(model)
+
+  def losses_of(data):
+    return per_example_losses(model, *data), None, None
+
+  @tf.function
+  def step(x, y):
+    return private_gradients(leaves, losses_of, (x, y), noise, tf.constant([1, 2], tf.int64),
+                             microbatch_size, debug_metrics=debug_metrics)
+
+  grads, losses, stats = step(x, y)
+  assert losses.shape == (12,)
+  return [tf.convert_to_tensor(ordinary_slices(grads[v.ref()])).numpy()
+          for v in model.trainable_variables], stats
+
+
+def test_dpsgd_clipped_sum_matches_per_example_reference():
+  model, (x, y) = build_model(), batch()
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=None, l2_norm_clip=0.7,
+                    contribution_clip=1.0, threshold=1.0, expected_batch_size=1.0)
+  ours, stats = run_step(model, x, y, noise)
+  for got, want in zip(ours, reference_clipped_sum(model, x, y, 0.7)):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
+  assert float(stats["nonzero_rows"]) == VOCAB_A + VOCAB_B
+
+
+def test_adafest_masks_unselected_rows_before_clipping():
+  model, (x, y) = build_model(), batch()
+  # Negligible map noise and tau = 0.99 C1 / sqrt(max pairs): a row passes iff
+  # its clipped contribution is at least tau (here: rows of >= 2 examples).
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=1e-7, l2_norm_clip=0.7,
+                    contribution_clip=3.0, threshold=1.5, expected_batch_size=1.0)
+  ours, stats = run_step(model, x, y, noise, debug_metrics=True)
+  from sparse_dp.mechanisms import activations, clipped_contribution_maps
+  acts = [activations(tf.concat([x["a"], x["b"][:, None]], axis=1)), activations(x["b"])]
+  maps = clipped_contribution_maps(acts, 3.0)
+  keep = {name: m.rows.numpy()[m.values.numpy() >= 1.5]
+          for name, m in zip(["table_a/embeddings:0", "table_b/embeddings:0"], maps)}
+  assert 0 < len(keep["table_a/embeddings:0"]) < VOCAB_A
+  reference = reference_clipped_sum(model, x, y, 0.7, keep_rows=keep)
+  for got, want in zip(ours, reference):
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
+  assert float(stats["false_positive_rows"]) == 0.0
+  assert float(stats["nonzero_rows"]) == sum(len(r) for r in keep.values())
+
+
+def test_unsupported_layer_is_named():
+  inputs = keras.Input(shape=(3,))
+  model = keras.Model(inputs, keras.layers.BatchNormalization(name="bn")(inputs))
+  with pytest.raises(dense_layers.UnsupportedLayerError, match="'bn'.*BatchNormalization"):
+    dense_layers.trainable_leaf_layers(model)
+  keras_table = keras.Model(inputs, keras.layers.Embedding(10, 2, name="plain")(inputs))
+  with pytest.raises(dense_layers.UnsupportedLayerError, match="sparse_dp.layers.Embedding"):
+    dense_layers.trainable_leaf_layers(keras_table)
+
+
+@pytest.mark.parametrize("contribution_multiplier", [None, 0.5])
+def test_micro_batches_give_the_sums_of_one_batch(contribution_multiplier):
+  model, (x, y) = build_model(), batch()
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=contribution_multiplier,
+                    l2_norm_clip=0.7, contribution_clip=3.0, threshold=1.0,
+                    expected_batch_size=1.0)
+  whole, whole_stats = run_step(model, x, y, noise)
+  parts, parts_stats = run_step(model, x, y, noise, microbatch_size=5)  # 5 + 5 + 2
+  for a, b in zip(whole, parts):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  assert float(whole_stats["nonzero_rows"]) == float(parts_stats["nonzero_rows"])
+
+
+@pytest.mark.parametrize("contribution_multiplier", [None, 1e-7])
+def test_step_noise_has_std_sigma_c2_on_noised_coordinates_only(contribution_multiplier):
+  """The training step's own noise: same seed with and without it, the difference."""
+  model, (x, y) = build_model(), batch()
+  common = dict(contribution_multiplier=contribution_multiplier, l2_norm_clip=0.7,
+                contribution_clip=3.0, threshold=0.5, expected_batch_size=4.0)
+  noisy, stats_noisy = run_step(model, x, y, StepNoise(gradient_multiplier=1.3, **common))
+  exact, _ = run_step(model, x, y, StepNoise(gradient_multiplier=0.0, **common))
+  diffs = [a - b for a, b in zip(noisy, exact)]
+  tables, dense = diffs[:2], diffs[2:]
+  noised_rows = sum(int(np.any(t != 0, axis=1).sum()) for t in tables)
+  assert noised_rows == float(stats_noisy["nonzero_rows"])  # noise on selected rows only
+  if contribution_multiplier is None:
+    assert noised_rows == VOCAB_A + VOCAB_B
+  std = 1.3 * 0.7 / 4.0  # sigma * C2 / expected batch size
+  table_values = np.concatenate([t[np.any(t != 0, axis=1)].ravel() for t in tables])
+  dense_values = np.concatenate([d.ravel() for d in dense])
+  for values in (table_values, dense_values):  # each group on its own: a wrong scale shows
+    n = values.size
+    assert n >= 60
+    scaled = np.sum(values ** 2) / std ** 2  # ~ chi2(n)
+    assert stats.chi2.ppf(ALPHA / 2, n) <= scaled <= stats.chi2.isf(ALPHA / 2, n)

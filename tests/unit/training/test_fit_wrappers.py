@@ -1,0 +1,124 @@
+"""What make_private's fit and compile check: recompiles, steps_per_execution, validation data."""
+
+import dp_accounting
+import pytest
+import tensorflow as tf
+from dp_accounting import pld
+
+import sparse_dp
+from sparse_dp import keras
+from sparse_dp.training.checks.validation import ModelValidationError
+
+from support.keras_models import N, functional_model, synthetic_data
+
+SIGMA, BATCH = 1.0, 256  # q = 1/16: 16 steps per epoch
+
+
+def private_model(**config):
+  model = functional_model()
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig("dpsgd", noise_multiplier=SIGMA, noise_seed=1, **config),
+      num_examples=N, batch_size=BATCH)
+  return model, private
+
+
+def train(model, private, epochs=0.25, **fit_options):
+  ids, labels = synthetic_data()
+  return model.fit(private.poisson_dataset(ids, labels, epochs=epochs), verbose=0,
+                   callbacks=[private.callback()], **fit_options)
+
+
+def centred_loss(y, logits):
+  """Binary cross-entropy minus the batch's mean: each loss depends on the whole batch."""
+  losses = keras.losses.binary_crossentropy(y, logits, from_logits=True)
+  return losses - tf.reduce_mean(losses)
+
+
+def test_recompiling_with_a_loss_that_couples_examples_is_probed_and_refused():
+  model, private = private_model()
+  train(model, private)
+  steps = int(private.steps_taken.numpy())
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=centred_loss)
+  weights = [w.numpy() for w in model.trainable_weights]
+  with pytest.raises(ModelValidationError, match="centred_loss"):
+    train(model, private)
+  assert int(private.steps_taken.numpy()) == steps
+  for before, after in zip(weights, model.trainable_weights):
+    assert (before == after.numpy()).all()
+
+
+def test_recompiling_with_an_ordinary_loss_keeps_training_privately():
+  model, private = private_model()
+  train(model, private)
+  model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)  # table updates stay sparse
+  history = train(model, private)
+  steps = 2 * 4
+  assert int(private.steps_taken.numpy()) == steps and private.poisson_sampling
+  accountant = pld.PLDAccountant()
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      BATCH / N, dp_accounting.GaussianDpEvent(SIGMA)), steps)
+  assert history.history["epsilon"][-1] == pytest.approx(accountant.get_epsilon(1 / N), rel=1e-3)
+
+
+def test_recompiling_with_an_optimizer_without_sparse_updates_is_refused():
+  model, _ = private_model()
+  with pytest.raises(ValueError, match="RMSprop is not supported"):
+    model.compile(optimizer="rmsprop", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def test_steps_per_execution_with_a_budget_is_refused_at_make_private_and_compile():
+  model = functional_model()
+  model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=4)
+  with pytest.raises(ValueError, match=r"steps_per_execution=4.*steps_per_execution=1"):
+    sparse_dp.make_private(
+        model, sparse_dp.DPConfig("dpsgd", noise_multiplier=SIGMA, epsilon_budget=1.0),
+        num_examples=N, batch_size=BATCH)
+  model, _ = private_model(epsilon_budget=1.0)
+  with pytest.raises(ValueError, match="steps_per_execution='auto'"):
+    model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution="auto")
+
+
+def test_steps_per_execution_without_a_budget_counts_every_step():
+  model, private = private_model()
+  model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=3)
+  history = train(model, private, epochs=0.5)  # 8 steps: 3 + 3 + 2
+  assert int(private.steps_taken.numpy()) == 8
+  assert history.history["epsilon"][-1] == pytest.approx(private.epsilon())
+
+
+@pytest.mark.parametrize("validation", [dict(validation_data="held_out"),
+                                        dict(validation_split=0.1)])
+def test_validation_in_fit_is_refused_without_debug_metrics(validation):
+  ids, labels = synthetic_data()
+  model, private = private_model()
+  if "validation_data" in validation:
+    validation["validation_data"] = (ids[:512], labels[:512])
+  with pytest.raises(ValueError, match=f"{next(iter(validation))}.*model.evaluate"
+                                       r".*DPConfig\(debug_metrics=True\)"):
+    model.fit(ids, labels, batch_size=BATCH, verbose=0, **validation)
+  assert int(private.steps_taken.numpy()) == 0
+
+
+def test_validation_with_debug_metrics_is_logged_and_reported_as_not_private():
+  ids, labels = synthetic_data()
+  model, private = private_model(debug_metrics=True)
+  history = train(model, private, validation_data=(ids[:512], labels[:512]))
+  assert "val_loss" in history.history
+  assert "NOT covered by this epsilon" in private.report().statement()
+
+
+@pytest.mark.parametrize("loss, message", [({}, "compiled without a loss"),
+                                           (["bce", "mse"], "got 2")])
+def test_recompiling_without_one_loss_names_the_fix(loss, message):
+  model, private = private_model()
+  with pytest.raises(ValueError, match=message):
+    model.compile(optimizer="sgd", loss=loss)
+    train(model, private)
+
+
+def test_a_one_loss_list_is_that_loss():
+  model, private = private_model()
+  model.compile(optimizer="sgd", loss=[keras.losses.BinaryCrossentropy(from_logits=True)])
+  train(model, private)
+  assert int(private.steps_taken.numpy()) == 4
