@@ -35,7 +35,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8,<10", "nbclient==0.11.0", "ipykernel==7.4.0", "jupytext==1.19.6",
+    "test": ["pytest>=8,<10", "ruff==0.17.6", "nbclient==0.11.0", "ipykernel==7.4.0", "jupytext==1.19.6",
              # the manual (docs/, mkdocs.yml): tests/test_docs.py builds it with --strict
              "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
              "mkdocstrings-python==2.0.11"],

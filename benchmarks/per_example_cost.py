@@ -92,9 +92,9 @@ def main(argv=None) -> int:
             "worker_command": "cd TREE && PYTHONPATH=TREE TF_ENABLE_ONEDNN_OPTS=0 "
                               f"TF_CPP_MIN_LOG_LEVEL=2 {sys.executable} {pathlib.Path(__file__)} "
                               "--worker KIND 'SETTINGS_JSON'",
-            "notes": "table4 runs the tree's sparse_dp.jobs.bench.step_time_benchmark.measure (3 warm-up "
-                     "steps, then 'steps' timed; fewer at 1e6 and 1e7 rows, where DP-SGD "
-                     "takes seconds per step); pctr: 'warmup_steps' then 'steps' timed. The "
+            "notes": "table4 runs the tree's sparse_dp.jobs.bench.step_time_benchmark.measure "
+                     "(3 warm-up steps, then 'steps' timed; fewer at 1e6 and 1e7 rows, where "
+                     "DP-SGD takes seconds per step); pctr: 'warmup_steps' then 'steps' timed. The "
                      "machine is shared with other engineers' tests: the interleaving spreads "
                      "their load over both trees, the repeat ratios show what is left of it."}
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the baseline tree
@@ -215,7 +215,7 @@ def _in_subprocess(tree: pathlib.Path, kind: str, settings: dict, timeout: float
 
 
 def _worker(kind: str, settings: dict) -> dict:
-  """One measurement in this process: ``table4`` by the tree's own ``step_time_benchmark.measure``."""
+  """One measurement in this process: ``table4`` by the tree's ``step_time_benchmark.measure``."""
   import tensorflow as tf
 
   import sparse_dp

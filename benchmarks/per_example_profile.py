@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     seconds = (time.perf_counter() - start) / args.steps
     tf.profiler.experimental.stop()
     by_type, by_name = _op_seconds(next(pathlib.Path(logdir).rglob("*.xplane.pb")))
-  per_step = lambda table, top: {k: round(v / args.steps, 4) for k, v in table.most_common(top)}
+  def per_step(table, top):
+    return {k: round(v / args.steps, 4) for k, v in table.most_common(top)}
   import sparse_dp
   print(json.dumps({"setting": args.setting, "sparse_dp": sparse_dp.__file__,
                     "seconds_per_step_traced": seconds,

@@ -142,7 +142,8 @@ class StepClock:
   """
 
   def __init__(self, model, warmup: int, min_steps: int, max_seconds: float):
-    self.model, self.warmup, self.min_steps, self.max_seconds = model, warmup, min_steps, max_seconds
+    self.model, self.warmup, self.min_steps, self.max_seconds = (model, warmup, min_steps,
+                                                                 max_seconds)
     self.timed, self.rss, self.first_step, self.warmup_peak = [], [], None, None
     self._start = 0.0
 
@@ -266,7 +267,8 @@ def main() -> int:
                                                       / ran["none"]["examples_per_second"])
   report = {"benchmark": "vocabulary_scale", "command": " ".join(sys.argv),
             "machine": f"{platform.node()} {os.cpu_count()} cores, "
-                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f}"
+                       " GiB",
             "python": platform.python_version(), "results": results}
   out.write_text(json.dumps(report, indent=1))
   plot(results, out.with_suffix(".png"))

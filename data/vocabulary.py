@@ -101,6 +101,28 @@ class Vocabulary:
     return cls([FeatureVocabulary(name, [], [], hash_buckets=b)
                 for name, b in zip(CATEGORICAL_NAMES, buckets_per_feature)])
 
+  def leading(self, count: Optional[int]) -> "Vocabulary":
+    """The vocabularies of the first ``count`` features (all of them where ``count`` is None).
+
+    A model of fewer tables over the same files: the readers encode a vocabulary's
+    features in order, from the first categorical column on.
+
+    Args:
+      count: how many features to keep, from the first; None keeps all.
+
+    Returns:
+      A vocabulary of those features.
+
+    Raises:
+      ValueError: ``count`` is not in ``1..len(features)``.
+    """
+    if count is None:
+      return self
+    if not 1 <= count <= len(self.features):
+      raise ValueError(f"--categorical-features must be in 1..{len(self.features)}, "
+                       f"got {count}")
+    return Vocabulary(self.features[:count])
+
   @property
   def is_hashed(self) -> bool:
     return all(f.hash_buckets for f in self.features)

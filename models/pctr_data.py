@@ -140,8 +140,14 @@ def hashed_vocabulary(table_scale: float) -> Vocabulary:
 
 
 def job_vocabulary(choice: str, split: CriteoSplit, private: bool, table_scale: float,
-                   min_count: int) -> Vocabulary:
-  """``choice``: ``hashed``, ``counted`` (non-private only) or a vocabulary JSON path."""
+                   min_count: int, features: Optional[int] = None) -> Vocabulary:
+  """``choice``: ``hashed``, ``counted`` (non-private only) or a vocabulary JSON path;
+  of the first ``features`` categorical features (all where None)."""
+  return _job_vocabulary(choice, split, private, table_scale, min_count).leading(features)
+
+
+def _job_vocabulary(choice: str, split: CriteoSplit, private: bool, table_scale: float,
+                    min_count: int) -> Vocabulary:
   if choice == "hashed":
     return hashed_vocabulary(table_scale)
   if choice == "counted":

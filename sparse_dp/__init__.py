@@ -57,7 +57,7 @@ def _register_keras_objects() -> None:
 
 
 def _keras_namespace_is_loading() -> bool:
-  """Whether ``sparse_dp._keras`` is mid-import (it imports TensorFlow before defining ``keras``)."""
+  """Whether ``sparse_dp._keras`` is mid-import (it imports TensorFlow, then defines ``keras``)."""
   module = sys.modules.get("sparse_dp._keras")
   return module is not None and bool(getattr(module.__spec__, "_initializing", False))
 

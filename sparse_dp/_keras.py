@@ -74,7 +74,8 @@ def _keep_keras_exports_before_tf_keras(keras_api) -> None:
             revived_types._REVIVED_TYPE_REGISTRY)
   kept = [dict(table) for table in tables]
   try:
-    import tf_keras.optimizers.legacy
+    # Imported for its registrations, which the `finally` below then overrides.
+    import tf_keras.optimizers.legacy  # noqa: F401
   except ImportError:
     return
   finally:

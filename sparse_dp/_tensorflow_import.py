@@ -17,7 +17,7 @@ AroundLoad = Callable[[Callable, object], None]
 
 
 class TensorFlowImportHook(importlib.abc.MetaPathFinder):
-  """A finder that wraps the loading of ``tensorflow`` in ``around``; install with :meth:`install`."""
+  """A finder that wraps the loading of ``tensorflow`` in ``around``; see :meth:`install`."""
 
   def __init__(self, around: AroundLoad):
     self._around = around

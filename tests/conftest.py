@@ -14,28 +14,33 @@ import pytest  # noqa: E402
 
 import sparse_dp  # noqa: E402,F401
 
-from support.stacks import STACKS, one_stack  # noqa: E402
+from support.stacks import NO_TF_PRIVACY, STACKS, skip_elsewhere  # noqa: E402
 
 
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers", "split_stacks: the cases of this parametrized test alternate between the two "
-      "stacks (case i on STACKS[i % 2]): CI runs each case once, and each stack runs the test")
+      "markers", "stack(name): run this slow test on that stack only (support.stacks.one_stack)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so a case keeps its stack
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so a test keeps its stack
 def pytest_collection_modifyitems(items):
-  """Gives each case of a ``split_stacks`` test its stack, in collection order.
+  """Places each slow test on one stack: CI runs the fast tier on both, the slow tier once.
 
-  For compile-heavy tests parametrized over algorithms or settings that share
-  their code on both stacks (CI time): every case runs in CI, once.
+  A ``stack`` mark pins a test; a test that needs TF Privacy runs on its stack;
+  every other ``slow`` test takes the next stack in collection order.
   """
-  cases = {}
+  unpinned = 0
   for item in items:
-    if item.get_closest_marker("split_stacks") is not None:
-      test = (item.path, item.originalname)
-      index = cases[test] = cases.get(test, -1) + 1
-      item.add_marker(one_stack(STACKS[index % 2]))
+    pinned = item.get_closest_marker("stack")
+    if pinned is not None:
+      stack = pinned.args[0]
+    elif any(mark.kwargs.get("reason") == NO_TF_PRIVACY for mark in item.iter_markers("skipif")):
+      continue
+    elif item.get_closest_marker("slow") is not None:
+      stack, unpinned = STACKS[unpinned % 2], unpinned + 1
+    else:
+      continue
+    item.add_marker(skip_elsewhere(stack))
 
 
 @pytest.fixture

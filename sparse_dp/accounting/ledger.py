@@ -37,7 +37,7 @@ class BudgetExceededError(ValueError):
 
 
 def check_budget(epsilon_total: float, delta_total: float) -> None:
-  """Raises ``ValueError`` unless ``epsilon_total`` is finite and > 0 and ``delta_total`` in [0, 1)."""
+  """Raises ``ValueError`` unless ``epsilon_total`` is finite and > 0, ``delta_total`` in [0, 1)."""
   if not (math.isfinite(epsilon_total) and epsilon_total > 0):
     raise ValueError(f"epsilon_total must be a finite number > 0, got {epsilon_total}")
   if not 0 <= delta_total < 1:

@@ -110,7 +110,8 @@ def _discretization_note(spec: PrivacySpec, accountant: str) -> str:
 def _check_flags(args: argparse.Namespace, algorithm: Algorithm) -> None:
   """Rejects flags that do not belong to ``algorithm`` or to the chosen mode."""
   name = algorithm.value
-  given = lambda *flags: [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
+  def given(*flags):
+    return [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is not None]
   if algorithm.uses_contribution_map:
     wrong = given("--noise-multiplier")
     noise = given("--sigma1", "--sigma2")

@@ -1,4 +1,4 @@
-"""A parameter-server cluster inside this process, on 127.0.0.1 (tests, ``sparse-dp train --strategy ps``).
+"""An in-process parameter-server cluster on 127.0.0.1 (tests, ``sparse-dp train --strategy ps``).
 
 Every task is a ``tf.distribute.Server`` on a free localhost port; this
 process is the coordinator. A real cluster is described by ``TF_CONFIG`` on

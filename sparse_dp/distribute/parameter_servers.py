@@ -18,7 +18,8 @@ restart from the latest checkpoint (``steps_taken`` is saved with the model).
 The attempt keyed ``k``:
 
 * reads the batch ``B_k``: every example of the ``N`` independently with
-  probability ``q``, keyed by ``k`` (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
+  probability ``q``, keyed by ``k``
+  (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
   exactly the sample the accountant assumes (Ghazi et al., NeurIPS 2023, §3.3); on a worker
   with several replicas, each replica its own disjoint part of ``B_k``;
 * takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
@@ -56,7 +57,7 @@ def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
 
 
 def refuse_keras_fit(model) -> None:
-  """Refuses Keras ``fit`` / ``train_on_batch`` of a private model under a parameter-server strategy."""
+  """Refuses Keras ``fit``/``train_on_batch`` of a private model on a parameter-server strategy."""
   if is_parameter_server(model.distribute_strategy):
     raise ValueError(
         "sparse-dp: model.fit under ParameterServerStrategy would give each worker its own "

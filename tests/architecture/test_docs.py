@@ -7,8 +7,7 @@ at full scale) has ``<!-- check: parse-only, REASON -->`` on the line above it
 and is parsed instead: every ``sparse-dp`` command line by the command's own
 argument parser, the shell by ``bash -n``, Python (and a shell's here-document
 of Python) by ``compile``. ``<!-- check: slow, REASON -->`` marks a block that
-trains at the smoke scale: it runs on one stack (``split_stacks`` in conftest.py), the
-slow blocks alternating between the two. Identical blocks (the README's example
+trains at the smoke scale: a ``slow`` test, run on one stack (tests/conftest.py). Identical blocks (the README's example
 is also the manual's) run once. The manual itself builds with ``mkdocs build
 --strict``.
 """
@@ -75,8 +74,8 @@ BLOCKS = _blocks()
 
 
 def _params():
-  for block in BLOCKS:  # the slow blocks alternate between the stacks (conftest.py)
-    marks = [pytest.mark.split_stacks] if block.check == "slow" else []
+  for block in BLOCKS:  # a slow block runs a job end to end: the slow tier (conftest.py)
+    marks = [pytest.mark.slow] if block.check == "slow" else []
     yield pytest.param(block, id=block.name, marks=marks)
 
 
@@ -179,6 +178,7 @@ def test_redirections_are_not_arguments_of_the_command():
                                              ["audit", "--json"]]
 
 
+@pytest.mark.slow
 def test_the_manual_builds_with_mkdocs_strict(tmp_path):
   done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
                          "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,

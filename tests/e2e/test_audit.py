@@ -140,6 +140,7 @@ def test_bad_audit_flags_are_refused_by_name(flags, message, tmp_path, capsys):
   assert not (tmp_path / "audit.json").exists()
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_small_audit_shows_the_orderings_and_its_power(tmp_path, capsys):
   argv = ["audit", "--preset", "smoke", "--algorithms", "none,dpsgd", "--canary-seed", "3",

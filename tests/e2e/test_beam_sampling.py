@@ -179,6 +179,7 @@ def criteo_days(tmp_path_factory):
   return folder, 5 * 4 * 2_002, eval_path
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")
 def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path, capsys,
                                                                        criteo_days):
@@ -256,6 +257,7 @@ def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
       capsys, base + ["--out", str(tmp_path / "o3"), "--seed-file", str(tmp_path / "short")])
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small_sample):
   sample = small_sample / "sample"
@@ -340,6 +342,7 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
     SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   """``train --reader batches --strategy multi-worker`` on two localhost workers: each step's

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 # TF 2.15 ("2026-11-26 00:37:10.471134: I tensorflow/...") and TF 2.21 absl ("I0000 00:00:...").
 CPP_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |[IWEF]\d{4} \d\d:\d\d)",
                           re.MULTILINE)
@@ -26,6 +28,7 @@ def _stderr(tmp_path, *flags: str) -> str:
   return done.stderr
 
 
+@pytest.mark.slow
 def test_start_up_lines_are_hidden_and_shown_with_verbose(tmp_path):
   assert not CPP_LOG_LINE.search(_stderr(tmp_path))
   # This machine's TensorFlow logs at start-up (no CUDA drivers, oneDNN): --verbose shows it.

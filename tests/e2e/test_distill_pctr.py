@@ -68,6 +68,7 @@ def dp_teacher_folder(tmp_path_factory):
   return folder, private.epsilon()
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_folder, tmp_path,
                                                                    capsys):
@@ -112,6 +113,7 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
     assert key in report, key
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_rona_epsilon_is_the_composition_of_its_answered_batches(tmp_path, capsys):
   out = tmp_path / "rona.json"

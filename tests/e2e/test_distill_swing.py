@@ -120,6 +120,7 @@ TINY = ["--swing-items", "100", "--swing-history", "3", "--swing-teacher-example
         "--swing-student-epochs", "2", "--swing-batch-size", "128"]
 
 
+@pytest.mark.slow
 def test_distill_swing_writes_the_report(tmp_path):
   from sparse_dp.cli import main
   out = tmp_path / "swing.json"

@@ -39,6 +39,7 @@ def test_every_notebook_is_listed():
 
 # The committed notebooks were executed on the tf2.15 stack (02 at the paper preset from its
 # cache, the others at the full preset).
+@pytest.mark.slow
 @one_stack("tf2.21")
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_notebook_runs_at_the_smoke_preset(name, out):

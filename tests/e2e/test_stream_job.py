@@ -21,8 +21,9 @@ from sparse_dp.jobs.study.presets import FULL, SMOKE
 
 from support.stacks import one_stack
 
-# A small stream: 2 one-day periods of 1,500 examples, tables at 5% of Table 3.
-SMALL = ["--train-days", "1-2", "--eval-days", "3", "--examples-per-day", "1500",
+# A small stream: 2 one-day periods of 1,500 examples, two tables at 5% of Table 3.
+SMALL = ["--categorical-features", "2", "--train-days", "1-2", "--eval-days", "3",
+         "--examples-per-day", "1500",
          "--eval-examples-per-day", "800", "--synthetic-scale", "0.05", "--hidden-units", "32",
          "--batch-size", "256", "--fest-k", "50", "--algorithm", "adafest+", "--total-epsilon", "2"]
 
@@ -32,6 +33,7 @@ def spends(state):
   return [(e["period"], e["kind"], e["epsilon"]) for e in map(json.loads, lines)]
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")  # the TF 2.21 stack ran 477 s longer in CI (pytest.ini's durations)
 def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, capsys):
   state = tmp_path / "state"
@@ -65,6 +67,7 @@ def test_stream_runs_every_period_then_refuses_a_job_past_the_budget(tmp_path, c
   assert (state / "periods" / "2" / "weights.npz").exists()
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path, capsys):
   flags = [*SMALL, "--fest-frequencies", "first-day"]
@@ -135,6 +138,7 @@ def test_bad_flags_and_a_changed_unfinished_job_are_refused(tmp_path, capsys):
   assert not (tmp_path / "s" / "ledger.jsonl").exists()
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")
 def test_stream_reads_criteo_day_files(tmp_path, capsys):
   synthetic = SyntheticCriteo(scale=0.05, seed=2)
@@ -142,7 +146,8 @@ def test_stream_reads_criteo_day_files(tmp_path, capsys):
     synthetic.write_day(tmp_path / f"day_{day}.gz", day + 1, 600)
   state = tmp_path / "state"
   # One period of both training days: two files read, one model trained.
-  assert main(["stream", "--data", str(tmp_path / "day_*.gz"), "--train-days", "0-1",
+  assert main(["stream", "--categorical-features", "2", "--data", str(tmp_path / "day_*.gz"),
+               "--train-days", "0-1",
                "--streaming-period", "2", "--eval-days", "2", "--algorithm", "dpsgd",
                "--hidden-units", "16", "--batch-size", "128", "--state", str(state),
                "--json"]) == 0

@@ -17,7 +17,8 @@ from sparse_dp.jobs.stream.stream_state import StreamState
 from support.stacks import one_stack
 
 # One day of 200 examples, a DP-SGD period on 1% tables and 8 hidden units.
-TINY = ["--train-days", "1", "--eval-days", "2", "--examples-per-day", "200",
+TINY = ["--categorical-features", "2", "--train-days", "1", "--eval-days", "2",
+        "--examples-per-day", "200",
         "--eval-examples-per-day", "100", "--synthetic-scale", "0.01", "--hidden-units", "8",
         "--batch-size", "64", "--algorithm", "dpsgd", "--total-epsilon", "1"]
 
@@ -35,6 +36,7 @@ def ledger_epsilons(state):
   return [json.loads(line)["epsilon"] for line in lines]
 
 
+@pytest.mark.slow
 def test_a_job_on_a_locked_state_exits_2_naming_the_holder_until_the_holder_is_killed(
     tmp_path, capsys):
   state = tmp_path / "state"
@@ -62,6 +64,7 @@ def test_a_job_on_a_locked_state_exits_2_naming_the_holder_until_the_holder_is_k
     StateLock(state, wait_seconds=-1)
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_two_jobs_started_at_once_spend_the_budget_once(tmp_path):
   state = tmp_path / "state"

@@ -300,6 +300,7 @@ def test_scales_that_cannot_fit_are_reported_not_run_and_the_others_train(tmp_pa
   assert 0 < memory_limit_bytes()
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   grid = tmp_path / "grid.yaml"
@@ -524,6 +525,7 @@ def test_settings_added_after_the_first_cached_runs_keep_their_keys_at_the_first
   assert changed["optimizer"] == "rowwise-adagrad" and changed["embedding_dim"] == 8
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_streams_train_seed_by_seed_resume_and_draw_from_their_cache(tmp_path):
   two_seeds = dataclasses.replace(SMOKE, seeds=(0, 1), stream_periods=(1,),
@@ -552,6 +554,7 @@ def test_streams_train_seed_by_seed_resume_and_draw_from_their_cache(tmp_path):
   assert [p["auc"][0] for p in resumed["points"]] == [p["auc"][0] for p in first["points"]]
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")  # the tradeoffs grid test runs on tf2.15
 def test_the_epsilon_and_heatmap_studies_take_a_grid(tmp_path):
   epsilons = tmp_path / "epsilons.yaml"

@@ -29,11 +29,13 @@ KEYS = {"algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon", "d
 
 # The private run on one stack (CI time): the other trains adafest through this job
 # in test_tpu_embedding_backend.py::test_train_cli_auto_says_it_trains_with_cpu_off_tpu.
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
     "none", pytest.param("adafest", marks=one_stack("tf2.15"))])
 def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algorithm):
   out = tmp_path / algorithm
-  assert main(["train", "--algorithm", algorithm, "--max-examples", "3000", "--batch-size", "256",
+  assert main(["train", "--algorithm", algorithm, "--categorical-features", "3",
+               "--max-examples", "3000", "--batch-size", "256",
                "--hidden-units", "8", "--out", str(out), "--noise-seed", "1", "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert KEYS <= set(metrics) and metrics["algorithm"] == algorithm
@@ -60,6 +62,7 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
     assert metrics["calibration_share"] == 0.0
 
 
+@pytest.mark.slow
 @one_stack("tf2.15")
 def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   out = tmp_path / "compare"
@@ -67,7 +70,8 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   # one algorithm without and one with a top-k preselection cover what --compare does.
   # Uncalibrated (--calibration-share 0): the epsilon Keras logs is then the run's whole
   # (tests/test_platt_scaling.py covers the calibration's share).
-  assert main(["train", "--compare", "none,adafest+", "--max-examples", "2500",
+  assert main(["train", "--compare", "none,adafest+", "--categorical-features", "2",
+               "--max-examples", "2500",
                "--batch-size", "256", "--hidden-units", "32", "--fest-k", "40",
                "--calibration-share", "0", "--out", str(out), "--json"]) == 0
   captured = capsys.readouterr()
@@ -91,6 +95,7 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
     assert max(len(k) for k in kept["kept_buckets"] if k is not None) == 40
 
 
+@pytest.mark.slow
 def test_train_takes_an_optimizer_a_vocabulary_scale_and_an_embedding_dim(tmp_path, capsys):
   out = tmp_path / "run"
   # Non-private: the DP steps with RowwiseAdagrad are tests/test_rowwise_adagrad.py's.
@@ -137,6 +142,7 @@ def test_a_private_run_refuses_a_vocabulary_counted_on_its_data(tmp_path, capsys
   assert "--vocabulary counted counts the private training data" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   data = tmp_path / "day_0"
   data.write_text("1\t2\n")
@@ -146,18 +152,21 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   lines.insert(7, "1\t2")
   data.write_text("\n".join(lines) + "\n")
   assert main(["train", "--data", str(data), "--algorithm", "none", "--vocabulary", "counted",
+               "--categorical-features", "2",
                "--hidden-units", "8", "--on-bad-line", "skip", "--out", str(tmp_path / "o"),
                "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")
 def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, capsys):
   synthetic = SyntheticCriteo(scale=0.01, seed=5)
   train_days = [synthetic.write_day(tmp_path / f"day_{d}.gz", d, 1200) for d in (1, 2)]
   held_out = synthetic.write_day(tmp_path / "day_3", 3, 500)
-  common = ["train", "--reader", "tfdata", "--data", str(tmp_path / "day_[12].gz"),
+  common = ["train", "--reader", "tfdata", "--categorical-features", "3",
+            "--data", str(tmp_path / "day_[12].gz"),
             "--max-examples", "0", "--batch-size", "256", "--hidden-units", "16"]
   assert main([*common, "--out", str(tmp_path / "o")]) == 2
   assert "--eval-data" in capsys.readouterr().err

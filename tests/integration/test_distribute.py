@@ -9,10 +9,12 @@ import pytest
 
 import support
 
+# Subprocesses and clusters: the slow tier (conftest.py gives it one stack).
+pytestmark = pytest.mark.slow
+
 SCRIPT = support.FOLDER / "mirrored_steps.py"
 
 
-@pytest.mark.split_stacks
 @pytest.mark.parametrize("config", [
     {"algorithm": "dpsgd", "noise_multiplier": 1.0},
     # the table's noise in 4 chunks, an update over every row (mechanisms.noise.dense_noise)

@@ -78,7 +78,7 @@ def trained(policy: str, algorithm: str):
   return initial, [w.numpy() for w in model.trainable_weights], private.epsilon()
 
 
-@pytest.mark.split_stacks  # in this order each stack fits both policies and both algorithms
+@pytest.mark.slow  # the properties it rests on are the fast tests below
 @pytest.mark.parametrize("policy, algorithm", [
     ("mixed_bfloat16", "dpsgd"), ("mixed_bfloat16", "adafest"),
     ("mixed_float16", "adafest"), ("mixed_float16", "dpsgd")])
@@ -135,8 +135,8 @@ def test_an_example_is_clipped_in_float32_under_bfloat16():
     assert norm == pytest.approx(clip, rel=1e-6)
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("sparse", [False, True], ids=["dpsgd", "adafest"])
+@pytest.mark.parametrize("sparse", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["dpsgd", "adafest"])
 def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   # Noise sigma C2 = 5e5 drawn in float32 from the seed whatever the layers
   # compute in: the bfloat16 and float32 steps differ by their clipped sums
@@ -151,8 +151,7 @@ def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   assert apart <= 2 * B * 0.5 + 2
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("microbatch_size", [None, 5])
+@pytest.mark.parametrize("microbatch_size", [None, pytest.param(5, marks=pytest.mark.slow)])
 def test_the_loss_scale_is_divided_out_of_each_example_before_clipping(microbatch_size):
   # float16, no noise, C2 at the median example norm: half the examples are
   # clipped, half not. With the scale divided out before clipping the step is
@@ -184,8 +183,7 @@ def per_example_norms(model) -> np.ndarray:
   return np.array(norms)
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("microbatch_size", [None, 5])
+@pytest.mark.parametrize("microbatch_size", [None, pytest.param(5, marks=pytest.mark.slow)])
 def test_a_float16_overflow_zeroes_its_example_as_any_non_finite_example(microbatch_size):
   # S = 2^20: dl/dz ~ 0.5 S overflows float16 (largest 65504) in every example;
   # each is zeroed before clipping and counted; the update is finite (the noise).

@@ -10,6 +10,10 @@ import pytest
 
 import support
 from support.ports import free_ports
+from support.stacks import one_stack
+
+# A cluster the module's tests share: the slow tier, on one stack (it starts once there).
+pytestmark = [pytest.mark.slow, one_stack("tf2.21")]
 
 SCRIPT = support.FOLDER / "multiworker_steps.py"
 

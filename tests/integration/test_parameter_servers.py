@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 
 import support
+from support.stacks import one_stack
+
+# A cluster the module's tests share: the slow tier, on one stack (it starts once there).
+pytestmark = [pytest.mark.slow, one_stack("tf2.15")]
 
 SCRIPT = support.FOLDER / "ps_steps.py"
 REPLICAS_SCRIPT = support.FOLDER / "ps_replicas.py"

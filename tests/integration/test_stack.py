@@ -14,6 +14,9 @@ from sparse_dp.jobs.bench import step_time_benchmark
 
 from support.stacks import TF_PRIVACY_STACK
 
+# Subprocesses and clusters: the slow tier (conftest.py gives it one stack).
+pytestmark = pytest.mark.slow
+
 KERAS3_STACK = tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 16)
 needs_keras3 = pytest.mark.skipif(not KERAS3_STACK,
                                   reason=f"TensorFlow {tf.__version__} has no Keras 3")

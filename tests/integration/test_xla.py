@@ -50,10 +50,12 @@ def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size
   return [w.numpy() for w in model.trainable_weights], history.history, private
 
 
-@pytest.mark.split_stacks
+# One DP-SGD and one DP-AdaFEST case in the fast tier; the others compile in the slow tier.
 @pytest.mark.parametrize("algorithm,optimizer", [
-    ("none", None), ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None),
-    ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])
+    ("dpsgd", None), ("adafest", None),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("none", None), ("fest", None), ("adafest+", None),
+        ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])])
 def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
   make = optimizer or (lambda: None)
   graph, graph_logs, _ = trained(algorithm, False, make())
@@ -73,7 +75,7 @@ def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
       private.epsilon()
 
 
-@pytest.mark.split_stacks
+@pytest.mark.slow  # the chunks' law is tests/unit/mechanisms/test_dense_noise.py's
 @pytest.mark.parametrize("optimizer", [None, lambda: LazyAdam(0.05)], ids=["sgd", "lazy-adam"])
 def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(monkeypatch,
                                                                                 optimizer):
@@ -88,9 +90,10 @@ def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(
                              rtol=1e-4)
 
 
-@pytest.mark.split_stacks
 @pytest.mark.parametrize("algorithm,microbatch_size", [
-    ("dpsgd", None), ("fest", None), ("adafest", None), ("adafest+", None), ("adafest", 96)])
+    ("dpsgd", None), ("adafest", None),
+    *(pytest.param(*case, marks=pytest.mark.slow)
+      for case in [("fest", None), ("adafest+", None), ("adafest", 96)])])
 def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microbatch_size):
   # Graph mode, same seed: the padding rows (copies of example 0) weigh nothing
   # in the clipping, the contribution map, the noise, or the logged loss.
@@ -132,7 +135,7 @@ def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
     model.fit(private.poisson_dataset(ids, labels, padded=False).take(1), verbose=0)
 
 
-@pytest.mark.split_stacks
+@pytest.mark.slow  # micro-batches in graph mode: tests/unit/training/test_dp_step.py
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
 def test_compiled_micro_batches_take_the_graph_steps(algorithm):
   # 96 does not divide the padded capacity: the last micro-batch is padded on.
@@ -179,8 +182,7 @@ def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
   assert private.accountant.steps == 0
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("microbatch_size", [None, 100])
+@pytest.mark.parametrize("microbatch_size", [None, pytest.param(100, marks=pytest.mark.slow)])
 def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(microbatch_size):
   ids, labels = synthetic_data()
   # tau = 10 sigma1 C1: no false positives (Psi(10) < 1e-23 a row), and only rows many
@@ -240,8 +242,7 @@ def test_adagrad_under_xla_is_refused_naming_what_compiles():
   assert private.accountant.steps == 0
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
   # No room at all: every step's false positives overflow (really: probability 1e-18).
   monkeypatch.setattr(row_selection, "false_positive_capacity", lambda *args, **kwargs: 0)

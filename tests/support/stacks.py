@@ -4,7 +4,7 @@
 * Python 3.12-3.13: TF 2.21.0 with tf-keras (``"tf2.21"``), no TF Privacy.
 
 CI runs the fast tier on both stacks and the slow tier once, its tests split
-between the stacks (``one_stack``, and ``split_stacks`` in ``tests/conftest.py``).
+between the stacks (``one_stack`` pins one; ``tests/conftest.py`` places the others).
 ``SPARSE_DP_ALL_STACKS=1`` runs every test on the stack at hand.
 """
 
@@ -30,15 +30,23 @@ ALPHA = 1e-6
 
 
 def one_stack(stack: str):
-  """Runs the test only on ``stack`` ("tf2.15": Python 3.10-3.11, "tf2.21": 3.12+).
+  """Runs a slow test only on ``stack`` ("tf2.15": Python 3.10-3.11, "tf2.21": 3.12+).
+
+  ``tests/conftest.py`` gives every other slow test a stack in turn; this pins one.
 
   Args:
     stack: one of :data:`STACKS`.
 
   Returns:
-    A ``skipif`` mark, lifted by ``SPARSE_DP_ALL_STACKS=1``.
+    A ``stack`` mark, which skips the test elsewhere unless ``SPARSE_DP_ALL_STACKS=1``.
   """
+  if stack not in STACKS:
+    raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
+  return pytest.mark.stack(stack)
+
+
+def skip_elsewhere(stack: str):
+  """The ``skipif`` mark that runs a test on ``stack`` only (lifted by ``SPARSE_DP_ALL_STACKS=1``)."""
   return pytest.mark.skipif(
       stack != STACK and os.environ.get("SPARSE_DP_ALL_STACKS") != "1",
-      reason=f"run in CI on the {stack} stack only (CI time); "
-             "SPARSE_DP_ALL_STACKS=1 runs it here")
+      reason=f"a slow test CI runs on the {stack} stack; SPARSE_DP_ALL_STACKS=1 runs it here")

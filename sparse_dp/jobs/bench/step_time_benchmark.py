@@ -91,7 +91,8 @@ def run(args) -> int:
 def _in_subprocess(settings: dict, timeout: float) -> dict:
   env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
   try:
-    done = subprocess.run([sys.executable, "-m", "sparse_dp.jobs.bench.step_time_benchmark", json.dumps(settings)],
+    done = subprocess.run([sys.executable, "-m", "sparse_dp.jobs.bench.step_time_benchmark",
+                           json.dumps(settings)],
                           capture_output=True, text=True, timeout=timeout, env=env)
   except subprocess.TimeoutExpired:
     return {**_key(settings), "error": f"timed out after {timeout:g} s"}
@@ -165,7 +166,6 @@ def _padded(ids, labels, batch: int, tf):
   from sparse_dp.training.poisson.poisson_sampling import batch_capacity
 
   capacity = batch_capacity(_NUM_EXAMPLES, batch / _NUM_EXAMPLES)
-  extra = capacity - batch
   in_batch = tf.range(capacity) < batch
   return padded_batches.padded(pad_rows((ids, labels), capacity - batch, tf), in_batch)
 
@@ -186,7 +186,8 @@ def _build(settings: dict, tf):
   trainer, vocabulary, dim = settings["trainer"], settings["vocab"], settings["dim"]
   optimizer = sparse_optimizer({"sgd": keras.optimizers.legacy.SGD(0.1),
                                 "adam": keras.optimizers.Adam(0.001),
-                                "adagrad": keras.optimizers.legacy.Adagrad(0.1)}[settings["optimizer"]])
+                                "adagrad": keras.optimizers.legacy.Adagrad(0.1)}
+                               [settings["optimizer"]])
   loss = keras.losses.BinaryCrossentropy(from_logits=True)
   ids = keras.Input(shape=(), dtype=tf.int64)
   plain = trainer in ("nonprivate", "dpsgd-tfp")
@@ -207,7 +208,8 @@ def _build(settings: dict, tf):
   config = (DPConfig("dpsgd", l2_norm_clip=settings["clip"], noise_multiplier=settings["sigma2"])
             if trainer == "dpsgd" else
             DPConfig("adafest", l2_norm_clip=settings["clip"], contribution_clip=settings["clip"],
-                     sigma1=settings["sigma1"], sigma2=settings["sigma2"], threshold=settings["tau"]))
+                     sigma1=settings["sigma1"], sigma2=settings["sigma2"],
+                     threshold=settings["tau"]))
   return model, make_private(model, config, num_examples=_NUM_EXAMPLES,
                              batch_size=settings["batch_size"])
 

@@ -80,7 +80,8 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
   eval_paths = sorted(pathlib.Path(p) for p in glob.glob(args.eval_data))
   if not eval_paths:
     raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
-  vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, 1.0, 1)
+  vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, 1.0, 1,
+                                        args.categorical_features)
   batches = SampledBatches.open(args.data, vocabulary, SecretSeed.read(args.seed_file))
   manifest = batches.manifest
   if args.batch_size is not None and args.batch_size != manifest.batch_size:
@@ -99,7 +100,8 @@ def sampled_inputs(args: argparse.Namespace, algorithms: list[str], private: boo
       raise ValueError(
           f"--epochs {args.epochs:g} needs {steps:,} steps, but the sample has "
           f"{unread:,} unread batches of {manifest.steps:,} "
-          f"({manifest.steps - unread:,} claimed by earlier runs): a second pass over the same batches is not a "
+          f"({manifest.steps - unread:,} claimed by earlier runs): a second pass over the "
+          "same batches is not a "
           "Poisson sample: leave --epochs out (every unread batch) or sample again with "
           "`sparse-dp sample --steps` (a fresh salt: new batches, also with the same seed "
           "file)")

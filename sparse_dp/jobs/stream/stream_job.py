@@ -66,6 +66,7 @@ def add_parser(commands) -> None:
   parser.add_argument("--synthetic-scale", type=float, default=1.0,
                       help="vocabulary sizes of the synthetic data relative to Table 3")
   job_flags.add_fit_flags(parser)
+  job_flags.add_categorical_features_flag(parser)
   parser.add_argument("--state", required=True, help="state folder: ledger, models, metrics")
   parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                       help="when another job runs on --state, wait this long for it to end "
@@ -103,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 # Settings added to the record later, with the value every earlier job ran with.
-_SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None}
+_SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
+                             "categorical_features": None}
 
 
 def _settings_record(args, train_days, eval_days) -> dict:
@@ -112,17 +114,19 @@ def _settings_record(args, train_days, eval_days) -> dict:
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
            "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
-           "embedding_dim", "seed")
+           "embedding_dim", "seed", "categorical_features")
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names}}
 
 
 def stream(args: argparse.Namespace) -> dict:
   """Runs (or resumes) the job; returns the summary ``--json`` prints."""
+  job_flags.categorical_features(args)
   train_days = parse_days(args.train_days, "--train-days")
   eval_days = parse_days(args.eval_days, "--eval-days")
   if set(train_days) & set(eval_days):
-    raise ValueError(f"--train-days and --eval-days share days {sorted(set(train_days) & set(eval_days))}")
+    raise ValueError("--train-days and --eval-days share days "
+                     f"{sorted(set(train_days) & set(eval_days))}")
   if args.streaming_period < 1:
     raise ValueError(f"--streaming-period must be >= 1, got {args.streaming_period}")
   if args.examples_per_day < 10 or args.eval_examples_per_day < 1:
@@ -166,8 +170,8 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   recorded = {**_SETTINGS_BEFORE_RECORDED, **job["settings"]} if job is not None else None
   if job is not None and recorded != settings:
     changed = sorted(k for k in settings if settings[k] != recorded.get(k))
-    raise ValueError(f"{state_folder} has an unfinished job with other settings ({', '.join(changed)}); "
-                     "rerun it with its flags to resume it")
+    raise ValueError(f"{state_folder} has an unfinished job with other settings "
+                     f"({', '.join(changed)}); rerun it with its flags to resume it")
   if job is None:
     periods = [train_days[i:i + args.streaming_period]
                for i in range(0, len(train_days), args.streaming_period)]

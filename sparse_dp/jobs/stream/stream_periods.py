@@ -47,7 +47,8 @@ class StreamData:
         raise ValueError(f"--data {args.data!r} matches no day_N file")
       table_scale = 1.0
     self.folder = state_folder / "data"
-    self.vocabulary = pctr_data.hashed_vocabulary(table_scale)
+    self.vocabulary = pctr_data.hashed_vocabulary(table_scale).leading(
+        args.categorical_features)
     self.skipped_lines = 0
     self._counts: dict[int, list] = {}  # per day: distinct examples per bucket of each table
 

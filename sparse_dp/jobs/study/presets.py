@@ -2,7 +2,8 @@
 
 The smoke preset's sweeps share points (the epsilon sweep's and the heatmap's
 first points are the trade-off study's; the throughput's first scale is the
-sweeps' data), so in one output folder they train each run once. A preset fixes everything a study varies or holds constant, so a report is
+sweeps' data), so in one output folder they train each run once. A preset fixes
+everything a study varies or holds constant, so a report is
 reproduced by its study name, preset and data. The ``full`` preset is sized to
 run the four other studies in about 40 minutes on a 2-core CPU machine: synthetic
 Criteo at 5% of the Table-3 vocabulary sizes, the eight largest categorical
@@ -133,8 +134,8 @@ FULL = StudyPreset(
     throughput_scales=(1.0, 10.0, 100.0), throughput_examples=60_000,
     throughput_algorithms=("dpsgd", "adafest"))
 
-# The paper's Criteo-Kaggle setting (Ghazi et al., NeurIPS 2023, §4.1, App. D.1.1): all 26 features at
-# the Table-3 vocabularies (338,834 rows once hashed), 598x4 ReLU tower, batch 2,048,
+# The paper's Criteo-Kaggle setting (Ghazi et al., NeurIPS 2023, §4.1, App. D.1.1): all 26
+# features at the Table-3 vocabularies (338,834 rows once hashed), 598x4 ReLU tower, batch 2,048,
 # epsilon 1 with delta 1/N, 5 seeds each on its own synthetic draw. Sized in
 # docs/paper_study.md (measured examples and seconds per point on a 2-core machine).
 PAPER = StudyPreset(

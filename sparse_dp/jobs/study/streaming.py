@@ -57,7 +57,8 @@ def stream_folder(preset: StudyPreset, data: str, algorithm: str, source: str, s
                   period: int) -> str:
   """The name of one stream's folder under ``OUT/streams``: a hash of its flags, a
   setting added since the first streams left out at the value they trained with (as in
-  a run's key, :func:`sparse_dp.jobs.study.runner.runs.at_first_value`), so their folders stay valid."""
+  a run's key, :func:`sparse_dp.jobs.study.runner.runs.at_first_value`), so their folders
+  stay valid."""
   flags = _stream_flags(preset, data, algorithm, source, seed, pathlib.Path("."), period)
   key = _argv({flag: value for flag, value in flags.items()
                if not at_first_value(flag[2:].replace("-", "_"), value)})

@@ -104,8 +104,8 @@ def show(study: str, preset: str = "smoke", data: str = "synthetic",
 
 def show_claims(*reports: dict) -> list[str]:
   """Displays (in a notebook) and returns whether the paper's claims hold in ``reports``,
-  one line per claim with its numbers (:func:`sparse_dp.jobs.study.reports.claims.claims`), opened by
-  the study that measured it."""
+  one line per claim with its numbers (:func:`sparse_dp.jobs.study.reports.claims.claims`),
+  opened by the study that measured it."""
   from IPython.display import Markdown, display
   lines = [f"{report['study']}: {line}" for report in reports for line in claims(report)]
   display(Markdown("\n".join(f"- {line}" for line in lines)))

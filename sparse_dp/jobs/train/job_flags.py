@@ -9,6 +9,8 @@ import argparse
 import dataclasses
 from typing import Optional
 
+from sparse_dp.data.criteo_format import NUM_CATEGORICAL
+
 # --optimizer: the Keras optimizer the job compiles (models.fitting.job_optimizer builds it).
 OPTIMIZERS = ("adam", "lazy-adam", "adagrad", "rowwise-adagrad", "sgd")
 
@@ -105,6 +107,26 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--jit-compile", action="store_true",
                       help="compile the train step with XLA, as on a TPU (model.compile("
                            "jit_compile=True)); the Poisson batches are padded to one size")
+
+
+def add_categorical_features_flag(parser: argparse.ArgumentParser) -> None:
+  """``--categorical-features K``: a pCTR model of the first K categorical features' tables."""
+  parser.add_argument("--categorical-features", type=int, metavar="K",
+                      help="train on the first K of the 26 categorical features, one table "
+                           "each (default: all): fewer tables trace and train faster, for "
+                           "trials and tests")
+
+
+def categorical_features(args: argparse.Namespace) -> Optional[int]:
+  """The ``--categorical-features`` of ``args``, checked (None: all 26).
+
+  Raises:
+    ValueError: the count is not in ``1..26``, naming the flag.
+  """
+  count = args.categorical_features
+  if count is not None and not 1 <= count <= NUM_CATEGORICAL:
+    raise ValueError(f"--categorical-features must be in 1..{NUM_CATEGORICAL}, got {count}")
+  return count
 
 
 def fit_settings(args: argparse.Namespace, epsilon: float,

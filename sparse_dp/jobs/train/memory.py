@@ -45,8 +45,8 @@ GIB = 2**30
 # Per --optimizer (models.job_flags.OPTIMIZERS): (table-sized slots, floats per row).
 OPTIMIZER_STATE = {"adam": (2, 0), "lazy-adam": (2, 0), "adagrad": (1, 0),
                    "rowwise-adagrad": (0, 1), "sgd": (0, 0)}
-# A noise draw (sparse_dp.mechanisms.randomness.gaussian) holds its uint64 Philox words and their two
-# halves, each of the draw's bytes, then the draw itself.
+# A noise draw (sparse_dp.mechanisms.randomness.gaussian) holds its uint64 Philox words and their
+# two halves, each of the draw's bytes, then the draw itself.
 DRAW_TEMPORARIES = 4
 OVERHEAD_BYTES = 2 * GIB  # TensorFlow, the dense layers, the examples, the step's activations
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")

@@ -1,4 +1,4 @@
-"""``--calibration-share S``: a private Platt scaling of the trained pCTR model, in the job's epsilon.
+"""``--calibration-share S``: private Platt scaling of the trained pCTR model, in the job's epsilon.
 
 The job trains at ``(1 - S) epsilon`` (its noise calibrated to that), then fits
 ``p = sigmoid(a z + b)`` on the *training* examples' logits ``z`` with

@@ -56,6 +56,7 @@ def add_parser(commands) -> None:
   parser.add_argument("--max-eval-examples", type=int, default=100_000,
                       help="held-out examples read with --reader tfdata")
   job_flags.add_fit_flags(parser)
+  job_flags.add_categorical_features_flag(parser)
   sample_job.add_flags(parser)
   parser.add_argument("--vocabulary", default="hashed",
                       help="'hashed' (default; data-independent), 'counted' (non-private "
@@ -175,6 +176,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   from sparse_dp.models import pctr_data
 
   check_vocabulary_scale(args)
+  job_flags.categorical_features(args)
   if args.calibration_share is not None:
     private_calibration.check_share(args.calibration_share)
   sample_job.resolve_defaults(args)
@@ -197,7 +199,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     paths, table_scale = _data_paths(args, out)
     split = pctr_data.CriteoSplit.read(paths, args.max_examples, args.on_bad_line)
     vocabulary = pctr_data.job_vocabulary(args.vocabulary, split, bool(private), table_scale,
-                                          args.min_count)
+                                          args.min_count, args.categorical_features)
     train_inputs = pctr_data.model_inputs(split.train, vocabulary)
     held_out = pctr_data.model_inputs(split.held_out, vocabulary)
     skipped, recorded = split.skipped_lines, split.train
@@ -258,7 +260,8 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
   else:
     raise ValueError("--reader tfdata streams --data and evaluates on other files: give "
                      "--eval-data PATH_OR_GLOB (e.g. the last day)")
-  vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, table_scale, 1)
+  vocabulary = pctr_data.job_vocabulary(args.vocabulary, None, private, table_scale, 1,
+                                        args.categorical_features)
   train = pctr_data.StreamedExamples.open(paths, vocabulary, args.on_bad_line,
                                           args.max_examples or None)
   held_out = pctr_data.held_out_inputs(eval_paths, vocabulary, args.on_bad_line,

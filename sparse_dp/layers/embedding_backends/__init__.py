@@ -30,4 +30,5 @@ from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
 
 __all__ = ["BACKEND_NAMES", "BackendChoice", "CpuBackend", "EmbeddingBackend",
            "EmbeddingFeature", "EngineDouble", "LiveEngine", "SparseCoreBackend",
-           "TPUEmbeddingBackend", "TwoProgramBackend", "choose_backend", "embedding_feature", "on_tpu"]
+           "TPUEmbeddingBackend", "TwoProgramBackend", "choose_backend", "embedding_feature",
+           "on_tpu"]

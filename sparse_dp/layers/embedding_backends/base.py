@@ -75,7 +75,7 @@ class EmbeddingBackend(abc.ABC):
     """Applies ``{layer: update}``; returns the ops (updates of the step's selected rows)."""
 
   def apply_gradients(self, optimizer, trainable_variables, gradients: dict) -> None:
-    """Applies the step's ``gradients`` (by variable ref): tables here, the rest by ``optimizer``."""
+    """Applies the step's ``gradients`` (by variable ref): tables here, others by ``optimizer``."""
     tables = {self._by_variable[ref]: g for ref, g in gradients.items()
               if ref in self._by_variable}
     dense = [(gradients[v.ref()], v) for v in self.optimizer_variables(trainable_variables)

@@ -108,7 +108,9 @@ def step_learning_rate(optimizer: keras.optimizers.Optimizer) -> Callable[[], tf
   The Keras optimizer's (schedules included), bias-corrected for Adam at step
   ``t = optimizer.iterations + 1``: read it before the dense update.
   """
-  learning_rate = lambda: optimizer._decayed_lr(tf.float32)
+  def learning_rate():
+    return optimizer._decayed_lr(tf.float32)
+
   if not isinstance(optimizer, LazyAdam):
     return learning_rate
   config = optimizer.get_config()
@@ -245,7 +247,7 @@ class TPUEmbeddingBackend(EmbeddingBackend):
       return tf.gather(activations, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
   def _table_initializer(self, layer) -> Callable:
-    """The engine table's initializer: the layer's rows and the dummy row (:func:`_initial_rows`)."""
+    """The engine table's initializer: the layer's rows and a dummy row (:func:`_initial_rows`)."""
     return _initial_rows(layer)
 
   def _engine_learning_rate(self, optimizer) -> Optional[Callable]:

@@ -1,1 +1,1 @@
-"""Gaussian noise on embedding tables: dense (DP-SGD) and on selected rows only (DP-FEST, DP-AdaFEST)."""
+"""Gaussian noise on embedding tables: dense (DP-SGD), selected rows only (DP-FEST, DP-AdaFEST)."""

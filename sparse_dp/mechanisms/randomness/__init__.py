@@ -1,1 +1,4 @@
-"""Seeds and the Gaussian and exponential draws of the mechanisms (stateless, so a step's noise is reproducible from its seed)."""
+"""Seeds and the Gaussian and exponential draws of the mechanisms.
+
+Stateless, so a step's noise is reproducible from its seed.
+"""

@@ -31,7 +31,8 @@ def activations(ids: Ids) -> Activations:
   """Distinct ``(example, row)`` pairs of ``ids``, for any supported id layout."""
   if isinstance(ids, tf.RaggedTensor):
     if ids.ragged_rank != 1:
-      raise ValueError(f"ragged ids must have shape [batch, None], got ragged rank {ids.ragged_rank}")
+      raise ValueError("ragged ids must have shape [batch, None], got ragged rank "
+                       f"{ids.ragged_rank}")
     example, row, batch = ids.value_rowids(), ids.flat_values, ids.nrows()
   elif isinstance(ids, tf.SparseTensor):
     example, row, batch = ids.indices[:, 0], ids.values, ids.dense_shape[0]

@@ -1,1 +1,5 @@
-"""Which rows get an update: DP-AdaFEST's noisy contribution map and threshold with geometric false positives, DP-FEST's private top-k preselection."""
+"""Which rows get an update.
+
+DP-AdaFEST's noisy contribution map and threshold with geometric false positives,
+DP-FEST's private top-k preselection.
+"""

@@ -262,7 +262,8 @@ def bernoulli_positions(length: tf.Tensor, probability: float,
     return index + 1, positions[-1] + 1.0, found.write(index, positions)
 
   none_yet = tf.TensorArray(tf.float64, size=1, dynamic_size=True, infer_shape=False,
-                            element_shape=tf.TensorShape([None])).write(0, tf.zeros([0], tf.float64))
+                            element_shape=tf.TensorShape([None])).write(
+                                0, tf.zeros([0], tf.float64))
   _, _, found = tf.while_loop(lambda index, start, found: start < length, draw,
                               (tf.constant(1), tf.constant(0.0, tf.float64), none_yet))
   positions = found.concat()

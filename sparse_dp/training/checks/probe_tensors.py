@@ -107,7 +107,8 @@ def _take_sparse(value: tf.SparseTensor, indices: tf.Tensor) -> tf.SparseTensor:
   kept = new_row >= 0
   kept_indices = tf.concat([new_row[kept][:, None], tf.boolean_mask(value.indices, kept)[:, 1:]], 1)
   shape = tf.concat([tf.size(indices, tf.int64)[None], value.dense_shape[1:]], 0)
-  return tf.sparse.reorder(tf.SparseTensor(kept_indices, tf.boolean_mask(value.values, kept), shape))
+  return tf.sparse.reorder(tf.SparseTensor(kept_indices, tf.boolean_mask(value.values, kept),
+                                           shape))
 
 
 def flatten_with_paths(structure, path: str = "") -> list:

@@ -153,7 +153,8 @@ def _check_attribution(recorded: Trace, n: int) -> None:
 def _check_gradients(model, recorded: Trace, n: int) -> None:
   """Check 3: ``d(sum w_i l_i)/dt_j = w_j d(sum l_i)/dt_j`` for every per-example tensor."""
   tensors = list(recorded.inputs)
-  tensors += [PerExample(f"lookups of embedding layer '{lookup.layer.name}'", lookup.vectors, lookup.example)
+  tensors += [PerExample(f"lookups of embedding layer '{lookup.layer.name}'", lookup.vectors,
+                         lookup.example)
               for lookup in recorded.lookups]
   tensors += [PerExample(f"output of Dense layer '{c.layer.name}'", c.preactivation)
               for c in recorded.dense_calls]

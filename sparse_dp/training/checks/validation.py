@@ -1,4 +1,4 @@
-"""Refuses models whose examples are not separable, before any DP step (Opacus ``ModuleValidator`` style).
+"""Refuses models with non-separable examples before any DP step (Opacus ``ModuleValidator`` style).
 
 DP-SGD's guarantee rests on one bound: adding or removing one example moves
 the clipped gradient sum ``G(D) = sum_i [grad l_i]_C2`` by at most ``C2``
@@ -46,7 +46,7 @@ its example::
       query = self.query_tower(features["user"])                        # [B, d]
       negatives = tf.tile(PUBLIC_IDS[None], [tf.shape(query)[0], 1])     # [B, K], data-independent
       candidates = self.item_tower(                                      # [B, 1 + K, d]; its
-          tf.concat([features["item"][:, None], negatives], axis=1))     # Embedding has combiner=None
+          tf.concat([features["item"][:, None], negatives], axis=1))     # Embedding: combiner=None
       logits = tf.einsum("bd,bkd->bk", query, candidates)
       return self.softmax_loss(tf.zeros_like(logits[:, 0], tf.int64), logits)  # positive: column 0
       # self.softmax_loss = SparseCategoricalCrossentropy(from_logits=True, reduction=NONE)

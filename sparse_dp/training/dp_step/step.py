@@ -168,7 +168,8 @@ def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dic
   (:func:`~sparse_dp.mechanisms.select_rows_of_tables`).
   """
   none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
-  everyone, batch_size = _gather_across_replicas([pairs.get(table, none) for table in tables], batch_size)
+  everyone, batch_size = _gather_across_replicas([pairs.get(table, none) for table in tables],
+                                                 batch_size)
   selections = mechanisms.select_rows_of_tables(
       everyone, [layer.vocabulary_size for layer in tables], batch_size,
       noise.contribution_clip, noise.threshold,

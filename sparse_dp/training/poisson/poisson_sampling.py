@@ -262,7 +262,7 @@ def transformations_from(dataset, sources) -> Optional[list[str]]:
 
 
 def derives_from(dataset, sources) -> bool:
-  """Whether ``dataset`` is one of ``sources`` behind ``prefetch``/``take``/``repeat``/options only."""
+  """Whether ``dataset`` is in ``sources`` behind ``prefetch``/``take``/``repeat``/options only."""
   path = _path_from(dataset, sources)
   return path is not None and set(path) <= _BATCH_PRESERVING
 

@@ -267,7 +267,8 @@ def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> Privacy
   q = batch_size / num_examples
   if config.target_epsilon is None:
     return PrivacySpec(algorithm, BatchSchedule.constant(q, 0),
-                       noise_multiplier=None if algorithm.uses_contribution_map else config.noise_multiplier,
+                       noise_multiplier=(None if algorithm.uses_contribution_map
+                                         else config.noise_multiplier),
                        sigma1=config.sigma1 if algorithm.uses_contribution_map else None,
                        sigma2=config.sigma2 if algorithm.uses_contribution_map else None,
                        selection_epsilon=config.selection_epsilon)

@@ -1,4 +1,4 @@
-"""``fit``, ``train_on_batch`` and ``compile`` of a private model, as ``make_private`` installs them.
+"""``fit``, ``train_on_batch``, ``compile`` of a private model, as ``make_private`` installs them.
 
 Each wraps Keras's own method so that what it cannot see is checked first:
 

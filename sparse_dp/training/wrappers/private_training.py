@@ -133,8 +133,9 @@ class PrivateTraining:
   @property
   def largest_batch(self) -> int:
     """The most examples one step's batch holds: ``max_batch_size``, else the capacity of a
-    padded Poisson batch (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`), which bounds
-    an unpadded one too and any replica's slice of it (a TPU engine's static bound)."""
+    padded Poisson batch (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`),
+    which bounds an unpadded one too and any replica's slice of it (a TPU engine's static
+    bound)."""
     return self.max_batch_size or batch_capacity(self.num_examples, self.sampling_rate)
 
   @property

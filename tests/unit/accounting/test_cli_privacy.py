@@ -79,6 +79,7 @@ def test_bad_flags_exit_nonzero_with_one_line(capsys, flags, message):
   assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_installed_command_runs_from_any_folder(tmp_path):
   command = pathlib.Path(sys.executable).with_name("sparse-dp")
   if not command.exists():
@@ -108,6 +109,7 @@ SMALL_NOISE = ["privacy", "--algorithm", "dpsgd", "--num-examples", "1000000",
                "--batch-size", "100000", "--steps", "1000", "--noise-multiplier", "0.15"]
 
 
+@pytest.mark.slow
 def test_small_noise_pld_fits_in_memory_and_says_so(capsys):
   # At dp_accounting's default grid (1e-4) this PLD peaks at 2.5 GB; the grid
   # is widened to fit in ~360 MB, still a pessimistic upper bound.

@@ -79,6 +79,7 @@ for spend in range(1000):
 """
 
 
+@pytest.mark.slow
 def test_processes_spending_at_once_never_spend_more_than_the_total(tmp_path):
   path, go = tmp_path / "ledger.jsonl", tmp_path / "go"
   spenders = [subprocess.Popen([sys.executable, "-c", _SPENDER, str(path), str(go)])
@@ -104,6 +105,7 @@ for period in range(len(ledger.entries) + 1, 100000):
 """
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_leaves_a_whole_ledger(tmp_path):
   path = tmp_path / "ledger.jsonl"
   written = 0

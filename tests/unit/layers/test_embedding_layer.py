@@ -72,6 +72,7 @@ def test_config_round_trip_and_bad_arguments():
     Embedding(4, 4, name="item", table_placement="tpu")
 
 
+@pytest.mark.slow
 def test_saved_model_serves_without_sparse_dp(tmp_path):
   ids = keras.Input(shape=(None,), dtype=tf.int64, ragged=True)
   model = keras.Model(ids, keras.layers.Dense(1)(Embedding(50, 4, name="tokens")(ids)))

@@ -14,6 +14,7 @@ from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 from support.stacks import ALPHA
+from support.tiers import first_case_fast
 
 ROWS, WIDTH, CHUNK = 2_000, 50, 128  # 16 chunks, the last of 80 rows
 
@@ -87,8 +88,7 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", first_case_fast(list(OPTIMIZERS), list(OPTIMIZERS)))
 def test_a_large_table_takes_the_update_of_its_dense_noisy_gradient(monkeypatch, name):
   """DP-SGD steps on a table of 200 rows in chunks of 16: the optimizer given the update over
   every row (IndexedSlices) ends at the weights it reaches given the same update dense."""

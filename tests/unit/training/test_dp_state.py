@@ -118,6 +118,7 @@ def test_saved_files_hold_no_noise_seed(interrupted):
     assert not any(needle in content for needle in needles), path
 
 
+@pytest.mark.slow
 def test_load_model_after_import_sparse_dp_alone(interrupted):
   folder, _, _ = interrupted
   script = (
@@ -133,6 +134,7 @@ def test_load_model_after_import_sparse_dp_alone(interrupted):
   assert done.stdout.split()[-2:] == ["LazyAdam", "16"]
 
 
+@pytest.mark.slow
 def test_privacy_calculator_does_not_load_tensorflow(tmp_path):
   script = "import sys, sparse_dp, sparse_dp.cli; print('tensorflow' in sys.modules)"
   # Outside the checkout: the installed package, with sparse_dp.models mapped in.

@@ -10,6 +10,7 @@ from sparse_dp._keras import Keras3ModelError
 from sparse_dp.mechanisms import BucketRemapping, bucket_counts, dp_top_k
 
 from support.keras_models import VOCAB, N, SubclassedModel, functional_model, synthetic_data
+from support.tiers import first_case_fast
 
 CONFIGS = {
     "dpsgd": dict(noise_multiplier=0.8),
@@ -196,10 +197,9 @@ def test_keras_3_model_is_refused_by_make_private_naming_the_fix():
                            num_examples=N, batch_size=256)
 
 
-@pytest.mark.split_stacks
-@pytest.mark.parametrize("optimizer", [
+@pytest.mark.parametrize("optimizer", first_case_fast([
     lambda: keras.optimizers.legacy.SGD(0.5), lambda: keras.optimizers.Adam(0.01),
-    lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)], ids=["sgd", "adam", "rowwise-adagrad"])
+    lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)], ids=["sgd", "adam", "rowwise-adagrad"]))
 def test_fit_traces_the_dp_step_once_and_trains_as_with_lazy_slots(optimizer, monkeypatch):
   ids, labels = synthetic_data()
 

@@ -50,7 +50,8 @@ class NextItemModelSpec:
     return table + hidden + output
 
   def build(self, name: str, seed: int) -> keras.Model:
-    initializer = lambda offset: keras.initializers.GlorotUniform(seed=seed + offset)
+    def initializer(offset):
+      return keras.initializers.GlorotUniform(seed=seed + offset)
     history = keras.Input(shape=(self.history_length,), dtype=tf.int64, name="history")
     ids = history
     if self.hash_buckets is not None:

@@ -1,5 +1,6 @@
 """Whether the claims of Ghazi et al. (NeurIPS 2023) hold in a study's report, stated in
-numbers computed from the report (the closing line of each study's table, so every notebook ends with it).
+numbers computed from the report (the closing line of each study's table, so every
+notebook ends with it).
 
 * Fig. 3 / §4.2 (Criteo-Kaggle, epsilon 1): DP-AdaFEST's best gradient-size reduction
   within an AUC loss of 0.005 of DP-SGD is above 5e5x, DP-AdaFEST+'s above 1e6x

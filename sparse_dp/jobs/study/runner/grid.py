@@ -128,7 +128,8 @@ def _point(args: argparse.Namespace, flags: dict[str, Any]) -> Point:
                   else None),
       sigma_ratio=args.sigma_ratio if kind.uses_contribution_map else None,
       flags=tuple(sorted((name, value) for name, value in flags.items()
-                         if name not in _POINT_FIELDS and _READ_BY.get(name, lambda _: True)(kind))))
+                         if name not in _POINT_FIELDS
+                         and _READ_BY.get(name, lambda _: True)(kind))))
 
 
 def _seeds(value, where: str) -> Optional[tuple[int, ...]]:

@@ -139,7 +139,6 @@ def _apply_rule(optimizer, variables: dict, rows: tf.Tensor, g: tf.Tensor) -> tf
   rows = padding.safe_rows(rows)
   lr = _learning_rate(optimizer)
   table = variables["parameters"]
-  w = tf.gather(table, rows)
   writes = []
   if isinstance(optimizer, _API.SGD):
     step = lr * g
