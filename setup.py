@@ -5,10 +5,10 @@ import pathlib
 
 from setuptools import find_packages, setup
 
-# Two pinned stacks, chosen by the Python version (README, "Install"):
+# Two pinned stacks, chosen by the Python version (docs/getting-started.md):
 # * Python 3.10-3.11: TF 2.15.1 with TF Privacy 0.9.0 (the DP-SGD baseline and
-#   the equivalence tests). TF Privacy caps tensorflow<=2.15 and python<3.12
-#   (../shared/NOTES.md section 1), so this stack ends at Python 3.11.
+#   the equivalence tests). TF Privacy 0.9.0 caps tensorflow<=2.15 and python<3.12,
+#   so this stack ends at Python 3.11.
 # * Python 3.12-3.13: TF 2.21.0, where tf.keras is Keras 3, with Keras 2 from
 #   tf-keras 2.21.0 (TFRS and sparse_dp need Keras 2) and no TF Privacy (it
 #   does not import on TF 2.16+).
@@ -35,8 +35,9 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8,<10", "ruff==0.17.6", "nbclient==0.11.0", "ipykernel==7.4.0", "jupytext==1.19.6",
-             # the manual (docs/, mkdocs.yml): tests/test_docs.py builds it with --strict
+    "test": ["pytest>=8,<10", "ruff==0.17.6",  # `ruff check .`, run by .ci/run
+             "nbclient==0.11.0", "ipykernel==7.4.0", "jupytext==1.19.6",
+             # the manual (docs/, mkdocs.yml), built with --strict: tests/architecture/test_docs.py
              "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
              "mkdocstrings-python==2.0.11"],
 }

@@ -1,4 +1,4 @@
-"""Cost of computing each example's loss alone in the DP step (issue 20, item 1).
+"""Cost of computing each example's loss alone in the DP step.
 
 Times the DP step of two source trees in one run: this repository (the
 per-example step: ``tf.vectorized_map`` over the examples of a dense batch,

@@ -1,4 +1,4 @@
-"""The pCTR job's examples per second and peak memory at 1x, 10x and 100x Table 3 (issue 24).
+"""The pCTR job's examples per second and peak memory at 1x, 10x and 100x Table 3.
 
 Usage (the committed result, ``benchmarks/results/vocabulary_scale.{json,png}``)::
 

@@ -1,4 +1,4 @@
-"""Seconds per DP step with and without XLA (issue 21, item 4), ratios taken in one run.
+"""Seconds per DP step with and without XLA, ratios taken in one run.
 
 Two settings, each timed in graph mode and with ``jit_compile=True``, in turn,
 each run in its own subprocess, ``--repeats`` times:

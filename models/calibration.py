@@ -1,22 +1,18 @@
 """Calibration of the pCTR model's held-out predictions: is a predicted 0.3 a 30% click rate?
 
-A pCTR model prices bids from its probability, so its ranking (AUC) is not
-enough: it must also be *calibrated*. For held-out logits ``z_i`` and labels
-``y_i`` (``p_i = sigmoid(z_i)``, ``n`` examples):
+For held-out logits ``z_i`` and labels ``y_i`` (``p_i = sigmoid(z_i)``, ``n`` examples):
 
 * log-loss ``-1/n sum_i [y_i log p_i + (1 - y_i) log(1 - p_i)]``;
-* the base-rate predictor's log-loss ``-[r log r + (1 - r) log(1 - r)]``,
-  ``r = mean(y)``: the log-loss of predicting the held-out click rate for every
-  example, the least a useful model must beat (a reference computed from the
-  evaluation labels, like AUC; training releases nothing of it);
+* the base-rate predictor's log-loss ``-[r log r + (1 - r) log(1 - r)]``, ``r = mean(y)``,
+  the least a useful model must beat (computed from the evaluation labels, like AUC);
 * a reliability table over ``B`` equal-width bins of ``p`` (bin ``b`` holds
-  ``b/B <= p < (b+1)/B``, the last one includes 1): each bin's count ``n_b``,
-  mean prediction ``p_b`` and observed click rate ``y_b``;
-* the expected calibration error ``ECE = sum_b (n_b / n) |p_b - y_b|``
-  (Naeini, Cooper & Hauskrecht, AAAI 2015; Guo et al., ICML 2017), over the
-  non-empty bins.
+  ``b/B <= p < (b+1)/B``, the last one includes 1): each bin's count ``n_b``, mean
+  prediction ``p_b`` and observed click rate ``y_b``;
+* the expected calibration error ``ECE = sum_b (n_b / n) |p_b - y_b|`` (Naeini, Cooper &
+  Hauskrecht, AAAI 2015; Guo et al., ICML 2017), over the non-empty bins.
 
-Computed on the host (NumPy) from the evaluation's logits, like the job's AUC.
+Computed on the host (NumPy) from the evaluation's logits, like the job's AUC. See
+docs/calibration.md.
 """
 
 from __future__ import annotations

@@ -5,25 +5,13 @@
                                      num_examples=N, batch_size=1024)
     model.fit(private.poisson_dataset(x, y, epochs=3), callbacks=[private.callback()])
 
-``import sparse_dp`` registers the package's Keras objects
-(``sparse_dp.layers.Embedding``, ``sparse_dp.optimizers.LazyAdam``), so
-``keras.models.load_model`` reads a saved private model with no
-``custom_objects``. They are registered when TensorFlow is imported, not
-before: ``sparse-dp privacy`` never loads TensorFlow.
-
-``sparse_dp.keras`` is Keras 2 on every supported TensorFlow (``tf.keras`` up
-to TF 2.15, ``tf_keras`` from TF 2.16, where ``tf.keras`` is Keras 3). On
-TF 2.16+, importing the package sets ``TF_USE_LEGACY_KERAS=1`` unless the user
-set it, so that ``tf.keras`` and TensorFlow Recommenders are Keras 2 as well,
-provided ``tf.keras`` has not been used yet (``sparse_dp/_keras.py``).
-
-The package's parts: ``sparse_dp.training`` (``make_private``: its entry point and
-Keras wrappers, the DP step, the model checks and separability probe, the DP state,
-Poisson sampling), ``sparse_dp.mechanisms``, ``sparse_dp.accounting``,
-``sparse_dp.layers``, and the jobs behind the ``sparse-dp`` commands.
-``sparse_dp.models`` (the pCTR model and its jobs) and ``sparse_dp.data`` (the Criteo
-readers) are the repository's top-level ``models/`` and ``data/`` folders, installed
-under this package by ``setup.py``.
+``import sparse_dp`` registers the package's Keras objects when TensorFlow is imported (not
+before: ``sparse-dp privacy`` never loads TensorFlow), so ``keras.models.load_model`` reads a
+saved private model with no ``custom_objects``. ``sparse_dp.keras`` is Keras 2 on every
+supported TensorFlow; on TF 2.16+ importing the package sets ``TF_USE_LEGACY_KERAS=1`` unless
+the user set it (``sparse_dp/_keras.py``). The package's parts, and the top-level ``models/``
+and ``data/`` folders installed as ``sparse_dp.models`` and ``sparse_dp.data``:
+docs/package_layout.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Optimizers whose embedding updates touch only the rows of a sparse gradient.
 
-Keras 2.15's new optimizers apply an ``IndexedSlices`` gradient to the whole
-table, and the legacy ``Adam`` rescales both moment tables in full every step
-(``../shared/NOTES.md`` §4): O(vocabulary) per step either way. The legacy
-``SGD`` and ``Adagrad`` update only the gradient's rows, and :class:`LazyAdam`
-does so for Adam. :class:`RowwiseAdagrad` keeps one accumulator per table row
-instead of one per coordinate (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``), for tables
-whose optimizer state would not fit beside them.
+Keras 2.15's new optimizers apply an ``IndexedSlices`` gradient to the whole table, and the
+legacy ``Adam`` rescales both moment tables in full every step (docs/private-models.md,
+"Optimizers"): O(vocabulary) per step either way. The legacy ``SGD`` and ``Adagrad`` update
+only the gradient's rows, and :class:`LazyAdam` does so for Adam. :class:`RowwiseAdagrad`
+keeps one accumulator per table row (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``).
 
-**Lazy semantics** (as in TF Addons' ``LazyAdam``): for a row with a gradient
-this step, ``m <- beta1 m + (1 - beta1) g`` and ``v <- beta2 v + (1 - beta2)
-g^2`` and the row moves by ``lr_t m / (sqrt(v) + eps)`` with the usual bias
-correction of step ``t``; a row without a gradient keeps its moments and
-weights unchanged (no decay of its moments, no momentum step); so does a row
-whose gradient is exactly zero in every coordinate (the padding of a DP
-step's fixed-capacity update, :mod:`sparse_dp.mechanisms.rows.padding`). With
-DP-AdaFEST the rows with a gradient are exactly the selected rows (a selected
-row's noisy gradient is zero with probability 0). Decoupled weight decay
-``lambda`` (AdamW; Anil et al. Algorithm 1) is applied to the updated rows
-only, and to dense weights every step.
+**Lazy semantics** (TF Addons' ``LazyAdam``): a row with a gradient this step takes
+``m <- beta1 m + (1 - beta1) g``, ``v <- beta2 v + (1 - beta2) g^2`` and moves by
+``lr_t m / (sqrt(v) + eps)`` (bias-corrected ``lr_t``); a row without one, or whose gradient is
+exactly zero (the padding of a DP step's fixed-capacity update), keeps its moments and weights.
+Decoupled weight decay (AdamW; Anil et al., Findings of EMNLP 2022, Algorithm 1) applies to the
+updated rows only, and to dense weights every step. See docs/optimizers.md.
 """
 
 from __future__ import annotations

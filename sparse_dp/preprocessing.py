@@ -1,34 +1,21 @@
 """Preprocessing layers whose statistics of the private data are DP, with their epsilon.
 
-A ``Normalization`` adapted on the training data holds its exact mean and
-variance, a ``Discretization`` its quantiles, an ``IntegerLookup`` the ids
-that occur: released with the model, outside the training epsilon, so
-``make_private`` refuses them (:mod:`sparse_dp.training.checks.preprocessing_checks`).
-These functions compute the statistics with pure ``epsilon``-DP mechanisms
-(add/remove adjacency, the number of examples ``N`` public as the accountant
-takes it) and return the layer with its epsilon, a :class:`PrivateStatistic`.
-Pass them to ``make_private(..., private_statistics=[...])``: the layers are
-accepted and their epsilons are spent once at the start of the run, composed
-with its steps by the accountant (``spend_pure``), so ``private.epsilon()``
-covers them.
+An adapted ``Normalization``, ``Discretization`` or ``IntegerLookup`` holds exact statistics
+of the training data, which ``make_private`` refuses
+(:mod:`sparse_dp.training.checks.preprocessing_checks`). These functions compute them with
+pure ``epsilon``-DP mechanisms (add/remove adjacency, ``N`` public) and return the layer with
+its epsilon, a :class:`PrivateStatistic` for ``make_private(..., private_statistics=[...])``:
 
-* :func:`private_mean_variance`: each value clipped to ``[low, high]``; the
-  sums of the clipped values and of their squares get Laplace noise of scale
-  ``F Delta / (epsilon / 2)`` each (``Delta = max(|low|, |high|)`` and its
-  square; ``F`` features), divided by ``N`` (Dwork, McSherry, Nissim, Smith,
-  "Calibrating Noise to Sensitivity in Private Data Analysis", TCC 2006).
-* :func:`private_quantiles`: for each of ``m`` quantiles ``p``, the
-  exponential mechanism over a public grid of candidates with utility
-  ``-|#{x <= c} - p N|`` (sensitivity 1), at ``epsilon / m`` each (Smith,
-  "Privacy-preserving statistical estimation with optimal convergence rates",
-  STOC 2011), sampled by Gumbel-max.
-* :func:`private_vocabulary`: the package's DP top-k of the ids' example
-  counts over a public id range (the Gumbel one-shot top-k of DP-FEST,
-  :func:`sparse_dp.mechanisms.dp_top_k`: ``epsilon``-DP for any number of
-  distinct ids per example, each count moving by at most 1).
+* :func:`private_mean_variance`: values clipped to ``[low, high]``, Laplace noise of scale
+  ``F Delta / (epsilon / 2)`` on the sums of the values and of their squares (Dwork et al.,
+  TCC 2006);
+* :func:`private_quantiles`: per quantile ``p``, the exponential mechanism over a public grid
+  with utility ``-|#{x <= c} - p N|``, at ``epsilon / m`` each (Smith, STOC 2011);
+* :func:`private_vocabulary`: DP-FEST's Gumbel top-k of the ids' example counts
+  (:func:`sparse_dp.mechanisms.dp_top_k`).
 
-The noise comes from the operating system's entropy unless ``seed`` is given
-(reproducible experiments only: a known seed lets anyone subtract the noise).
+The noise comes from the OS's entropy unless ``seed`` is given. See docs/epsilon.md ("The
+sample").
 """
 
 from __future__ import annotations

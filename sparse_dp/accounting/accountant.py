@@ -37,11 +37,29 @@ from sparse_dp.accounting.schedule import BatchSchedule
 
 
 class AccountantKind(str, enum.Enum):
+  """Which ``dp_accounting`` accountant composes the training steps.
+
+  Attributes:
+    PLD: privacy loss distributions, the default (Ghazi et al., NeurIPS 2023, App. C.5).
+    RDP: Renyi DP, on request; it does not account truncated batches.
+  """
+
   PLD = "pld"
   RDP = "rdp"
 
   @classmethod
   def parse(cls, name: "str | AccountantKind") -> "AccountantKind":
+    """The kind named ``name``.
+
+    Args:
+      name: ``"pld"``, ``"rdp"`` or a kind.
+
+    Returns:
+      The kind.
+
+    Raises:
+      ValueError: ``name`` is neither ``pld`` nor ``rdp``.
+    """
     try:
       return cls(name)
     except ValueError:
@@ -51,12 +69,17 @@ class AccountantKind(str, enum.Enum):
           event: "dp_accounting.DpEvent | None" = None) -> dp_accounting.PrivacyAccountant:
     """A fresh, empty ``dp_accounting`` accountant of this kind.
 
-    ``coarse`` PLD discretises privacy losses on a 10x coarser grid (1e-3 vs
-    dp_accounting's 1e-4): pessimistic rounding onto a coarser grid that
-    contains the fine one, so its epsilon is an upper bound, found ~10x faster.
-    Given the ``event`` it will compose, the PLD grid is widened further where
-    the fine one would not fit in memory (:func:`pld_interval`; small noise,
-    many steps); still pessimistic, so still an upper bound.
+    Args:
+      coarse: PLD only: discretise privacy losses on a 10x coarser grid (1e-3 vs
+        dp_accounting's 1e-4). The rounding onto a coarser grid that contains the fine
+        one is pessimistic, so its epsilon is an upper bound, found ~10x faster.
+      event: PLD only: the event the accountant will compose. The grid is widened
+        further where the fine one would not fit in memory (small noise, many steps;
+        :func:`pld_interval`); still pessimistic, so still an upper bound.
+
+    Returns:
+      A PLD accountant that builds each distinct subsampled Gaussian step once per
+        process, or ``dp_accounting``'s RDP accountant.
     """
     if self is AccountantKind.PLD:
       interval = COARSE_INTERVAL if coarse else DEFAULT_INTERVAL
@@ -76,7 +99,7 @@ class StepCachingPLDAccountant(dp_pld.PLDAccountant):
   again and again, and ``dp_accounting`` builds it anew each time. Here it is built by
   the same call ``dp_accounting`` makes, kept (PLDs are immutable: ``compose`` and
   ``self_compose`` return new ones) and composed as it composes it, so the epsilon is
-  the same, bit for bit (``tests/test_accounting.py`` compares them).
+  the same, bit for bit (``tests/unit/accounting/test_accounting.py`` compares them).
   """
 
   def _maybe_compose(self, event: dp_accounting.DpEvent, count: int, do_compose: bool):
@@ -109,7 +132,19 @@ def _subsampled_gaussian_pld(noise_multiplier: float, sampling_rate: float, inte
 
 @dataclasses.dataclass(frozen=True)
 class Truncation:
-  """Batches of a Poisson sample of ``num_examples`` cut to ``max_batch_size`` at most."""
+  """Batches of a Poisson sample of ``num_examples`` cut to ``max_batch_size`` at most.
+
+  Such steps are truncated Poisson-subsampled Gaussians, accounted by
+  ``dp_accounting.TruncatedSubsampledGaussianDpEvent`` (PLD only).
+
+  Attributes:
+    num_examples: ``N``, the examples each batch is sampled from.
+    max_batch_size: ``M``, the most examples a batch keeps, in ``[1, N]``.
+
+  Raises:
+    ValueError: ``max_batch_size`` is not in ``[1, num_examples]``, or the installed
+      dp-accounting is older than 0.5.1 and lacks the truncated event.
+  """
 
   num_examples: int
   max_batch_size: int
@@ -133,7 +168,17 @@ def _dp_accounting_version() -> str:
 
 def gaussian_steps_event(noise_multiplier: float, sampling_rate: float, steps: int,
                          truncation: Optional[Truncation] = None) -> dp_accounting.DpEvent:
-  """``steps`` Poisson-subsampled Gaussian steps (App. C.2), truncated if ``truncation``."""
+  """``steps`` Poisson-subsampled Gaussian steps (App. C.2), truncated if ``truncation``.
+
+  Args:
+    noise_multiplier: ``sigma`` of each step's Gaussian, in units of the sensitivity.
+    sampling_rate: ``q``, each example's probability of joining a batch.
+    steps: the number of steps.
+    truncation: the batches' truncation, or ``None`` for plain Poisson batches.
+
+  Returns:
+    A ``dp_accounting.SelfComposedDpEvent`` of ``steps`` such steps.
+  """
   if truncation is not None:
     return dp_accounting.SelfComposedDpEvent(
         dp_accounting.TruncatedSubsampledGaussianDpEvent(
@@ -156,12 +201,23 @@ class _GaussianRun:
 class PrivacyAccountant:
   """What a run has spent so far, as events; ``get_epsilon`` at any time.
 
-  Example::
+  Training steps are Poisson-subsampled Gaussian mechanisms, composed by
+  ``dp_accounting``. Pure-DP spends, such as DP-FEST's top-k selection, add to their
+  epsilon by basic composition (Lemma C.5, App. C.3).
 
-      accountant = PrivacyAccountant("pld")
-      accountant.spend_pure(0.01)                       # DP-FEST selection
-      accountant.step(noise_multiplier=1.1, sampling_rate=2048 / 45e6, num_steps=100)
-      accountant.get_epsilon(delta=1 / 45e6)
+  Example:
+    ```python
+    accountant = PrivacyAccountant("pld")
+    accountant.spend_pure(0.01)                       # DP-FEST selection
+    accountant.step(noise_multiplier=1.1, sampling_rate=2048 / 45e6, num_steps=100)
+    accountant.get_epsilon(delta=1 / 45e6)
+    ```
+
+  Args:
+    kind: the accountant of the training steps: ``"pld"`` (default) or ``"rdp"``.
+
+  Raises:
+    ValueError: ``kind`` is neither ``pld`` nor ``rdp``.
   """
 
   def __init__(self, kind: "str | AccountantKind" = AccountantKind.PLD):
@@ -172,7 +228,21 @@ class PrivacyAccountant:
 
   def step(self, noise_multiplier: float, sampling_rate: float, num_steps: int = 1,
            truncation: Optional[Truncation] = None) -> "PrivacyAccountant":
-    """Records ``num_steps`` steps of one Poisson-subsampled Gaussian each (truncated)."""
+    """Records ``num_steps`` steps of one Poisson-subsampled Gaussian each (truncated).
+
+    Args:
+      noise_multiplier: ``sigma`` of each step's Gaussian, a finite number > 0.
+      sampling_rate: ``q``, in ``(0, 1]``.
+      num_steps: the number of steps, an integer >= 0.
+      truncation: the batches' truncation, or ``None`` for plain Poisson batches.
+
+    Returns:
+      This accountant, for chaining.
+
+    Raises:
+      ValueError: a noise multiplier, sampling rate or step count out of range, or a
+        truncation on the RDP accountant (PLD only).
+    """
     check_positive("noise multiplier", noise_multiplier)
     schedule = BatchSchedule.constant(sampling_rate, num_steps)  # validates q, steps
     if truncation is not None and self.kind is not AccountantKind.PLD:
@@ -191,13 +261,34 @@ class PrivacyAccountant:
 
   def step_schedule(self, noise_multiplier: float,
                     schedule: BatchSchedule) -> "PrivacyAccountant":
-    """Records every phase of ``schedule`` at one noise multiplier."""
+    """Records every phase of ``schedule`` at one noise multiplier.
+
+    Args:
+      noise_multiplier: ``sigma`` of each step's Gaussian.
+      schedule: the phases: each a sampling rate and a number of steps.
+
+    Returns:
+      This accountant, for chaining.
+
+    Raises:
+      ValueError: ``noise_multiplier`` is not a finite number > 0.
+    """
     for phase in schedule.phases:
       self.step(noise_multiplier, phase.sampling_rate, phase.steps)
     return self
 
   def spend_pure(self, epsilon: float) -> "PrivacyAccountant":
-    """Records an ``(epsilon, 0)``-DP release, e.g. a DP top-k selection."""
+    """Records an ``(epsilon, 0)``-DP release, e.g. a DP top-k selection.
+
+    Args:
+      epsilon: the release's pure-DP epsilon.
+
+    Returns:
+      This accountant, for chaining.
+
+    Raises:
+      ValueError: ``epsilon`` is not a finite number > 0.
+    """
     check_positive("pure-DP epsilon", epsilon)
     self._pure_epsilons.append(float(epsilon))
     self._cache.clear()
@@ -205,14 +296,20 @@ class PrivacyAccountant:
 
   @property
   def steps(self) -> int:
+    """Training steps recorded so far."""
     return sum(r.steps for r in self._runs)
 
   @property
   def pure_epsilon(self) -> float:
+    """The sum of the pure-DP epsilons spent (basic composition)."""
     return math.fsum(self._pure_epsilons)
 
   def training_event(self) -> dp_accounting.DpEvent:
-    """All recorded training steps as one composed ``dp_accounting`` event."""
+    """All recorded training steps as one composed ``dp_accounting`` event.
+
+    Returns:
+      A ``dp_accounting.ComposedDpEvent`` of the steps, pure spends left out.
+    """
     return dp_accounting.ComposedDpEvent([
         gaussian_steps_event(r.noise_multiplier, r.sampling_rate, r.steps, r.truncation)
         for r in self._runs
@@ -225,7 +322,17 @@ class PrivacyAccountant:
                              r.steps) for r in self._runs])
 
   def get_training_epsilon(self, delta: float) -> float:
-    """Epsilon at ``delta`` of the training steps alone."""
+    """Epsilon at ``delta`` of the training steps alone.
+
+    Args:
+      delta: the target delta, in ``(0, 1)``.
+
+    Returns:
+      The training steps' epsilon (0 without steps), cached per ``delta``.
+
+    Raises:
+      ValueError: ``delta`` is not in ``(0, 1)``.
+    """
     _check_delta(delta)
     if not self._runs:
       return 0.0
@@ -235,12 +342,38 @@ class PrivacyAccountant:
     return self._cache[delta]
 
   def get_epsilon(self, delta: float) -> float:
-    """Total epsilon at ``delta``: pure spends plus the training steps."""
+    """Total epsilon at ``delta``: pure spends plus the training steps.
+
+    Args:
+      delta: the target delta, in ``(0, 1)``.
+
+    Returns:
+      ``pure_epsilon + get_training_epsilon(delta)``.
+
+    Raises:
+      ValueError: ``delta`` is not in ``(0, 1)``.
+    """
     return self.pure_epsilon + self.get_training_epsilon(delta)
 
   def epsilon_after(self, delta: float, noise_multiplier: float, sampling_rate: float,
                     num_steps: int = 1, truncation: Optional[Truncation] = None) -> float:
-    """Epsilon that ``num_steps`` more steps would bring the total to."""
+    """Epsilon that ``num_steps`` more steps would bring the total to.
+
+    This accountant is left unchanged.
+
+    Args:
+      delta: the target delta, in ``(0, 1)``.
+      noise_multiplier: ``sigma`` of each further step's Gaussian.
+      sampling_rate: ``q`` of the further steps.
+      num_steps: the number of further steps.
+      truncation: the further batches' truncation, or ``None``.
+
+    Returns:
+      The total epsilon after the further steps.
+
+    Raises:
+      ValueError: an argument out of range, as in :meth:`step` and :meth:`get_epsilon`.
+    """
     return copy.deepcopy(self).step(
         noise_multiplier, sampling_rate, num_steps, truncation).get_epsilon(delta)
 

@@ -15,7 +15,18 @@ import math
 
 
 class Algorithm(str, enum.Enum):
-  """A training algorithm, by the name used on the command line."""
+  """A training algorithm, by the name used on the command line.
+
+  Attributes:
+    NONE: plain Keras training, without DP.
+    DPSGD: DP-SGD (Abadi et al.): Gaussian noise ``sigma * C`` on every gradient
+      coordinate.
+    FEST: DP-FEST (§3.1): a pure-DP top-k bucket preselection (``epsilon1``), then
+      DP-SGD on the buckets kept.
+    ADAFEST: DP-AdaFEST (§3.2, Algorithm 1): noise ``sigma1 * C1`` on the contribution
+      map and ``sigma2 * C2`` on the selected gradient rows.
+    ADAFEST_PLUS: DP-AdaFEST+ (§4.2): DP-FEST's preselection, then DP-AdaFEST.
+  """
 
   NONE = "none"
   DPSGD = "dpsgd"
@@ -25,6 +36,7 @@ class Algorithm(str, enum.Enum):
 
   @property
   def is_private(self) -> bool:
+    """Whether the algorithm adds noise (every one but ``none``)."""
     return self is not Algorithm.NONE
 
   @property
@@ -39,6 +51,17 @@ class Algorithm(str, enum.Enum):
 
   @classmethod
   def parse(cls, name: str) -> "Algorithm":
+    """The algorithm named ``name``.
+
+    Args:
+      name: ``none``, ``dpsgd``, ``fest``, ``adafest`` or ``adafest+``.
+
+    Returns:
+      The algorithm.
+
+    Raises:
+      ValueError: ``name`` is none of these.
+    """
     try:
       return cls(name)
     except ValueError:
@@ -50,10 +73,19 @@ class Algorithm(str, enum.Enum):
 def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
   """Noise multiplier of one Gaussian equivalent to DP-AdaFEST's two.
 
-  Composing Gaussian mechanisms with noise multipliers ``sigma1`` (contribution
-  map) and ``sigma2`` (gradient) is exactly one Gaussian mechanism with
-  ``sigma = (sigma1**-2 + sigma2**-2) ** -1/2`` (Dong, Roth, Su, Cor. 3.3; core
-  paper §3.3; App. C.4 prints the exponent as -2, a typo).
+  Composing Gaussian mechanisms with noise multipliers ``sigma1`` and ``sigma2`` is
+  exactly one Gaussian mechanism (Dong, Roth, Su, Cor. 3.3; Ghazi et al., NeurIPS 2023,
+  §3.3). App. C.4 of the latter prints the exponent as -2, a typo.
+
+  Args:
+    sigma1: the contribution map's noise multiplier.
+    sigma2: the gradient's noise multiplier.
+
+  Returns:
+    ``sigma = (sigma1**-2 + sigma2**-2) ** -1/2``.
+
+  Raises:
+    ValueError: ``sigma1`` or ``sigma2`` is not a finite number > 0.
   """
   check_positive("sigma1", sigma1)
   check_positive("sigma2", sigma2)
@@ -63,8 +95,18 @@ def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
 def split_noise_multiplier(sigma: float, ratio: float) -> tuple[float, float]:
   """Inverse of :func:`effective_noise_multiplier` at ``ratio = sigma1/sigma2``.
 
-  From ``sigma**-2 = sigma2**-2 * (ratio**-2 + 1)``:
-  ``sigma2 = sigma * sqrt(1 + ratio**-2)`` and ``sigma1 = ratio * sigma2``.
+  From ``sigma**-2 = sigma2**-2 * (ratio**-2 + 1)``.
+
+  Args:
+    sigma: the noise multiplier of the one equivalent Gaussian.
+    ratio: ``sigma1 / sigma2`` (the paper uses 5 or 10).
+
+  Returns:
+    ``(sigma1, sigma2)``, with ``sigma2 = sigma * sqrt(1 + ratio**-2)`` and
+      ``sigma1 = ratio * sigma2``.
+
+  Raises:
+    ValueError: ``sigma`` or ``ratio`` is not a finite number > 0.
   """
   check_positive("sigma", sigma)
   check_positive("sigma ratio (sigma1/sigma2)", ratio)

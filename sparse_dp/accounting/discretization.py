@@ -1,24 +1,13 @@
 """A PLD grid that fits in memory.
 
-``dp_accounting``'s PLD accountant holds the composed privacy loss on a grid of
-interval ``Delta`` over the range outside which its mass is below 1e-15, a
-range found by a Chernoff bound on the moments of the loss: about ``W / Delta``
-points of ~90 bytes each at the peak of the FFT composition. ``W`` grows with
-the loss itself: at noise multiplier 0.15, q = 0.1 and 1,000 steps the default
-``Delta = 1e-4`` takes 2.5 GB (5.6 GB at 0.1), enough to be killed for memory.
-
-``pld_interval`` estimates ``W`` by the RDP epsilon at ``delta = 1e-15`` (the
-same Chernoff bound over all orders, cheap to compute and at least the upper
-end of the range) and widens ``Delta`` to ``W / MAX_LOSS_POINTS`` when that
-exceeds the requested interval. A wider grid is still pessimistic (every loss
-is rounded up), so the epsilon stays an upper bound, only less tight: each
-step's loss moves by less than ``Delta``.
-
-RDP over all of ``dp_accounting``'s orders costs about as much as the coarse PLD
-itself (0.03-0.17 s). Each order's conversion bounds the epsilon alone, so a few
-of the same orders bound the all-orders epsilon from above: when they already put
-``W`` within the requested grid's reach (nearly always), the interval is the
-requested one without the full computation; the result is the same either way.
+``dp_accounting``'s PLD accountant holds the composed privacy loss on a grid of interval
+``Delta`` over the range ``W`` outside which its mass is below 1e-15: about ``W / Delta``
+points of ~90 bytes each at the peak of the FFT composition, gigabytes at low noise.
+``pld_interval`` estimates ``W`` by the RDP epsilon at ``delta = 1e-15`` (a few orders first:
+each bounds the all-orders epsilon from above) and widens ``Delta`` to
+``W / MAX_LOSS_POINTS`` when that exceeds the requested interval. A wider grid is still
+pessimistic (every loss is rounded up), so the epsilon stays an upper bound, only less tight.
+See docs/epsilon.md ("How the privacy is accounted").
 """
 
 from __future__ import annotations

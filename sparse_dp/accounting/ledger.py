@@ -1,24 +1,14 @@
 """A privacy ledger: every spend of a privacy budget, on disk, written atomically.
 
-One JSON object per line (``period``, ``kind``, ``epsilon``, ``delta`` and
-whatever the caller adds), so a person can read it and a program can sum it.
-The spends compose by basic composition: ``epsilon_spent`` is the sum of the
-entries' epsilons and ``delta_spent`` the sum of their deltas, a bound that
-holds for any mechanisms, adaptively chosen, on any overlap of data.
-
-Writes are atomic: the whole ledger is written to a temporary file in the same
-folder, flushed and fsynced, then renamed over the old one (and the folder
-fsynced), so a crash at any moment leaves either the old ledger or the new
-one, never a torn line. Record a spend *before* publishing what it pays for:
-then a crash can leave a spend without its result, never a result without its
-spend.
-
-The file is the ledger: every sum and every check reads it from disk, never
-from a copy in memory, and :meth:`PrivacyLedger.record` re-reads, checks and
-writes while holding ``flock(LOCK_EX)`` on ``.<name>.lock`` beside it, so
-processes spending from one ledger at once can never spend more than the
-total between them. (A lock file is never deleted; the operating system
-releases the lock of a killed process.)
+One JSON object per line (``period``, ``kind``, ``epsilon``, ``delta`` and whatever the caller
+adds). The spends compose by basic composition: ``epsilon_spent`` and ``delta_spent`` are the
+sums of the entries', a bound that holds for any mechanisms, adaptively chosen, on any overlap
+of data. Writes are atomic (a temporary file in the same folder, fsynced, renamed over the old
+one, the folder fsynced), so a crash leaves the old ledger or the new one, never a torn line:
+record a spend *before* publishing what it pays for. The file is the ledger: every sum and
+check reads it from disk, and :meth:`PrivacyLedger.record` re-reads, checks and writes under
+``flock(LOCK_EX)`` on ``.<name>.lock`` beside it, so processes spending from one ledger at
+once never spend more than the total between them. See docs/commands/stream.md.
 """
 
 from __future__ import annotations

@@ -26,14 +26,37 @@ _EPSILON_SLACK = 0.005
 
 
 class UnreachableTargetError(ValueError):
-  """No noise multiplier in the searched range meets the target."""
+  """No noise multiplier in the searched range meets the target.
+
+  The search stays within ``[MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER]`` (0.05 to 1e4).
+  Below it the PLD discretisation is meaningless; above it training learns nothing. Use
+  fewer steps, a smaller sampling rate or another target epsilon.
+  """
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float,
                                schedule: BatchSchedule,
                                kind: "str | AccountantKind" = "pld") -> float:
-  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target
-  (:func:`_least_noise`)."""
+  """Smallest noise multiplier whose training epsilon at ``delta`` is <= target.
+
+  A search on the coarse (pessimistic, fast) PLD accountant finds a multiplier that meets
+  the target; when the exact accountant puts it more than 0.5% under the target, a search
+  on the exact accountant narrows it down (:func:`_least_noise`).
+
+  Args:
+    target_epsilon: the epsilon of the training steps.
+    delta: the target delta.
+    schedule: the steps' sampling rates and counts.
+    kind: the accountant: ``"pld"`` (default) or ``"rdp"``.
+
+  Returns:
+    The noise multiplier: it meets the target and comes within 0.5% of it.
+
+  Raises:
+    UnreachableTargetError: the schedule has no steps, or no multiplier in the searched
+      range meets the target.
+    ValueError: ``target_epsilon`` is not a finite number > 0, or an unknown ``kind``.
+  """
   check_positive("target epsilon", target_epsilon)
   kind = AccountantKind.parse(kind)
   if schedule.total_steps == 0:
@@ -45,13 +68,26 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
 
 def calibrate_after(spent: PrivacyAccountant, target_epsilon: float, delta: float,
                     steps: int) -> float:
-  """Smallest ``sigma`` of ``steps`` more full-batch Gaussian steps (sampling rate 1,
-  noise multiplier ``sigma``) that keeps ``spent`` plus them at ``<= target_epsilon``.
+  """Smallest ``sigma`` of ``steps`` more full-batch Gaussian steps within the target.
 
-  The new steps are composed with ``spent``'s events by ``dp_accounting`` (one
-  accountant over ``ComposedDpEvent([spent's steps, SelfComposedDpEvent(
-  GaussianDpEvent(sigma), steps)])``; pure spends add), not split off with a
-  budget of their own: the same ``delta`` covers all of it.
+  The new steps (sampling rate 1, noise multiplier ``sigma``) are composed with
+  ``spent``'s events by ``dp_accounting``: one accountant over ``ComposedDpEvent([spent's
+  steps, SelfComposedDpEvent(GaussianDpEvent(sigma), steps)])``. Pure spends add. The
+  new steps get no budget of their own: the same ``delta`` covers all of it.
+
+  Args:
+    spent: what was spent before the new steps.
+    target_epsilon: the total epsilon, ``spent``'s included.
+    delta: the target delta.
+    steps: the number of new steps, an integer >= 1.
+
+  Returns:
+    The least ``sigma`` that keeps ``spent`` plus the new steps ``<= target_epsilon``.
+
+  Raises:
+    UnreachableTargetError: ``spent`` already uses the target, or no ``sigma`` in the
+      searched range meets it.
+    ValueError: ``target_epsilon`` is not a finite number > 0, or ``steps < 1``.
   """
   check_positive("target epsilon", target_epsilon)
   if steps < 1:
@@ -132,8 +168,28 @@ def calibrate(algorithm: "str | Algorithm", target_epsilon: float, delta: float,
               sigma_ratio: float = 5.0, selection_epsilon: float = 0.0) -> PrivacySpec:
   """The spec of ``algorithm`` with the least noise meeting ``target_epsilon``.
 
-  DP-FEST and DP-AdaFEST+ first deduct ``selection_epsilon`` from the target
-  (App. C.3); DP-AdaFEST keeps ``sigma1 / sigma2 = sigma_ratio``.
+  DP-FEST and DP-AdaFEST+ first deduct ``selection_epsilon`` from the target (basic
+  composition, App. C.3). DP-AdaFEST and DP-AdaFEST+ split the calibrated noise
+  multiplier into ``sigma1`` and ``sigma2`` (:func:`split_noise_multiplier`).
+
+  Args:
+    algorithm: the algorithm, by name or as an :class:`Algorithm`.
+    target_epsilon: the total epsilon, the selection's included.
+    delta: the target delta.
+    schedule: the training steps' sampling rates and counts.
+    kind: the accountant: ``"pld"`` (default) or ``"rdp"``.
+    sigma_ratio: ``sigma1 / sigma2`` for DP-AdaFEST and DP-AdaFEST+.
+    selection_epsilon: ``epsilon1`` of the top-k preselection (DP-FEST, DP-AdaFEST+).
+
+  Returns:
+    The algorithm's :class:`PrivacySpec`, with the calibrated noise.
+
+  Raises:
+    UnreachableTargetError: the selection leaves nothing of the target, or no noise in
+      the searched range meets it.
+    ValueError: an unknown algorithm or accountant, or ``none``; a target that is not a
+      finite number > 0; or a ``selection_epsilon`` that is not > 0 for DP-FEST and
+      DP-AdaFEST+, or not 0 for the others.
   """
   algorithm = Algorithm.parse(algorithm)
   check_positive("target epsilon", target_epsilon)

@@ -41,9 +41,21 @@ def epsilon_caveat(poisson_sampling: bool) -> str:
 class PrivacyReport:
   """Epsilon of a :class:`PrivacySpec` at ``delta``, with its breakdown.
 
-  ``earlier_steps`` are steps of earlier runs on the same model (a resumed or
-  continued budget) composed into ``epsilon``; ``debug_metrics`` says that
-  un-noised statistics were logged, which no epsilon covers.
+  Make one with :meth:`compute`.
+
+  Attributes:
+    spec: the run's algorithm, noise and batch schedule.
+    epsilon: the total epsilon: pure spends plus the training steps, earlier runs'
+      included.
+    delta: the target delta.
+    training_epsilon: the epsilon of the training steps alone.
+    accountant: ``"pld"`` or ``"rdp"``.
+    num_examples: ``N``, to state batch sizes and epochs; ``None`` leaves them out.
+    poisson_sampling: whether every step was fed Poisson batches; if not, the epsilon
+      is not proved, and the report says so.
+    debug_metrics: whether un-noised statistics were logged, which no epsilon covers.
+    earlier_steps: steps of earlier runs on the same model (a resumed or continued
+      budget), composed into ``epsilon``.
   """
 
   spec: PrivacySpec
@@ -61,7 +73,24 @@ class PrivacyReport:
               num_examples: Optional[int] = None, poisson_sampling: bool = True,
               debug_metrics: bool = False,
               ledger: Optional[PrivacyAccountant] = None) -> "PrivacyReport":
-    """The report of ``spec``; ``ledger``: every spend, when earlier runs precede it."""
+    """The report of ``spec`` at ``delta``.
+
+    Args:
+      spec: the run's algorithm, noise and batch schedule.
+      delta: the target delta.
+      accountant: ``"pld"`` or ``"rdp"``; ignored when ``ledger`` is given.
+      num_examples: ``N``, to state batch sizes and epochs.
+      poisson_sampling: whether every step was fed Poisson batches.
+      debug_metrics: whether un-noised statistics were logged.
+      ledger: every spend, when earlier runs precede ``spec``'s; default: ``spec``'s
+        own spends.
+
+    Returns:
+      The report, its epsilons computed by the accountant.
+
+    Raises:
+      ValueError: ``delta`` is not in ``(0, 1)``.
+    """
     ledger = ledger if ledger is not None else spec.accountant(accountant)
     return cls(spec=spec, epsilon=ledger.get_epsilon(delta), delta=delta,
                training_epsilon=ledger.get_training_epsilon(delta),
@@ -70,6 +99,15 @@ class PrivacyReport:
                earlier_steps=ledger.steps - spec.schedule.total_steps)
 
   def to_dict(self) -> dict[str, Any]:
+    """The report as JSON-ready numbers.
+
+    Returns:
+      The algorithm, epsilon, delta, steps, sampling rate(s), accountant, training
+        epsilon and Poisson flag; then, where they apply, the debug flag, earlier
+        steps, ``num_examples``, the noise (``sigma1``, ``sigma2`` and their
+        ``effective_noise_multiplier``, or ``noise_multiplier``) and
+        ``selection_epsilon``.
+    """
     spec = self.spec
     rates = spec.schedule.sampling_rates
     out: dict[str, Any] = {
@@ -98,7 +136,13 @@ class PrivacyReport:
     return out
 
   def statement(self) -> str:
-    """A readable account, in the manner of TF Privacy's privacy statement."""
+    """A readable account, in the manner of TF Privacy's privacy statement.
+
+    Returns:
+      Lines of text: the algorithm and accountant, each phase's steps and sampling
+        rate, the noise, the selection, the ``(epsilon, delta)`` guarantee, and the
+        caveats (Poisson sampling, debug metrics).
+    """
     spec = self.spec
     steps = spec.schedule.total_steps
     lines = [f"{_NAMES[spec.algorithm]} with {self.accountant.upper()} accounting."]

@@ -15,7 +15,16 @@ from typing import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class BatchPhase:
-  """``steps`` consecutive steps that each sample examples with rate ``sampling_rate``."""
+  """``steps`` consecutive steps that each sample examples with rate ``sampling_rate``.
+
+  Attributes:
+    sampling_rate: ``q = expected batch size / N``, in ``(0, 1]``.
+    steps: the number of steps, an integer >= 0.
+
+  Raises:
+    ValueError: ``sampling_rate`` is not in ``(0, 1]`` or ``steps`` is not an integer
+      >= 0.
+  """
 
   sampling_rate: float
   steps: int
@@ -32,7 +41,17 @@ class BatchPhase:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSchedule:
-  """The phases of a training run, in order."""
+  """The phases of a training run, in order.
+
+  Each phase is a separate Poisson-subsampled Gaussian event (App. C.2). An increasing
+  batch-size schedule (Anil et al., Findings of EMNLP 2022, §3) has several.
+
+  Attributes:
+    phases: the phases, at least one.
+
+  Raises:
+    ValueError: ``phases`` is empty.
+  """
 
   phases: tuple[BatchPhase, ...]
 
@@ -42,12 +61,37 @@ class BatchSchedule:
 
   @classmethod
   def constant(cls, sampling_rate: float, steps: int) -> "BatchSchedule":
+    """One phase of ``steps`` steps at ``sampling_rate``.
+
+    Args:
+      sampling_rate: ``q``, in ``(0, 1]``.
+      steps: the number of steps, an integer >= 0.
+
+    Returns:
+      The schedule.
+
+    Raises:
+      ValueError: ``sampling_rate`` or ``steps`` out of range.
+    """
     return cls((BatchPhase(sampling_rate, steps),))
 
   @classmethod
   def from_batch_sizes(cls, num_examples: int, batch_sizes: Sequence[int],
                        steps: Sequence[int]) -> "BatchSchedule":
-    """Phases of expected batch sizes ``batch_sizes[i]`` for ``steps[i]`` steps."""
+    """Phases of expected batch sizes ``batch_sizes[i]`` for ``steps[i]`` steps.
+
+    Args:
+      num_examples: ``N``; phase ``i`` has ``q = batch_sizes[i] / N``.
+      batch_sizes: the expected batch size of each phase.
+      steps: the number of steps of each phase.
+
+    Returns:
+      The schedule.
+
+    Raises:
+      ValueError: ``num_examples <= 0``, one step count per batch size is not given,
+        or a phase is out of range.
+    """
     if num_examples <= 0:
       raise ValueError(f"number of examples must be > 0, got {num_examples}")
     if len(batch_sizes) != len(steps):
@@ -57,15 +101,28 @@ class BatchSchedule:
 
   @property
   def total_steps(self) -> int:
+    """Steps over all phases."""
     return sum(p.steps for p in self.phases)
 
   @property
   def sampling_rates(self) -> tuple[float, ...]:
+    """Each phase's sampling rate, in order."""
     return tuple(p.sampling_rate for p in self.phases)
 
 
 def steps_for_epochs(epochs: float, sampling_rate: float) -> int:
-  """Steps that visit each example ``epochs`` times in expectation: ``ceil(E/q)``."""
+  """Steps that visit each example ``epochs`` times in expectation: ``ceil(E/q)``.
+
+  Args:
+    epochs: ``E``, the expected visits of each example, a finite number > 0.
+    sampling_rate: ``q`` of each step.
+
+  Returns:
+    ``ceil(E / q)``, tolerant of rounding (``1e-9``).
+
+  Raises:
+    ValueError: ``epochs`` is not a finite number > 0.
+  """
   if not (math.isfinite(epochs) and epochs > 0):
     raise ValueError(f"epochs must be > 0, got {epochs!r}")
   return math.ceil(epochs / sampling_rate - 1e-9)

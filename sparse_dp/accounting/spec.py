@@ -14,10 +14,25 @@ from sparse_dp.accounting.schedule import BatchSchedule
 class PrivacySpec:
   """An algorithm, its noise, and its batch schedule.
 
+  Each algorithm takes its own noise parameters:
+
   * ``dpsgd``: ``noise_multiplier``.
   * ``fest``: ``noise_multiplier`` and ``selection_epsilon`` (epsilon1).
   * ``adafest``: ``sigma1`` (contribution map) and ``sigma2`` (gradient).
   * ``adafest+``: ``sigma1``, ``sigma2`` and ``selection_epsilon``.
+
+  Attributes:
+    algorithm: the algorithm (a name is parsed); not ``none``.
+    schedule: the training steps' sampling rates and counts.
+    noise_multiplier: ``sigma`` of ``dpsgd`` and ``fest``.
+    sigma1: the contribution map's noise multiplier (``adafest``, ``adafest+``).
+    sigma2: the gradient's noise multiplier (``adafest``, ``adafest+``).
+    selection_epsilon: pure-DP ``epsilon1`` of the top-k preselection (``fest``,
+      ``adafest+``); 0 for the others.
+
+  Raises:
+    ValueError: algorithm ``none`` or an unknown one, or noise parameters the
+      algorithm does not take, lacks or has out of range.
   """
 
   algorithm: Algorithm
@@ -51,13 +66,25 @@ class PrivacySpec:
 
   @property
   def training_noise_multiplier(self) -> float:
-    """Noise multiplier of the one Gaussian each training step amounts to."""
+    """Noise multiplier of the one Gaussian each training step amounts to.
+
+    ``noise_multiplier``, or :func:`effective_noise_multiplier` of ``sigma1`` and
+    ``sigma2`` (§3.3).
+    """
     if self.algorithm.uses_contribution_map:
       return effective_noise_multiplier(self.sigma1, self.sigma2)
     return self.noise_multiplier
 
   def accountant(self, kind: "str | AccountantKind" = "pld") -> PrivacyAccountant:
-    """An accountant holding every spend of this run."""
+    """An accountant holding every spend of this run.
+
+    Args:
+      kind: ``"pld"`` (default) or ``"rdp"``.
+
+    Returns:
+      This run's :class:`PrivacyAccountant`: the selection's pure spend (``fest``,
+        ``adafest+``) and every training step.
+    """
     accountant = PrivacyAccountant(kind)
     if self.algorithm.uses_top_k_selection:
       accountant.spend_pure(self.selection_epsilon)

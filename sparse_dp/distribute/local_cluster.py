@@ -2,7 +2,7 @@
 
 Every task is a ``tf.distribute.Server`` on a free localhost port; this
 process is the coordinator. A real cluster is described by ``TF_CONFIG`` on
-every task instead (README, "Training past one machine"). Also the strategy
+every task instead (docs/clusters.md). Also the strategy
 of each ``--strategy`` (:func:`strategy_named`), a TPU's included.
 """
 

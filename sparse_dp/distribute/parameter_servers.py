@@ -1,43 +1,18 @@
-"""DP training on ``tf.distribute.ParameterServerStrategy`` workers (issue 13).
+"""DP training on ``tf.distribute.ParameterServerStrategy`` workers.
 
-Under a parameter-server strategy the workers step asynchronously against
-variables on the parameter servers (tables sharded across them:
-:mod:`sparse_dp.distribute.shards`). Keras's ``fit`` there would feed each
-worker its own dataset and key each step's noise by counters that two workers
-read at once, so two steps could share a noise draw and the batches would not
-be the Poisson sample the accountant assumes: ``fit`` of a private model is
-refused under this strategy (:func:`refuse_keras_fit`), and
-:class:`ParameterServerTraining` trains instead.
-
-Every attempt of a step, on whichever worker runs it, first counts itself:
-one atomic fetch-and-add of the model's ``steps_taken`` on the parameter
-servers (:meth:`~sparse_dp.training.dp_state.state.DPState.number_step`) gives it its
-key ``k``, the steps counted before it. No two attempts in a process share a
-key (``steps_taken`` never goes back there), nor do attempts before and after a
-restart from the latest checkpoint (``steps_taken`` is saved with the model).
-The attempt keyed ``k``:
-
-* reads the batch ``B_k``: every example of the ``N`` independently with
-  probability ``q``, keyed by ``k``
-  (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
-  exactly the sample the accountant assumes (Ghazi et al., NeurIPS 2023, §3.3); on a worker
-  with several replicas, each replica its own disjoint part of ``B_k``;
-* takes the DP step (Algorithm 1) with the selection and noise seed of ``k``
-  (``scheduled_step_seed`` in :mod:`sparse_dp.training.wrappers.dp_train_step`); every
-  op of its update (tables and Dense weights, every replica) has an explicit
-  control dependency on the count.
-
-So an update lands only from a counted attempt. A worker lost mid-step (before,
-during or after its update) is re-run by the coordinator as a new attempt with
-a new key: a fresh Poisson batch and fresh noise. Every attempt that may have
-touched the model is an independent, counted Poisson step; one lost before its
-update is counted too (over-counting is safe). The coordinator schedules no
-more steps than the epsilon budget allows; an attempt re-run past it is counted
-and refused in the step before its update (``fit`` then raises the budget's
-message). The epsilon reported is that of every counted step.
-Not covered: a restart from an *earlier* checkpoint than the latest with the
-same fixed ``noise_seed`` numbers its attempts again from that checkpoint's
-count (a seed from the OS, the default, is fresh each run).
+Keras's ``fit`` would feed each worker its own dataset and key each step's noise by counters
+two workers read at once, so it is refused for a private model here
+(:func:`refuse_keras_fit`) and :class:`ParameterServerTraining` trains instead. Every attempt
+of a step first counts itself, one atomic fetch-and-add of the model's ``steps_taken`` on the
+parameter servers (:meth:`~sparse_dp.training.dp_state.state.DPState.number_step`), and takes
+that count ``k`` as its key: its batch ``B_k`` is the Poisson sample of all ``N`` examples at
+rate ``q`` keyed by ``k``
+(:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`), its selection and noise
+seeds derive from ``k``, and every op of its update waits for the count. So each attempt that
+may have touched the model, a worker's re-run after a loss included, is a counted Poisson step
+with fresh noise, and the coordinator schedules no more steps than the budget allows. Not
+covered: a restart from an earlier checkpoint than the latest with the same fixed
+``noise_seed``. See docs/clusters.md.
 """
 
 from __future__ import annotations

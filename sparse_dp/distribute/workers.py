@@ -1,24 +1,16 @@
 """What every worker of a multi-worker strategy must agree on before the first step.
 
-Under ``tf.distribute.MultiWorkerMirroredStrategy`` each worker process runs
-the same program and calls ``make_private`` itself. The DP step derives the
-row selection and the noise of step ``t`` from one secret seed (Ghazi et al., NeurIPS 2023,
-Algorithm 1, lines 6-8 and 11): every worker must hold the *same* seed, or each
-replica would mask its examples to another selection, the all-reduced sum
-would carry un-noised gradients on rows the noising replica never selected,
-and the Poisson samples of the workers would differ. A seed drawn from the OS
-on each worker (the default) is therefore replaced by worker 0's, gathered
-over the strategy's collectives; the seed never leaves the cluster.
-
-Each worker then draws the whole global Poisson batch of a step and trains on
-its own slice of it, so the workers must draw the same batches: their keys
-depend only on the seed, the dataset's number and its pass count
-(:mod:`sparse_dp.training.poisson.poisson_sampling`), and ``fit`` compares a fingerprint of
-its first batch across the workers before it trains (:func:`refuse_different_batches`).
-Each batch reaches ``fit`` whole and is split exactly among the replicas
-(:func:`sliced_per_replica`), which ``fit`` checks (:func:`refuse_unsliced_batches`).
+Under ``tf.distribute.MultiWorkerMirroredStrategy`` each worker calls ``make_private`` itself,
+and the DP step derives step ``t``'s selection and noise from one secret seed (Ghazi et al.,
+NeurIPS 2023, Algorithm 1, lines 6-8 and 11). Every worker must hold the *same* seed, or the
+replicas would mask their examples to different selections and the all-reduced sum would carry
+un-noised gradients; a seed drawn from the OS on each worker is therefore replaced by worker
+0's, gathered over the strategy's collectives. Each worker then draws the whole global Poisson
+batch of a step and trains on its slice: ``fit`` compares a fingerprint of the first batch
+across the workers (:func:`refuse_different_batches`) and checks that each batch is split
+exactly among the replicas (:func:`sliced_per_replica`, :func:`refuse_unsliced_batches`).
 Training on the batches of ``sparse-dp sample`` takes the chief's first step
-(:func:`chiefs_value`) instead of a pass key.
+(:func:`chiefs_value`) instead of a pass key. See docs/clusters.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """Where an :class:`~sparse_dp.layers.Embedding` layer keeps its table variable.
 
-A Keras weight built under a ``tf.distribute`` strategy is the strategy's:
-under a ``TPUStrategy`` one copy per core in TensorCore HBM. When the TPU
+Under a ``TPUStrategy`` a Keras weight has one copy per core in TensorCore HBM. When the TPU
 embedding engine holds a table (``embedding='tpu'``, trained by
-:class:`sparse_dp.training.tpu_loop.TPUTrainer`), the engine's copy is the one
-that trains, and the layer's table is only the host copy that predict, save
-and serving read (refreshed from the engine when ``fit`` ends). Kept in HBM it
-would cost every core a full table beside the engine: a table larger than a
-core's HBM could not even be built, which is the reason to use the engine.
-
+:class:`sparse_dp.training.tpu_loop.TPUTrainer`), the engine's copy trains and the layer's
+table is only the host copy that predict, save and serving read; kept in HBM it would cost
+every core a full table beside the engine.
 ``table_placement``:
 
-* ``"default_device"``: where the strategy puts any weight (its devices, or
-  the parameter servers);
-* ``"host"``: one variable in the host memory of the strategy's first worker
-  (its ``CPU:0``), never mirrored; no TPU program may read it, so the model's
-  lookups outside ``TPUTrainer`` run on the host (``TPUTrainer`` refuses a
-  table in HBM on a TPU, ``make_private`` refuses host tables for the ``cpu``
-  backend there).
+* ``"default_device"``: where the strategy puts any weight (its devices, or the parameter
+  servers);
+* ``"host"``: one variable in the host memory of the strategy's first worker (``CPU:0``),
+  never mirrored, which no TPU program may read.
 
-The names follow keras-rs ``TableConfig.placement``.
+The names follow keras-rs ``TableConfig.placement``. See docs/tpu.md ("Tables off HBM").
 """
 
 from __future__ import annotations

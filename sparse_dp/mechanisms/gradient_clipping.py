@@ -9,7 +9,7 @@ DP-AdaFEST first zeroes the rows that did not pass the threshold (Algorithm 1,
 line 8), then clips each example's gradient jointly over all parameters to
 ``C2``: ``[g_i]_C2 = g_i * min(1, C2 / ||g_i||)`` with
 ``||g_i||^2 = sum over tables of its row norms^2 + its dense-layer norm^2``
-(line 9; ``../shared/NOTES.md`` §2). Adding or removing an example then moves
+(line 9; Abadi et al., CCS 2016). Adding or removing an example then moves
 the clipped sum by at most ``C2`` in L2 norm.
 """
 
@@ -25,10 +25,16 @@ from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 class RowGradients(NamedTuple):
-  """Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``.
+  """Per-example gradients on the rows of one table, as padded triples.
 
-  Padded (:mod:`sparse_dp.mechanisms.rows.padding`): where ``row`` is ``PAD`` the
-  values are zero and the example is 0.
+  Example ``example[i]``'s gradient on row ``row[i]`` is ``values[i]``.
+  The triples are padded (:mod:`sparse_dp.mechanisms.rows.padding`).
+  Where ``row`` is ``PAD``, the values are zero and the example is 0.
+
+  Attributes:
+    example: int64 ``[n]``, the example of each triple.
+    row: int64 ``[n]``, the table row of each triple, or ``PAD``.
+    values: float ``[n, d]``, example ``example[i]``'s gradient on row ``row[i]``.
   """
 
   example: tf.Tensor  # int64 [n]
@@ -41,11 +47,20 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
                               batch_size: tf.Tensor) -> RowGradients:
   """Sums lookups of the same row by the same example into one row gradient.
 
-  ``output_gradients[i]`` is ``dL/dz`` for the lookup of ``row[i]`` by
-  ``example[i]`` (already scaled by the combiner, e.g. ``1/n`` for a mean).
   An id repeated within an example contributes the sum of its lookups.
-  Lookups whose row is ``PAD`` (a padding example's) are padding: their
-  gradients are dropped, whatever they hold.
+  Lookups whose row is ``PAD`` (a padding example's) are padding.
+  Their gradients are dropped, whatever they hold.
+
+  Args:
+    example: int ``[n]``, the example of each lookup.
+    row: int ``[n]``, the row each lookup read, or ``PAD``.
+    output_gradients: ``[n, d]``; ``output_gradients[i]`` is ``dL/dz`` for the lookup of
+      ``row[i]`` by ``example[i]``, already scaled by the combiner (e.g. ``1/n`` for a mean).
+    batch_size: int64 scalar, the examples of the batch.
+
+  Returns:
+    One triple per distinct ``(example, row)`` pair, with its summed gradient.
+    There are as many triples as lookups: the pairs sorted by ``(row, example)``, then padding.
   """
   row = tf.cast(row, tf.int64)
   output_gradients = padding.mask_rows(output_gradients, padding.is_valid(row))
@@ -55,9 +70,15 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
 
 
 def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
-  """Keeps only the gradients of ``rows`` (a padded row list): Algorithm 1, line 8.
+  """Keeps only the gradients of the selected rows (Algorithm 1, line 8).
 
-  The others become padding (row ``PAD``, zero values), so the shapes stay.
+  Args:
+    gradients: one table's per-example row gradients.
+    rows: the selected rows, a padded row list (sorted, distinct, then ``PAD``).
+
+  Returns:
+    ``gradients`` with the triples of other rows made padding (row ``PAD``, zero values).
+    The shapes stay.
   """
   _, found = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
   keep = tf.logical_and(found, padding.is_valid(gradients.row))
@@ -66,20 +87,45 @@ def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
 
 
 def zero_examples(gradients: RowGradients, kept: tf.Tensor) -> RowGradients:
-  """The same gradients with those of examples ``i`` where ``kept[i]`` is false set to zero."""
+  """Sets to zero the gradients of the examples that are not kept.
+
+  Args:
+    gradients: one table's per-example row gradients.
+    kept: bool ``[batch_size]``, whether each example's gradients stay.
+
+  Returns:
+    The same triples, with the values of examples ``i`` where ``kept[i]`` is false set to zero.
+  """
   keep = tf.gather(kept, gradients.example)[:, None]
   return gradients._replace(values=tf.where(keep, gradients.values,
                                             tf.zeros_like(gradients.values)))
 
 
 def squared_norms(gradients: RowGradients, batch_size: tf.Tensor) -> tf.Tensor:
-  """``||g_i||^2`` of each example's row gradients on this table: ``[batch_size]``."""
+  """Each example's squared gradient norm ``||g_i||^2`` on one table.
+
+  Args:
+    gradients: one table's per-example row gradients.
+    batch_size: int64 scalar, the examples of the batch.
+
+  Returns:
+    ``[batch_size]``, the sum of the squares of each example's row gradients.
+  """
   per_row = tf.reduce_sum(tf.square(gradients.values), axis=-1)
   return tf.math.unsorted_segment_sum(per_row, gradients.example, batch_size)
 
 
 def clip_factors(squared_norms_total: tf.Tensor, clip_norm: float) -> tf.Tensor:
-  """``min(1, C / ||g_i||)`` from each example's total squared gradient norm."""
+  """The clipping factors ``min(1, C / ||g_i||)`` (Algorithm 1, line 9).
+
+  Args:
+    squared_norms_total: ``[B]``, each example's total squared gradient norm ``||g_i||^2``,
+      summed over the tables and the dense layers.
+    clip_norm: ``C``, the joint clipping norm ``C2``.
+
+  Returns:
+    ``[B]`` factors of the dtype of ``squared_norms_total``; 1 where ``||g_i|| <= C``.
+  """
   norms = tf.sqrt(squared_norms_total)
   clip_norm = tf.cast(clip_norm, norms.dtype)
   return tf.where(norms > clip_norm, clip_norm / tf.maximum(norms, 1e-30),
@@ -88,10 +134,17 @@ def clip_factors(squared_norms_total: tf.Tensor, clip_norm: float) -> tf.Tensor:
 
 def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
                     dense_shape: tf.Tensor) -> tf.IndexedSlices:
-  """``sum_i factors[i] * g_i`` on this table, one slice per distinct row.
+  """The clipped sum ``sum_i factors[i] * g_i`` on one table, one slice per distinct row.
 
-  As many slices as ``gradients`` has entries: the distinct rows, sorted,
-  then zero slices at row 0 (the padding, harmless in any sum).
+  Args:
+    gradients: one table's per-example row gradients.
+    factors: ``[B]``, each example's clipping factor (:func:`clip_factors`).
+    dense_shape: the table's shape ``[V, d]``.
+
+  Returns:
+    ``tf.IndexedSlices`` with as many slices as ``gradients`` has entries.
+    The slices are the distinct rows, sorted, then zero slices at row 0.
+    Those are the padding, harmless in any sum.
   """
   scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
   rows = padding.padded_unique(gradients.row)

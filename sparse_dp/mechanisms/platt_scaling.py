@@ -1,27 +1,15 @@
 """Private Platt scaling: ``p = sigmoid(a z + b)`` fitted by full-batch noisy gradient descent.
 
-Platt scaling (Platt, 1999) recalibrates a trained model's logit ``z`` by a
-logistic regression on it. With ``a > 0`` the map is strictly increasing, so it
-changes no ranking: the AUC is unchanged.
-
-**Mechanism.** Each example's logit is clipped to ``[-Z, Z]``, ``z~ = clip(z)``.
-Its logistic loss ``l = log(1 + e^{s}) - y s``, ``s = a z~ + b``, has gradient
-``(sigmoid(s) - y) (z~, 1)`` in ``(a, b)``, of norm at most
-``C = sqrt(Z^2 + 1)`` (``|sigmoid(s) - y| <= 1``): the bound holds by
-construction, whatever the model. Each of ``T`` steps releases the *sum* of the
-examples' gradients plus ``N(0, (sigma C)^2 I_2)``: no sampling, so under
-add/remove of one example each step is a Gaussian mechanism of sensitivity
-``C`` and noise multiplier ``sigma``, and the ``T`` steps compose as
-``dp_accounting``'s ``SelfComposedDpEvent(GaussianDpEvent(sigma), T)``
-(:func:`sparse_dp.accounting.calibrate_after`). The number of examples is not
-used: the step divides the noisy sum by a *public* ``num_examples`` (the one
-the training's accountant already uses for its sampling rate), and everything
-after the noisy sums is post-processing.
-
-The update is Adam (Kingma & Ba, ICLR 2015) on the noisy mean gradient, which
-copes with the ill-conditioning of ``(z, 1)`` (a logit far from 0 on average
-makes ``a`` and ``b`` nearly collinear). The slope is kept ``>= MIN_SLOPE > 0``
-(post-processing), so the map stays increasing.
+Platt scaling (Platt, 1999) recalibrates a trained model's logit ``z`` by a logistic
+regression on it; with ``a > 0`` (kept ``>= MIN_SLOPE``) it changes no ranking. Each logit is
+clipped to ``[-Z, Z]``, so an example's logistic-loss gradient in ``(a, b)``,
+``(sigmoid(a z~ + b) - y) (z~, 1)``, has norm at most ``C = sqrt(Z^2 + 1)``, whatever the
+model. Each of ``T`` steps releases the *sum* of the gradients plus ``N(0, (sigma C)^2 I_2)``:
+no sampling, a Gaussian mechanism of sensitivity ``C`` under add/remove, ``T`` of them
+composing as ``SelfComposedDpEvent(GaussianDpEvent(sigma), T)``
+(:func:`sparse_dp.accounting.calibrate_after`). The noisy sum is divided by a *public*
+``num_examples`` and the Adam update (Kingma & Ba, ICLR 2015) after it is post-processing.
+See docs/calibration.md ("Private Platt scaling").
 """
 
 from __future__ import annotations

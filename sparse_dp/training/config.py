@@ -50,6 +50,11 @@ class DPConfig:
       ``gradient_snr``). They are functions of the private batch without
       noise, so they are NOT covered by the epsilon; the report says so.
       Default ``False``: the logs hold only what is DP or public.
+
+  Raises:
+    ValueError: an unknown ``algorithm``; a clipping norm or threshold that is not a
+      finite number > 0; a ``microbatch_size`` that is not an integer >= 1; or a private
+      algorithm given neither its noise nor ``target_epsilon``.
   """
 
   algorithm: str = "adafest"
@@ -90,10 +95,18 @@ class DPConfig:
 
   @property
   def kind(self) -> Algorithm:
+    """``algorithm`` as an :class:`~sparse_dp.accounting.Algorithm`."""
     return Algorithm(self.algorithm)
 
   def threshold_for(self, sigma1: float) -> float:
-    """``tau``: ``threshold`` if given, else ``threshold_sigmas * sigma1 * C1``."""
+    """The AdaFEST threshold ``tau`` at contribution-map noise ``sigma1`` (§3.2).
+
+    Args:
+      sigma1: the noise multiplier of the contribution map.
+
+    Returns:
+      ``threshold`` if given, else ``threshold_sigmas * sigma1 * C1``.
+    """
     if self.threshold is not None:
       return self.threshold
     return self.threshold_sigmas * sigma1 * self.contribution_clip

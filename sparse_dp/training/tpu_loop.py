@@ -1,48 +1,18 @@
 """DP training through the TPU embedding API: a loop of two TPU programs per step.
 
-Keras ``fit`` runs a DP step as one TPU program, which the TPU embedding API
-cannot serve (one ``dequeue`` per program, enqueue inside ``strategy.run``
-only of its direct inputs, every feature in one enqueue, stale host tables:
-:mod:`sparse_dp.layers.embedding_backends.live_engine`). :class:`TPUTrainer`
-runs step ``t`` of batch ``B_t`` (Ghazi et al., NeurIPS 2023, Algorithm 1, §3.2, DP-AdaFEST;
-DP-SGD and DP-FEST alike) as:
-
-1. host: ``enqueue(training=False)`` of every table's ids of ``B_t``;
-2. program A (``strategy.run``): ``dequeue``; the model's DP ``train_step``
-   (:mod:`sparse_dp.training.wrappers.dp_train_step`, the step ``fit`` takes): per-example
-   gradients with respect to the activations, contribution map clipped to
-   ``C1`` plus ``N(0, sigma1^2 C1^2)`` thresholded at ``tau`` (the selection
-   ``S_t``), joint clipping to ``C2``, ``N(0, sigma2^2 C2^2)`` on ``S_t`` and the
-   dense weights, division by the expected batch size ``B``, the dense update,
-   the accountant's step count; it returns, per table, the ids
-   ``S_t`` padded to the static bound ``M`` with the dummy row ``V`` and their
-   activation gradients ``(sum_i [g_i]_C2 + noise) / B`` (zeros on the padding);
-3. host: ``enqueue(training=True)`` of those ids as ``<layer>/dp_update`` and
-   the model features masked to ``V``;
-4. program B (``strategy.run``): ``dequeue`` (unused) and ``apply_gradients``:
-   the engine's scatter-add puts exactly the noisy sum on ``S_t`` and its
-   optimizer updates ``S_t`` (and ``V``, never read).
-
-**Several replicas** (the cores of a ``TPUStrategy``): the batch is split
-into one slice per replica (``experimental_distribute_dataset``), and the
-host enqueues each replica's ids on its core (``enqueue(..., device=)``). In
-program A every replica runs the step on its slice as ``fit`` does under a
-``tf.distribute`` strategy (:mod:`sparse_dp.training.dp_step.step`): the contribution
-map and the selection ``S_t`` are the whole batch's (the activated rows
-all-gathered, the same seed), each replica clips its own examples, only the
-first adds the noise, all divide by the expected global batch size ``B``. So
-every core enqueues the same ids ``S_t`` with its own share, and the engine,
-which sums the activation gradients of all cores' ids by row before its
-optimizer runs, applies ``(sum_i [g_i]_C2 + noise) / B``: the one-replica update.
-
-Every DP quantity is the step's own (:mod:`sparse_dp.mechanisms`); the loop
-only moves ids and gradients. The API object is the real ``TPUEmbedding``, on
-a TPU with the V1 engine only (v2, v3, v4; other hardware is refused: on
-SparseCore (V2) the tables train in ``fit``, through
-:class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`), where the functions compile as TPU
-programs (never run on a TPU: README, "TPU embedding"). Tests pass
-``api_factory=``:class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`,
-and the programs run off TPU as ``tf.function``s.
+Keras ``fit`` runs a DP step as one TPU program, which the V1 TPU embedding API cannot serve
+(:mod:`sparse_dp.layers.embedding_backends.live_engine`). :class:`TPUTrainer` runs step ``t``
+of batch ``B_t`` (Ghazi et al., NeurIPS 2023, Algorithm 1) as: (1) the host enqueues every
+table's ids of ``B_t`` (``training=False``); (2) program A runs the model's DP ``train_step``
+(:mod:`sparse_dp.training.wrappers.dp_train_step`) and returns, per table, the selected rows
+``S_t`` padded to ``M`` with the dummy row ``V`` and their activation gradients
+``(sum_i [g_i]_C2 + noise) / B``; (3) the host enqueues those as ``<layer>/dp_update``
+(``training=True``); (4) program B applies them, so the engine puts exactly the noisy sum on
+``S_t``. With several replicas every core enqueues the same ``S_t`` with its own clipped
+share and only the first adds noise. The loop only moves ids and gradients. It runs on V1
+hardware only; tests pass ``api_factory=`` a
+:class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
+Never run on a TPU. See docs/tpu.md ("The two-program loop").
 """
 
 from __future__ import annotations

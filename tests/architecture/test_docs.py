@@ -7,9 +7,9 @@ at full scale) has ``<!-- check: parse-only, REASON -->`` on the line above it
 and is parsed instead: every ``sparse-dp`` command line by the command's own
 argument parser, the shell by ``bash -n``, Python (and a shell's here-document
 of Python) by ``compile``. ``<!-- check: slow, REASON -->`` marks a block that
-trains at the smoke scale: a ``slow`` test, run on one stack (tests/conftest.py). Identical blocks (the README's example
-is also the manual's) run once. The manual itself builds with ``mkdocs build
---strict``.
+trains at the smoke scale: a ``slow`` test, run on one stack (tests/conftest.py).
+Identical blocks (the README's example is also the manual's) run once. The manual
+itself builds with ``mkdocs build --strict``.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ BLOCKS = _blocks()
 
 
 def _params():
-  for block in BLOCKS:  # a slow block runs a job end to end: the slow tier (conftest.py)
-    marks = [pytest.mark.slow] if block.check == "slow" else []
+  for block in BLOCKS:  # a block that runs starts a subprocess: the slow tier (conftest.py)
+    marks = [pytest.mark.slow] if block.check != "parse-only" and block.lang in RUNNABLE else []
     yield pytest.param(block, id=block.name, marks=marks)
 
 

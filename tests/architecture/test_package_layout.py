@@ -95,7 +95,7 @@ def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
 
 
 def _packages_run(module: str, files) -> set[str]:
-  """``module`` and the packages whose ``__init__`` importing it runs (``p.q.m``: ``p``, ``p.q``)."""
+  """``module`` and the packages whose ``__init__`` its import runs (``p.q.m``: ``p``, ``p.q``)."""
   parts = module.split(".")
   return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(files)
 

@@ -85,7 +85,8 @@ def _check_binomial_laws(inclusions: np.ndarray, rate: float) -> None:
   num_examples, steps = inclusions.shape
   sizes = inclusions.sum(axis=0)
   # Dispersion: sum (x - Nq)^2 / (Nq(1-q)) ~ chi2(T) (normal approximation, Nq >= 50).
-  dispersion = float(np.sum((sizes - num_examples * rate) ** 2) / (num_examples * rate * (1 - rate)))
+  dispersion = float(np.sum((sizes - num_examples * rate) ** 2)
+                     / (num_examples * rate * (1 - rate)))
   p_sizes = min(stats.chi2.sf(dispersion, steps), stats.chi2.cdf(dispersion, steps))
   assert p_sizes > ALPHA / 4, (sizes, dispersion)  # a fixed-size sampler: dispersion 0
   counts = np.bincount(inclusions.sum(axis=1), minlength=steps + 1)
@@ -357,6 +358,7 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   def train(sample: pathlib.Path, out: pathlib.Path, strategy: str) -> list[str]:
     return ["train", "--reader", "batches", "--data", str(_copy(small_sample / "sample", sample)),
             "--eval-data", str(small_sample / "data" / "day_0"), "--algorithm", "dpsgd",
+            "--categorical-features", "2",
             "--hidden-units", "4", "--vocabulary", str(vocabulary), "--seed-file",
             str(small_sample / "seed"), "--epochs", "0.06", "--noise-seed", "3",
             "--strategy", strategy, "--out", str(out), "--json"]
@@ -385,7 +387,8 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   alone = json.loads(out.strip().splitlines()[-1])
   runs = [tmp_path / "cluster", tmp_path / "cluster" / "workers" / "worker_1"]
   # q = 20 / 1,000: 3 steps; each counted once, claimed once (by the chief).
-  assert [(c.first, c.end) for c in step_claims.claims(str(tmp_path / "cluster_sample"))] == [(0, 3)]
+  assert [(c.first, c.end)
+          for c in step_claims.claims(str(tmp_path / "cluster_sample"))] == [(0, 3)]
   for run in runs:
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["steps"] == alone["steps"] == 3 and metrics["poisson_sampling"] is True
@@ -405,7 +408,7 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
 
 def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_path, capsys):
   from sparse_dp.jobs.sample import sample_ledger, step_claims
-  paths = _write_files(tmp_path / "data", [600, 400])
+  _write_files(tmp_path / "data", [600, 400])
   seed_file = tmp_path / "secret" / "seed"
   seed_file.parent.mkdir()
   seed_file.write_bytes(SEED_BYTES)

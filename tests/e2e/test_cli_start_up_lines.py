@@ -1,4 +1,4 @@
-"""The ``sparse-dp`` command hides TensorFlow's C++ start-up lines unless asked (issue 25, item 3)."""
+"""The ``sparse-dp`` command hides TensorFlow's C++ start-up lines unless asked."""
 
 import os
 import re

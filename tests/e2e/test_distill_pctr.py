@@ -21,11 +21,13 @@ from sparse_dp.jobs.distill.rona.query_selection import bernoulli_kl, select_que
 
 from support.stacks import ALPHA, one_stack
 
-# Teacher: 96-unit tower; student: a tenth of the rows, 8-unit tower.
-TINY = ["--synthetic-scale", "0.01", "--max-examples", "300", "--max-public-examples", "300",
+# Teacher: 96-unit tower on two tables; student: a tenth of the rows, 8-unit tower.
+TINY = ["--categorical-features", "2", "--synthetic-scale", "0.01", "--max-examples", "300",
+        "--max-public-examples", "300",
         "--hidden-units", "96,96", "--batch-size", "128", "--student-hidden-units", "8",
         "--student-rows", "0.1", "--student-epochs", "1", "--noise-seed", "3"]
-TINY_TEACHER = TINY[:-2]  # a loaded --teacher's noise is fixed when it is trained
+# A loaded --teacher's tables and noise are fixed when it is trained.
+TINY_TEACHER = TINY[2:-2]
 
 
 def _count(model) -> int:
@@ -51,7 +53,7 @@ def dp_teacher_folder(tmp_path_factory):
   from sparse_dp.models.pctr import build_pctr_model
   from sparse_dp.models.pctr_data import CriteoSplit, hashed_vocabulary, model_inputs
   folder = tmp_path_factory.mktemp("teacher")
-  vocabulary = hashed_vocabulary(0.01)  # --synthetic-scale 0.01
+  vocabulary = hashed_vocabulary(0.01).leading(2)  # --synthetic-scale 0.01, two tables
   data = SyntheticCriteo(scale=0.01, seed=0).write_day(folder / "day_1.gz", 1, 300)
   split = CriteoSplit.read([data], 300, "error")
   x, y = model_inputs(split.train, vocabulary)
@@ -77,7 +79,7 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
   folder, trained_epsilon = dp_teacher_folder
   out, saved = tmp_path / "r.json", tmp_path / "models"
   # --noise-seed fixes nothing of a loaded teacher: refused.
-  assert main(["distill", "--method", "dp-teacher", *TINY, "--teacher", str(folder),
+  assert main(["distill", "--method", "dp-teacher", *TINY[2:], "--teacher", str(folder),
                "--out", str(out)]) == 2
   assert "drop --noise-seed" in capsys.readouterr().err
   assert main(["distill", "--method", "dp-teacher", *TINY_TEACHER, "--teacher", str(folder),

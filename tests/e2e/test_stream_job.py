@@ -73,8 +73,8 @@ def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path,
   flags = [*SMALL, "--fest-frequencies", "first-day"]
   killed = tmp_path / "killed"
   command = [sys.executable, "-m", "sparse_dp.cli", "stream", *flags, "--state", str(killed)]
-  job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   deadline = time.time() + 400
   # Kill in the middle of period 2: its spend is recorded, its model not yet published.
   while time.time() < deadline and job.poll() is None:

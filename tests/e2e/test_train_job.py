@@ -100,13 +100,14 @@ def test_train_takes_an_optimizer_a_vocabulary_scale_and_an_embedding_dim(tmp_pa
   out = tmp_path / "run"
   # Non-private: the DP steps with RowwiseAdagrad are tests/test_rowwise_adagrad.py's.
   assert main(["train", "--algorithm", "none", "--optimizer", "rowwise-adagrad",
+               "--categorical-features", "2",
                "--learning-rate", "0.03", "--vocabulary-scale", "0.02", "--embedding-dim", "4",
                "--hidden-units", "8", "--max-examples", "600", "--batch-size", "128",
                "--out", str(out), "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)
   assert (metrics["optimizer"], metrics["learning_rate"]) == ("rowwise-adagrad", 0.03)
   assert metrics["vocabulary_scale"] == 0.02
-  sizes = pctr_data.hashed_vocabulary(0.02).sizes
+  sizes = pctr_data.hashed_vocabulary(0.02).sizes[:2]  # the first two features' tables
   assert metrics["table_rows"] == sum(sizes) < sum(TABLE3_VOCABULARY_SIZES) / 10
   model = keras.models.load_model(out / "model")
   assert isinstance(model.optimizer, RowwiseAdagrad)
@@ -156,7 +157,8 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
                "--hidden-units", "8", "--on-bad-line", "skip", "--out", str(tmp_path / "o"),
                "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
-  assert metrics["skipped_lines"] == 1 and metrics["train_examples"] + metrics["eval_examples"] == 200
+  assert (metrics["skipped_lines"] == 1
+          and metrics["train_examples"] + metrics["eval_examples"] == 200)
 
 
 @pytest.mark.slow

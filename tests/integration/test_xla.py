@@ -2,7 +2,6 @@
 takes the step graph mode takes for the same noise seed."""
 
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -24,9 +23,11 @@ from sparse_dp.training.poisson.poisson_sampling import (
   largest_plausible_batch,
 )
 
+import support
 from support.keras_models import VOCAB, N, functional_model, synthetic_data
 
-NOISE = {"dpsgd": dict(noise_multiplier=0.8), "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
+NOISE = {"dpsgd": dict(noise_multiplier=0.8),
+         "adafest": dict(sigma1=3.0, sigma2=0.8, threshold=3.0)}
 CONFIGS = {
     "none": {},
     "dpsgd": NOISE["dpsgd"],
@@ -128,6 +129,7 @@ def test_a_poisson_batch_past_the_padded_capacity_is_refused_not_cut():
     sample(tf.constant([1, 2], tf.int64))
 
 
+@pytest.mark.slow
 def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
   ids, labels = synthetic_data()
   model, private = compiled_private()
@@ -261,7 +263,7 @@ def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
 def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
   # A compile-time constant that depends on the batch's values (as an assert's data
   # inside the per-example vectorized_map once did) would compile every step anew.
-  here = pathlib.Path(__file__).parent
+  here = support.FOLDER  # the script and the helpers it imports
   env = {**os.environ, "TF_CPP_VMODULE": "device_compiler=1", "TF_CPP_MIN_LOG_LEVEL": "0",
          "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
   done = subprocess.run([sys.executable, str(here / "xla_compilations.py"), "6"], env=env,

@@ -93,7 +93,7 @@ class InBatchRetrieval(TwoTowers):
 
 
 def small_vocabulary_batch(rows=8, vocabulary=40, ids_per_example=3):
-  """A fixed batch of ``rows`` examples of ``ids_per_example`` ids below ``vocabulary`` and a label."""
+  """A fixed batch of ``rows`` labelled examples of ``ids_per_example`` ids below ``vocabulary``."""
   rng = np.random.default_rng(0)
   return (tf.constant(rng.integers(0, vocabulary, (rows, ids_per_example)), tf.int64),
           tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))

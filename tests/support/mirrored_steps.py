@@ -33,8 +33,8 @@ def train(strategy, config):
     model = tiny_model(VOCAB)
     if optimizer == "rowwise-adagrad":
       model.compile(optimizer=RowwiseAdagrad(0.5), loss=model.loss)
-    private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config), num_examples=10_000,
-                                     batch_size=BATCH)
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config),
+                                     num_examples=10_000, batch_size=BATCH)
   dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
   history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
   return {"weights": [w.numpy().tolist() for w in model.trainable_weights],

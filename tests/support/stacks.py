@@ -46,7 +46,7 @@ def one_stack(stack: str):
 
 
 def skip_elsewhere(stack: str):
-  """The ``skipif`` mark that runs a test on ``stack`` only (lifted by ``SPARSE_DP_ALL_STACKS=1``)."""
+  """The ``skipif`` mark running a test on ``stack`` only (lifted by ``SPARSE_DP_ALL_STACKS=1``)."""
   return pytest.mark.skipif(
       stack != STACK and os.environ.get("SPARSE_DP_ALL_STACKS") != "1",
       reason=f"a slow test CI runs on the {stack} stack; SPARSE_DP_ALL_STACKS=1 runs it here")

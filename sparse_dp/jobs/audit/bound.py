@@ -1,37 +1,16 @@
-"""The one-run epsilon lower bound (Steinke, Nasr, Jagielski 2023).
+"""The one-run epsilon lower bound (Steinke, Nasr, Jagielski, NeurIPS 2023).
 
-"Privacy Auditing with One (1) Training Run" (NeurIPS 2023; arXiv 2305.08846).
-``tests/test_audit_bound.py`` checks the numbers against the paper's Appendix D
-code (its ``get_eps_audit``), a direct binomial tail and an epsilon = 0 null:
-
-* m canaries, each included in the training data independently with
-  probability 1/2: ``S_i in {-1, +1}`` (§3, the auditing game).
-* After training, the auditor guesses ``T_i in {-1, 0, +1}`` from the output
-  alone (``+1``: included, ``-1``: excluded, ``0``: abstain); ``r = ||T||_1``
-  guesses, ``W = sum_i max(0, T_i S_i)`` of them correct.
-* **Pure DP** (the paper's main result, §3; Theorem 3.1 as we remember its
-  number): if the training is ``eps``-DP, ``W`` is stochastically dominated by
-  ``Binomial(r, p)``, ``p = e^eps / (1 + e^eps)``. Write
-  ``f_eps(v) = P[Binomial(r, p) >= v]``.
-* **Approximate DP** (the same result's ``(eps, delta)`` form, proved in §5 of
-  the arXiv version): ``P[W >= v] <= f_eps(v) + 2 m delta max_{1<=i<=m}
-  (f_eps(v - i) - f_eps(v)) / i``.
-
-Having seen ``v`` correct guesses, every ``eps`` whose tail above is
-``<= beta`` is rejected at level ``beta``. With ``delta = 0`` the tail
-increases with ``eps`` and the lower bound is the ``eps`` where it reaches
-``beta`` (the Clopper-Pearson limit, in closed form). With ``delta > 0`` the
-tail is checked upward from 0 on a grid of step 0.01 and the bound is the last
-grid point before the first ``eps`` not rejected, so no rejection is claimed
-past an acceptance even where the delta term makes the tail non-monotone. If
-the training is ``(eps_true, delta)``-DP, the bound exceeds ``eps_true`` only
-if ``eps_true`` (or, with ``delta > 0``, the grid point just above it) is
-rejected: with probability at most ``beta``.
-
-The largest bound ``r`` guesses can give (all correct, ``delta = 0``) is
-``log(p / (1 - p))`` with ``p = beta^(1/r)``: about 2.75 for ``r = 100`` and 4.4
-for ``r = 500`` at ``beta = 0.05 / 24``; the number of canaries caps what an
-audit can show (:mod:`sparse_dp.jobs.audit.power`).
+"Privacy Auditing with One (1) Training Run" (arXiv 2305.08846): ``m`` canaries, each included
+with probability 1/2; the auditor makes ``r`` guesses (included, excluded or abstain) from the
+output alone, ``W`` of them right. Under ``eps``-DP, ``W`` is dominated by ``Binomial(r, p)``,
+``p = e^eps / (1 + e^eps)``; with ``f_eps(v) = P[Binomial(r, p) >= v]``, under
+``(eps, delta)``-DP ``P[W >= v] <= f_eps(v) + 2 m delta max_i (f_eps(v - i) - f_eps(v)) / i``.
+The lower bound is the least ``eps`` the observed count does not reject at level ``beta``
+(closed form with ``delta = 0``; a grid of step 0.01 upward from 0 with ``delta > 0``).
+``tests/unit/jobs/test_audit_bound.py`` checks the numbers against the paper's Appendix D code
+(``get_eps_audit``), a direct binomial tail and an epsilon = 0 null. The number of canaries
+caps what an audit can show (:mod:`sparse_dp.jobs.audit.power`). See docs/commands/audit.md
+("How the audit computes").
 """
 
 from __future__ import annotations

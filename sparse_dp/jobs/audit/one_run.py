@@ -1,23 +1,12 @@
-"""Guesses from canary scores and the one-run audit over them (Steinke et al. 2023, §3).
+"""Guesses from canary scores and the one-run audit over them (Steinke et al., NeurIPS 2023, §3).
 
-The auditor ranks the ``m`` canaries by a score (higher: more likely
-included), guesses *included* for the ``k+`` highest, *excluded* for the
-``k-`` lowest and abstains on the rest (the paper's abstention, §3 and its
-experiments, which is what lets the bound exceed the all-guesses one). Ties
-are broken by a public random order drawn from ``tie_seed``, never from the
-inclusion bits, so the guesses are a function of the trained model alone.
-
-**Search over k+ / k- and over scores is paid for.** The paper's experiments
-sweep the numbers of positive and negative guesses and keep the best; here
-every ``(score, k+, k-)`` tried is its own test at ``beta / tries`` (a union
-bound), so the largest bound over the tries still holds with probability
-``1 - beta``. The tries are fixed before looking at the result: ``k+ = k- = k``
-for ``k`` in :data:`K_FRACTIONS` of ``m``, up to ``m / 2`` per side (``k+ = k- =
-m / 2`` guesses on every canary), and ``(k, 0)`` for the two largest. Few
-guesses on both sides win when only the tails of the scores separate (a
-Gaussian mechanism, DP-SGD: :mod:`sparse_dp.jobs.audit.power`); many one-sided
-guesses when most included canaries show and the rest look excluded (a run
-without noise, where a canary the sampler never drew did not move).
+The auditor ranks the ``m`` canaries by a score, guesses *included* for the ``k+`` highest,
+*excluded* for the ``k-`` lowest and abstains on the rest; ties are broken by a public random
+order from ``tie_seed``, never from the inclusion bits. Every ``(score, k+, k-)`` tried is its
+own test at ``beta / tries`` (a union bound), so the largest bound over the tries holds with
+probability ``1 - beta``. The tries are fixed in advance: ``k+ = k- = k`` for ``k`` in
+:data:`K_FRACTIONS` of ``m``, up to ``m / 2`` per side, and ``(k, 0)`` for the two largest.
+See docs/commands/audit.md ("How the audit computes").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The power of a one-run audit: the smallest true epsilon it flags 95% of the time.
 
-A bound below the claim says little unless the audit could have seen a
-violation. This module measures what an audit of ``m`` canaries with a fixed
-set of ``(k+, k-)`` tries can see, on the *ideal* mechanism for it: each
-canary's score is ``mu S_i + Z_i`` (``S_i in {0, 1}`` its inclusion,
-``Z_i ~ N(0, 1)``), a Gaussian mechanism per canary that is exactly
-``(eps, delta)``-DP (:func:`gaussian_shift`; the shape of DP-SGD's noisy sum
-seen along one canary's direction, Steinke et al. 2023 §6, white-box). An
-audit *flags* a claim when its lower bound exceeds it; the *power* of an audit
-is the smallest true ``eps`` flagged in at least ``rate`` of runs.
-
-The simulation is exact in the bound: for each try the least number of right
-guesses whose bound exceeds the claim is found once
-(:func:`sparse_dp.jobs.audit.bound.epsilon_lower_bound` by bisection over the count;
-the bound grows with it), and each simulated run compares its counts against
-these. The same noise and inclusion bits serve every ``eps`` tried (common
-random numbers), so the flag rate grows with ``eps`` and the bisection over
-``eps`` is well posed.
+A bound below the claim says little unless the audit could have seen a violation. This
+module simulates an audit of ``m`` canaries with a fixed set of ``(k+, k-)`` tries on the
+*ideal* mechanism for it: each canary's score is ``mu S_i + Z_i`` (``S_i in {0, 1}``,
+``Z_i ~ N(0, 1)``), exactly ``(eps, delta)``-DP (:func:`gaussian_shift`; Steinke et al.,
+NeurIPS 2023, §6). An audit *flags* a claim when its lower bound exceeds it; the *power* is
+the smallest true ``eps`` flagged in at least ``rate`` of runs, found by bisection with common
+random numbers. See docs/commands/audit.md ("How the audit computes").
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """How strongly a pCTR training run shows each canary (higher: more likely included).
 
-* ``loss`` (black-box): minus the canary's log-loss under the trained model,
-  the membership score of Steinke et al. 2023 §6 (black-box auditing) and of
-  the Secret Sharer's exposure.
-* ``row_movement`` (white-box): ``||E_T[rows_j] - E_0[rows_j]||_2`` over the
-  canary's own rows, from the initial to the trained tables. A row no step
-  selects never moves (DP-AdaFEST without a false positive, or a mechanism
-  without noise), so "did its rows move" is this score's sign.
+* ``loss`` (black-box): minus the canary's log-loss under the trained model (Steinke et al.,
+  NeurIPS 2023, §6; the Secret Sharer's exposure).
+* ``row_movement`` (white-box): ``||E_T[rows_j] - E_0[rows_j]||_2`` over the canary's own
+  rows, from the initial to the trained tables.
 * ``step_alignment`` (white-box, every step): ``sum_t <-(E_t - E_{t-1})[rows_j],
-  g_{j,t} / ||g_{j,t}||>``, the step-``t`` update of canary ``j``'s own rows
-  along the direction that lowers its loss at the model the step started from
-  (``g_{j,t}``: the gradient of its loss on those rows), summed over the steps
-  (:class:`StepAlignment`). This is the white-box audit of DP-SGD in Steinke et
-  al. 2023 §6: every step's noisy sum holds the canary's clipped gradient when
-  it is sampled, plus Gaussian noise with no preferred direction, so the
-  inner products add ``~q T`` signals against ``~sqrt(T)`` noise. The iterates
-  are what the accountant's epsilon covers (it composes every step), so any
-  function of them is a valid guess.
+  g_{j,t} / ||g_{j,t}||>``, the step-``t`` update of canary ``j``'s own rows along the
+  direction that lowers its loss at the model the step started from, summed over the steps
+  (:class:`StepAlignment`): the white-box audit of DP-SGD of Steinke et al. §6.
 
-The training keeps the job's Adam: the audit tests the configuration that
-ships. An Adam step is ``-lr m_t / (sqrt(v_t) + eps)``: its first moment is a
-running sum of the noisy gradients, and in a DP run ``v_t`` on a canary's own
-rows is set by the noise, about the same on every row, so the update is the
-noisy gradients scaled and carried over a few steps; reading every step sees each canary
-where the final tables mix every step's direction into one.
-
-A canary's own rows are those no training example and no other canary looks
-up *after* any preselection (DP-FEST and DP-AdaFEST+ map the buckets they do
-not keep to one shared id): a shared row says nothing of one canary, so it is
-left out, and a canary with no own row scores 0 on the white-box score.
+The training keeps the job's Adam (the audit tests what ships). A canary's own rows are those
+no training example and no other canary looks up after any preselection; a canary with none
+scores 0 on the white-box scores. See docs/commands/audit.md ("How the audit computes").
 """
 
 from __future__ import annotations

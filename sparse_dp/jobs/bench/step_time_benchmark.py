@@ -1,6 +1,6 @@
 """Seconds per training step by vocabulary size (Ghazi et al., NeurIPS 2023, Table 4).
 
-The model of ``../shared/NOTES.md`` §4: one embedding table of ``--dim`` (64),
+The model (docs/commands/bench.md): one embedding table of ``--dim`` (64),
 one Zipf-distributed id per example (exponent 1.1), the embedding summed to
 one logit, sigmoid cross-entropy, batch ``--batch-size`` (1024). Trainers:
 

@@ -1,4 +1,4 @@
-"""Private distillation of a large model into a compact student (issue 14).
+"""Private distillation of a large model into a compact student.
 
 ``sparse-dp distill --method M ... --out FILE.json`` trains a teacher, a compact
 student from it, and writes one JSON object: sizes, compression ratio, measured
@@ -11,4 +11,6 @@ what it covers. Methods (:mod:`sparse_dp.jobs.distill.distill_command`):
   Gaussian-noised batch queries chosen by query-sample selection; the student
   learns from hints, distillation and self learning.
 * ``swing``: Swing distillation (Li et al., arXiv 2022) on a next-item softmax model.
+
+See docs/commands/distill.md.
 """

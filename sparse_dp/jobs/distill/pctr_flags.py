@@ -13,6 +13,7 @@ def add_dp_teacher_arguments(group) -> None:
   """The shared pCTR flags, then ``dp-teacher``'s own."""
   _add_data_flags(group)
   job_flags.add_fit_flags(group)
+  job_flags.add_categorical_features_flag(group)
   _add_student_flags(group)
   group.add_argument("--epsilon", type=float, default=1.0,
                      help="dp-teacher: the DP-AdaFEST teacher's epsilon (the student "

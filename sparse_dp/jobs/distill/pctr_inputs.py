@@ -24,6 +24,7 @@ import numpy as np
 
 from sparse_dp.data import training_examples
 from sparse_dp.data.criteo import CriteoReader
+from sparse_dp.jobs.train import job_flags
 from sparse_dp.models import pctr_data
 
 _PRIVATE_DAY = 1
@@ -61,6 +62,10 @@ def load(args, folder: pathlib.Path, vocabulary=None, features_are_public: bool 
   refused (unless ``features_are_public``), by content: a copy, a link or
   another path of the training data is refused like the same path.
   """
+  features = job_flags.categorical_features(args)
+  if vocabulary is not None and features is not None:
+    raise ValueError("--categorical-features: a --teacher's vocabulary.json fixes its tables; "
+                     "drop the flag")
   private_paths, scale = _paths(args, args.data, _PRIVATE_DAY, args.max_examples, folder)
   public_paths, _ = _paths(args, args.public_data, args.public_day, args.max_public_examples,
                            folder)
@@ -83,7 +88,7 @@ def load(args, folder: pathlib.Path, vocabulary=None, features_are_public: bool 
                                           "--features-are-public (the epsilon then covers "
                                           "the labels only, by replacement)"))
   if vocabulary is None:
-    vocabulary = pctr_data.hashed_vocabulary(scale)
+    vocabulary = pctr_data.hashed_vocabulary(scale).leading(features)
   return DistillationData(
       private_train=pctr_data.model_inputs(split.train, vocabulary),
       held_out=pctr_data.model_inputs(split.held_out, vocabulary),

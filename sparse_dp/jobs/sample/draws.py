@@ -1,42 +1,16 @@
 """Keyed, secret-seeded draws of the Poisson sampler: which steps an example joins.
 
-Every random choice of :mod:`sparse_dp.jobs.sample` is a function of the secret
-seed, of the sample's public salt and of the example's key ``(file name,
-ordinal)`` (its position among the valid examples of its file), never of the
-order in which a runner reads, shards or retries the data: the same seed and
-salt give the same batches on any runner, any number of workers.
-
-**One key per sample.** Each sample draws a fresh 128-bit public salt ``s``
-(``os.urandom``, written in its manifest) and keys all its draws with
-``K_s = BLAKE2b_key(seed)("salt" | s)``: two samples drawn with one seed file
-have independent keys (keyed BLAKE2b is a pseudorandom function), so they share
-no batch beyond what independent Poisson samples share by chance. The same
-salt again gives the same batches: that is :mod:`sparse_dp.jobs.sample.sample_ledger`'s
-concern. :class:`SecretSeed` only derives sample keys; every draw is made by a
-:class:`SampleKey`, so no draw is ever keyed by the bare seed.
-
-**The draws.** ``U_j(e) = (floor(W_j / 2^11) + 1) / 2^53``, where ``W_j`` are
-the 64-bit words of ``BLAKE2b_key(K_s)("incl" | e | j)`` (to anyone without
-the seed the outputs of a pseudorandom function are indistinguishable from
-independent uniform bits, the computational assumption every seeded sampler
-makes). Each ``U`` is uniform on ``{1, ..., 2^53} / 2^53``.
-
-**Inclusion by geometric skips.** Example ``e`` must join each of the steps
-``0 .. T-1`` independently with probability ``q`` (Ghazi et al., NeurIPS 2023, §3.3). The gaps
-between the steps it joins are geometric: with ``G = floor(ln U / ln(1 - q))``,
-``P(G >= k) = P(U <= (1 - q)^k) = (1 - q)^k`` (to the 2^-53 resolution of
-``U``), the number of steps skipped before the next one joined. The example
-joins steps ``G_1``, ``G_1 + 1 + G_2``, ... while they are below ``T``: the same
-law as ``T`` independent Bernoulli(q) draws, at a cost of ``1 + (steps
-joined)`` uniforms, ``O(1 + T q)`` per example instead of ``O(T)``.
-
-**Truncation.** A batch larger than ``M`` keeps the ``M`` examples of smallest
-``BLAKE2b_key(K_s)("trunc" | step | e)``: i.i.d. uniform priorities, so the
-kept set is a uniformly random ``M``-subset of the batch.
-
-**The manifest's MAC.** ``BLAKE2b_key(K_s)("mac" | manifest)`` authenticates the
-sample's manifest (its ``N``, ``q`` and shard digests): without the seed no one
-can edit it and write a MAC that training accepts.
+Every random choice of :mod:`sparse_dp.jobs.sample` is a function of the secret seed, of the
+sample's public salt ``s`` and of the example's key ``e = (file name, ordinal)``, never of the
+order in which a runner reads the data. Each sample keys its draws with
+``K_s = BLAKE2b_key(seed)("salt" | s)`` (:class:`SecretSeed` derives it, a :class:`SampleKey`
+draws). Uniforms are ``U_j(e) = (floor(W_j / 2^11) + 1) / 2^53`` from the words ``W_j`` of
+``BLAKE2b_key(K_s)("incl" | e | j)``; example ``e`` joins each of the steps ``0 .. T-1`` with
+probability ``q`` by geometric skips ``G = floor(ln U / ln(1 - q))`` (Ghazi et al., NeurIPS
+2023, §3.3), ``O(1 + T q)`` uniforms per example; a batch larger than ``M`` keeps the ``M``
+examples of smallest ``BLAKE2b_key(K_s)("trunc" | step | e)``; the manifest's MAC is
+``BLAKE2b_key(K_s)("mac" | manifest)``. See docs/commands/sample.md ("How the sample is
+drawn").
 """
 
 from __future__ import annotations

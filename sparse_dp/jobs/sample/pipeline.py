@@ -4,21 +4,13 @@
           -> GroupByKey(step) -> truncate to M -> GroupByKey(shard) -> TFRecord shards
           -> manifest.json
 
-Each example joins each of the ``T`` steps' batches independently with
-probability ``q = B / N`` (:mod:`sparse_dp.jobs.sample.draws`): batch ``t`` is
-an exact Poisson sample (Ghazi et al., NeurIPS 2023, §3.3) of every valid example of the files,
-however large they are, and the shuffle moves only the ``T B`` sampled copies.
-A file is read by one worker (gzip is not splittable), parsed by the package's
-Criteo parser (:meth:`sparse_dp.data.criteo.CriteoReader.parse_lines`; malformed
-lines fail or are skipped as in ``--on-bad-line``). A shard is a TFRecord file
-of ``batches_per_shard`` consecutive steps, one ``tf.train.Example`` per batch
-(``step``: int64, ``lines``: the batch's examples as Criteo text lines, in key
-order), empty batches included. ``N`` is counted by a first pass over the
-files unless given, and checked against the draw pass's count either way; the
-manifest, signed with the seed, is written last, so a folder with a
-``manifest.json`` holds a whole sample. The seed reaches the workers as the
-seed file's path (each reads the file); what travels in the pipeline is never
-the key.
+Each example joins each of the ``T`` steps' batches independently with probability
+``q = B / N`` (:mod:`sparse_dp.jobs.sample.draws`): batch ``t`` is an exact Poisson sample
+(Ghazi et al., NeurIPS 2023, §3.3) of every valid example of the files, and the shuffle moves
+only the ``T B`` sampled copies. A shard is a TFRecord file of ``batches_per_shard``
+consecutive steps, one ``tf.train.Example`` per batch (``step``, ``lines``). ``N`` is counted
+by a first pass unless given, and checked against the draw pass's count; the signed manifest
+is written last. See docs/commands/sample.md ("How the sample is drawn").
 """
 
 

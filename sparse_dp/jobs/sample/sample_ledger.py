@@ -1,24 +1,14 @@
 """The samples drawn with one seed file, in a ledger beside it: no sample is drawn twice.
 
 A sample's batches are a function of the secret seed and of its public salt
-(:mod:`sparse_dp.jobs.sample.draws`). Every ``sparse-dp sample`` draws a fresh
-salt, so two samples drawn with one seed file share no batch; but one salt
-drawn again gives the same batches, and a second folder of them carries claims
-of its own (:mod:`sparse_dp.jobs.sample.step_claims`): a model could then train again
-on batches its accountant counted as fresh Poisson steps. The ledger,
-``<seed file>.samples/`` beside the seed file, holds one file per salt drawn
-with that seed, ``<salt>.json``, which names the folder of its sample:
-
-* ``sparse-dp sample`` creates its salt's entry (exclusively, as a claim is
-  created: a salt already there is refused) before anything is drawn;
-* ``sparse-dp sample --reproduce FOLDER``, the one way to draw a salt again,
-  redraws the sample of FOLDER's manifest into FOLDER itself, under its claims,
-  and is refused unless the ledger names FOLDER for that salt (a copy of the
-  manifest elsewhere is not where the sample's claims are).
-
-Folders are compared as written, made absolute when local: the same folder
-under another name (a symlink, a bucket's mount) is refused, never wrongly
-accepted.
+(:mod:`sparse_dp.jobs.sample.draws`), so one salt drawn again would give the same batches
+under claims of their own (:mod:`sparse_dp.jobs.sample.step_claims`). The ledger,
+``<seed file>.samples/``, holds one ``<salt>.json`` per salt drawn with that seed, naming the
+folder of its sample: ``sparse-dp sample`` creates its salt's entry exclusively before
+anything is drawn, and ``sparse-dp sample --reproduce FOLDER`` is refused unless the ledger
+names FOLDER for that salt. Folders are compared as written (absolute when local), so the
+same folder under another name is refused, never wrongly accepted. See
+docs/commands/sample.md ("How the sample is drawn").
 """
 
 from __future__ import annotations

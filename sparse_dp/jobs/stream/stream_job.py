@@ -1,31 +1,15 @@
 """``sparse-dp stream``: retrain the pCTR model period by period under one privacy budget.
 
-The training days are cut into periods of ``--streaming-period`` days (core
-paper §4.3, Table 5). Each period warm-starts from the previous period's
-model, trains on its own days, and is evaluated on the evaluation days.
-Every spend goes to the ledger in ``--state`` before what it pays for exists:
-the selection's before the top-k is drawn, the training's before the first
-step; a period's model and metrics are published by renaming one folder.
-Killed at any moment, a rerun with the same flags resumes: periods whose
-folder exists are done, a period whose spend is in the ledger is redone with
-the same secret noise seed and not charged again.
-
-A job holds the state folder's lock (:mod:`sparse_dp.jobs.stream.stream_lock`)
-from before it reads the state until it ends; a second job on the same
-``--state`` waits ``--wait-for-lock`` seconds (default 0), then exits 2
-naming the running one. It reads the state and the ledger only under the lock.
-
-DP-FEST and DP-AdaFEST+ count buckets (``--fest-frequencies``): ``first-day``
-(the stream's first training day, one selection for the whole stream),
-``all-days`` (all the job's training days, one selection per job) or
-``running`` (every day up to the period's last, a selection each period).
-When the selection changes, the rows of buckets kept by both are carried over
-and new buckets start from the previous out-of-vocabulary row.
-
-A period warm-starts the weights only: its optimizer (``--optimizer``: Adam's
-moments, Adagrad's accumulators) starts afresh, so a later job on the same
-state may train with another optimizer. An unfinished job resumes only with
-the flags it started with, ``--optimizer`` and ``--learning-rate`` included.
+The training days are cut into periods of ``--streaming-period`` days (Ghazi et al., NeurIPS
+2023, §4.3, Table 5); each period warm-starts the weights (not the optimizer) from the
+previous period's model, trains on its own days and is evaluated on the evaluation days. Every
+spend goes to the ledger in ``--state`` before what it pays for exists, and a period's model
+and metrics are published by renaming one folder, so a rerun with the same flags resumes
+(a period whose spend is recorded is redone with the same secret noise seed, not charged
+again). A job holds the state folder's lock (:mod:`sparse_dp.jobs.stream.stream_lock`) from
+before it reads the state until it ends. DP-FEST and DP-AdaFEST+ count buckets on the first
+day, all the job's days or a running sum (``--fest-frequencies``), and rows of buckets kept
+across selections carry over. See docs/commands/stream.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """The state of a streaming retrain: its budget, its jobs and their period plans.
 
-``--state DIR`` holds ``stream.json`` (this state), ``ledger.jsonl`` (the
-:class:`~sparse_dp.accounting.ledger.PrivacyLedger`), ``periods/<p>/`` (each
-completed period's SavedModel, weights and metrics, published by one rename),
-``stream.lock`` (:mod:`~sparse_dp.jobs.stream.stream_lock`) and the synthetic days.
-``stream.json`` also keeps the stream's secret noise seed (the file is made
-readable by its owner only): a period rerun after a
-crash draws exactly the noise of the run that recorded its spend, so the
-rerun publishes what that spend paid for, not a second sample.
-
-A job plans its periods when it starts: each period's training epsilon and
-delta, and its selection epsilon where DP-FEST / DP-AdaFEST+ select. A job
-found unfinished is resumed with the same plan; a new job on a state takes
-what remains of the budget (``--epsilon-per-period`` takes less) and is
-refused, before any spend, when nothing or too little remains. The job holds
-the folder's :class:`~sparse_dp.jobs.stream.stream_lock.StateLock` while it opens,
-plans and runs, so the state and ledger it reads are the ones it spends from.
-
-Delta is split like epsilon: a job that plans epsilon ``e_job`` out of the
-remaining ``E_rem`` takes the same share of the remaining delta,
-``d_job = D_rem * min(1, e_job / E_rem)``. Jobs that follow this rule keep
-``D_rem / E_rem = D_total / E_total``, so ``d_job = D_total * e_job / E_total``:
-``--epsilon-per-period`` spends delta in proportion and leaves the rest to
-later jobs, and a job that takes all the remaining epsilon takes all the
-remaining delta. Never more than remains.
+``--state DIR`` holds ``stream.json`` (this state, with the stream's secret noise seed, readable
+by its owner only: a period rerun after a crash draws exactly the noise of the run that
+recorded its spend), ``ledger.jsonl`` (:class:`~sparse_dp.accounting.ledger.PrivacyLedger`),
+``periods/<p>/`` (each completed period, published by one rename), ``stream.lock`` and the
+synthetic days. A job plans each period's epsilon and delta when it starts (an unfinished job
+resumes with its plan); a new job takes what remains of the budget and is refused, before any
+spend, when too little remains. Delta is split like epsilon: a job planning ``e_job`` of the
+remaining ``E_rem`` takes ``d_job = D_rem * min(1, e_job / E_rem)``, which keeps
+``D_rem / E_rem = D_total / E_total``, so ``d_job = D_total * e_job / E_total``. See
+docs/commands/stream.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """The pCTR sweeps of Ghazi et al. (NeurIPS 2023) §4.2 and App. D.2.2 on one data set.
 
-* :func:`tradeoffs` (Fig. 3, Fig. 8): DP-SGD, DP-FEST over ``k``, DP-AdaFEST
-  over ``tau``, DP-AdaFEST+ over ``(k, tau)`` at one epsilon, with the
-  non-private model for reference, and the best gradient-size reduction each
-  algorithm reaches within an AUC loss of DP-SGD's.
+* :func:`tradeoffs` (Fig. 3, Fig. 8): DP-SGD, DP-FEST over ``k``, DP-AdaFEST over ``tau``,
+  DP-AdaFEST+ over ``(k, tau)`` at one epsilon, with the non-private model for reference, and
+  the best gradient-size reduction each algorithm reaches within an AUC loss of DP-SGD's.
 * :func:`epsilon_sweep` (Fig. 4): each algorithm's default point at every epsilon.
 * :func:`heatmap` (Fig. 7, Fig. 9): DP-AdaFEST over ``sigma1/sigma2 x tau``.
 
-Every point is trained over the preset's seeds (:class:`sparse_dp.jobs.study.runner.runs.Runner`).
-Where the preset resamples the data per seed and holds out a test split (the
-``paper`` preset), each point also carries its test AUC and its paired difference
-from DP-SGD's AUC over seeds (mean and 95% t interval,
-:func:`sparse_dp.jobs.study.runner.runs.paired_difference`); the frontier's points are picked
-on the validation AUC and reported on the test AUC. A preset with ``refine``
-adds finer grids around the coarse frontier (:func:`refined_points`, in
-:data:`REFINE_ROUNDS` rounds). A
-``from_cache`` study trains nothing: it reports the cached points and lists
-the others under ``missing``.
+Every point is trained over the preset's seeds (:class:`sparse_dp.jobs.study.runner.runs.Runner`);
+with a held-out test split (the ``paper`` preset) each point also carries its test AUC and its
+paired difference from DP-SGD's (:func:`sparse_dp.jobs.study.runner.runs.paired_difference`),
+the frontier picked on validation AUC. ``refine`` adds finer grids around the coarse frontier
+(:func:`refined_points`); ``from_cache`` trains nothing. See docs/commands/study.md.
 """
 
 from __future__ import annotations

@@ -93,13 +93,13 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                            "variables: CPU, GPU or ordinary TPU variables), auto (tpu where the "
                            "hardware has an engine, else cpu; says which and why on stderr), "
                            "engine-double (testing: "
-                           "the engine's update in pure TensorFlow off TPU); README 'TPU "
-                           "embedding'. The metrics name the one used")
+                           "the engine's update in pure TensorFlow off TPU); docs/tpu.md. "
+                           "The metrics name the one used")
   parser.add_argument("--strategy", choices=["default", "mirrored", "multi-worker", "ps", "tpu"],
                       default="default",
                       help="tf.distribute strategy: multi-worker and ps join the cluster "
                            "TF_CONFIG names; ps without TF_CONFIG starts 2 parameter servers "
-                           "and 2 workers on localhost (README 'Training past one machine'); "
+                           "and 2 workers on localhost (docs/clusters.md); "
                            "tpu: TPUStrategy on --tpu")
   parser.add_argument("--tpu", default="local",
                       help="--strategy tpu: the TPU, 'local' (this TPU VM's, default), a TPU "

@@ -1,35 +1,18 @@
 """Whether a pCTR run can fit in this machine's memory, decided before it trains.
 
-A run of the job keeps every embedding table resident in float32 together with
-its optimizer's state (:mod:`sparse_dp.optimizers` updates it row-sparsely but
-holds it whole). For a table of ``R`` rows of dimension ``d``, the state of each
-``--optimizer`` is
-
-==================  ==========================  ===========
-``--optimizer``     state                       floats
-==================  ==========================  ===========
-``adam``,           ``m`` and ``v``             ``2 R d``
-``lazy-adam``
-``adagrad``         one accumulator per weight  ``R d``
-``rowwise-adagrad`` one accumulator per row     ``R``
-``sgd``             none                        ``0``
-==================  ==========================  ===========
-
-so a run needs at least
+A run keeps every embedding table resident in float32 with its optimizer's state (updated
+row-sparsely but held whole: ``2 R d`` floats for ``adam`` and ``lazy-adam``, ``R d`` for
+``adagrad``, ``R`` for ``rowwise-adagrad``, none for ``sgd``), so it needs at least
 
     4 bytes * (sum_i (1 + s) V_i d_i + r sum_i V_i),    d_i = int(2 V_i^0.25)  (App. D.1.1)
 
-(``s`` table-sized slots, ``r`` floats per row), plus :data:`OVERHEAD_BYTES` for
-TensorFlow, the dense layers, the examples and the step's activations. DP-SGD's
-dense noise (Alg. 1 with every row kept) is drawn one table at a time
-(:mod:`sparse_dp.mechanisms.noise.dense_noise`): a table of at most ``CHUNK_ROWS`` rows
-holds :data:`DRAW_TEMPORARIES` times its bytes while drawn; a larger one, its noisy
-gradient and one chunk's draw. DP-FEST's
-tables keep only the top-k rows after preselection, so the bound is given for the
-algorithms whose tables hold every row. A vocabulary scale whose bound exceeds
-the memory this process may use cannot run here: the study records why rather
-than being killed by the kernel part-way (``benchmarks/vocabulary_scale.py``
-checks its runs with the same bound).
+(``s`` table-sized slots, ``r`` floats per row), plus :data:`OVERHEAD_BYTES`. DP-SGD's dense
+noise is drawn one table at a time (:mod:`sparse_dp.mechanisms.noise.dense_noise`): a table
+of at most ``CHUNK_ROWS`` rows holds :data:`DRAW_TEMPORARIES` times its bytes while drawn, a
+larger one its noisy gradient and one chunk's draw. A vocabulary scale whose bound exceeds the
+memory this process may use is not run, and the study records why
+(``benchmarks/vocabulary_scale.py`` uses the same bound). See docs/optimizers.md and
+docs/vocabulary_scale.md.
 """
 
 from __future__ import annotations

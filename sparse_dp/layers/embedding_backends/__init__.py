@@ -4,13 +4,13 @@
 (:mod:`.hardware`): ``tpu`` is the V1 TPU embedding engine, whose tables
 :class:`sparse_dp.training.tpu_loop.TPUTrainer` trains through
 :class:`TwoProgramBackend` (two TPU programs per step on :class:`LiveEngine`,
-tested through :mod:`.api_double`, never run on a TPU), and on SparseCore (V2)
+tested through :mod:`.doubles.tpu_api_double`, never run on a TPU), and on SparseCore (V2)
 hardware ``TPUEmbeddingV2``, updated inside ``fit``'s step by
-:class:`SparseCoreBackend` (tested through :mod:`.sparsecore_api_double`);
+:class:`SparseCoreBackend` (tested through :mod:`.doubles.sparsecore_api_double`);
 ``cpu`` is Keras variables (CPU, GPU, ordinary TPU variables);
 ``engine-double`` runs the engine's update off TPU in :class:`EngineDouble`,
 a pure-TensorFlow engine (for tests and comparisons); ``auto`` takes the
-engine where the hardware has one, else ``cpu``, and says why.
+engine where the hardware has one, else ``cpu``, and says why. See docs/tpu.md.
 """
 
 from sparse_dp.layers.embedding_backends.base import CpuBackend, EmbeddingBackend

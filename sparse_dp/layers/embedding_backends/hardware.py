@@ -1,32 +1,18 @@
 """Which embedding backend a strategy's hardware runs: the dispatch of ``--embedding``.
 
-TPU generations differ in their embedding hardware, which a ``TPUStrategy``
-reports as ``strategy.extended.tpu_hardware_feature.embedding_feature``, a
-``tf.tpu.experimental.HardwareFeature.EmbeddingFeature``
-(``tensorflow/python/tpu/tpu_hardware_feature.py``, the same in TF 2.15 and
-2.21; an unknown value reads as ``UNSUPPORTED``):
+A ``TPUStrategy`` reports its embedding hardware as
+``strategy.extended.tpu_hardware_feature.embedding_feature`` (the attribute TFRS dispatches
+on; an unknown value reads as ``UNSUPPORTED``):
 
-* ``V1`` (v2, v3, v4): the embedding engine of
-  ``tf.tpu.experimental.embedding.TPUEmbedding``, which takes one lookup round
-  per TPU program; the tables train in it through the two-program loop
-  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``), on every
-  core of the strategy (each replica enqueues its share of the update);
-* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+), through
-  :class:`~.sparsecore.SparseCoreBackend` (backend ``sparsecore``), which
-  applies the DP update inside the step Keras ``fit`` runs; the tables' initial
-  values and host copies go through the SparseCore layout
-  (:mod:`.sparse_core_layout`). Tested through a double of the API only. On
-  TF 2.15 (no ``TPUEmbeddingV2``) ``tpu`` is refused and ``auto`` takes ``cpu``;
-* ``UNSUPPORTED`` (v5e): no engine (TFRS's ``TPUEmbeddingV0`` there keeps the
-  tables as ordinary TPU variables): the ``cpu`` backend, whose DP step XLA
-  compiles.
+* ``V1`` (v2, v3, v4): the ``TPUEmbedding`` engine, trained through the two-program loop
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (backend ``tpu``);
+* ``V2`` (SparseCore: v5p, v6e): ``TPUEmbeddingV2`` (TF 2.16+) through
+  :class:`~.sparsecore.SparseCoreBackend` in ``fit`` (backend ``sparsecore``); on TF 2.15
+  ``tpu`` is refused and ``auto`` takes ``cpu``;
+* ``UNSUPPORTED`` (v5e): the ``cpu`` backend, whose DP step XLA compiles.
 
-TFRS dispatches on the same attribute
-(``tensorflow_recommenders/layers/embedding/tpu_embedding_layer.py``,
-``_create_tpu_embedding_mid_level_api``). Off TPU (no ``tpu_hardware_feature``:
-only a ``TPUStrategy``'s extended has one) ``auto`` is ``cpu`` and
-``engine-double`` runs the engine's update in pure TensorFlow
-(:class:`~.engine_double.EngineDouble`), a testing mode.
+Off TPU ``auto`` is ``cpu`` and ``engine-double`` runs the engine's update in pure TensorFlow
+(:class:`~.doubles.engine_double.EngineDouble`), a testing mode. See docs/tpu.md.
 """
 
 from __future__ import annotations

@@ -2,77 +2,17 @@
 
 :class:`LiveEngine` gives :class:`~sparse_dp.layers.embedding_backends.tpu.TPUEmbeddingBackend`
 the interface of :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`
-(``lookup``, ``apply_gradients``, ``slots``, ``build``) on the mid-level API
-object ``tf.tpu.experimental.embedding.TPUEmbedding``
-(``tensorflow/python/tpu/tpu_embedding_v2.py``, the same file in TF 2.15 and 2.21):
-
-* ``lookup(features)`` is an **inference round**: ``enqueue(ids, training=False)``
-  then ``dequeue()``; it changes no row or slot;
-* ``apply_gradients(features, gradients)`` is a **training round**:
-  ``enqueue(ids, training=True)``, ``dequeue()`` (its activations are not used),
-  ``apply_gradients(activation gradients)``.
-
-It only moves ids and gradients the DP step already made
-(:mod:`sparse_dp.mechanisms`); it computes no DP quantity. How it meets the
-API's rules (each named by the function of ``tpu_embedding_v2.py`` that checks it):
-
-* an enqueue gives every feature (``enqueue``: ``nest.assert_same_structure``)
-  and ``apply_gradients`` one gradient per feature: features a call does not
-  name are sent as the table's dummy row (its last row, which
-  ``TPUEmbeddingBackend`` reserves) with zero gradients;
-* each feature has one static shape in every round (``build``:
-  ``_check_output_shapes_fully_defined``; ``enqueue``: ``_check_output_shapes``):
-  ids are padded to the feature's static bound with the dummy row, the
-  activations sliced back, the gradients padded with zeros to
-  ``[bound, dim]``, the shape ``apply_gradients`` checks;
-* the dequeued activations are no gather of a variable a gradient tape
-  watches (``dequeue``: ``recv_tpu_embedding_activations``): the API's own
-  example calls ``tape.watch(activations)``. The DP step's tape is opened by
-  :func:`sparse_dp.training.dp_step.step.private_gradients`, out of the backend's
-  reach, so the activations pass through ``+ anchor``, a trainable scalar
-  fixed at ``0.0`` that the tape watches when read: the sum is the
-  activations bit for bit (``x + 0.0 = x``) and is recorded on the tape, so the
-  step's ``dL/d(looked-up vectors)`` is taken as with the CPU backend.
-
-**Why ``fit`` on a ``TPUStrategy`` cannot use it** (so a model made private
-with ``embedding='tpu'`` refuses ``fit``, naming ``TPUTrainer``). Keras runs
-one DP step as one TPU program (``strategy.run(train_step)``), and the API
-allows neither round where that program needs it:
-
-1. *one round per TPU program.* "There can be at most one
-   RecvTPUEmbeddingActivations op in the TPU graph" (op doc,
-   ``tensorflow/python/ops/gen_tpu_ops.py``, ``recv_tpu_embedding_activations``),
-   and the TF-XLA bridge fails a function holding two of them, or two
-   ``SendTPUEmbeddingGradients``, with "should be unique within a function"
-   (``tensorflow/compiler/mlir/tensorflow/transforms/rewrite_tpu_embedding_ops.cc``,
-   ``GetOp``). On a TPU a DP-AdaFEST step needs an inference round (the
-   forward pass reads the engine's rows: the host tables are stale, point 4)
-   and a training round whose ids, the selected rows, exist only after it.
-   (Off TPU, ``fit`` with this adapter reads the layer's table, kept equal to
-   the engine's rows, and runs the training round only.)
-2. *enqueue inside ``strategy.run`` takes only its direct arguments*
-   (``_raise_error_for_non_direct_inputs``): the selected rows are computed on
-   the TensorCore, and a layer's ids are flattened and checked by the layer.
-3. *one enqueue gives every feature*, while a Keras model calls its tables one
-   after another in the forward pass.
-4. *the host tables are stale on a TPU* (``embedding_tables`` raises;
-   ``_retrieve_variables`` runs at checkpoint saves), while the backend copies
-   the step's rows into the Keras layer after each step for predict and save.
-
-A custom loop meets all four with two programs per step: the host enqueues the
-batch's ids (``training=False``) and ``strategy.run`` runs the DP step (dequeue,
-forward, mechanisms, dense update) returning the selected rows and their noisy
-rows; the host enqueues those rows (``training=True``, ``device=`` each TPU
-core) and a second ``strategy.run`` dequeues and applies the gradients.
-:meth:`enqueue_round`, :meth:`dequeue_round` and :meth:`send_gradients` are
-those calls, one API call each; :class:`sparse_dp.training.tpu_loop.TPUTrainer`
-is that loop. None of this has run on a TPU: it is tested through
+(``lookup``, ``apply_gradients``, ``slots``, ``build``) on
+``tf.tpu.experimental.embedding.TPUEmbedding``: ``lookup`` is an inference round
+(``enqueue(ids, training=False)``, ``dequeue()``), ``apply_gradients`` a training round
+(``enqueue(ids, training=True)``, ``dequeue()``, ``apply_gradients``). It computes no DP
+quantity. Features a call does not name go as the dummy row with zero gradients, ids are
+padded to static bounds, and the activations pass through a zero ``anchor`` so that the DP
+step's tape records them. :meth:`enqueue_round`, :meth:`dequeue_round` and
+:meth:`send_gradients` are the calls of :class:`sparse_dp.training.tpu_loop.TPUTrainer`, which
+``fit`` cannot make (one round per TPU program). Never run on a TPU: tested through
 :class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
-
-``TPUEmbeddingV2`` (SparseCore, TF 2.16+, ``tpu_embedding_v3.py``) has no
-training flag: ``apply_gradients(gradients, preserved_outputs)`` takes the
-``preserved_outputs`` of the same batch's ``embedding_lookup``;
-:mod:`.sparsecore` adapts it on :class:`StaticFeatureEngine`.
+See docs/tpu.md ("The live engine").
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """Where ``TPUEmbeddingV2`` (SparseCore) keeps a table's rows, and the conversions to and from it.
 
-Read from TF 2.21 (``tensorflow/python/tpu/tpu_embedding_v3.py``,
-``tpu_embedding_v3_utils.py``, ``tpu_embedding_v3_checkpoint_adapter.py``).
-A table's ``SparseCoreTableLayout`` (``TPUEmbeddingV2.embedding_layouts``, made
-by TF's ``SparseCoreLayoutStacker`` in
-``_stack_tables_with_same_table_dim_and_optimizer``) gives the numbers:
-
-* the table is padded with zeros to ``unsharded_padded_shape`` (rows a multiple
-  of the ``N = num_sparse_cores`` SparseCores, ``replicas x SparseCores per
-  chip``; columns to the stacker's width);
-* its rows are sharded ``mod N``: row ``i`` is row ``offset + i div N`` of
-  SparseCore ``(i mod N + rotation) mod N``'s shard
-  (``tpu_embedding_v3_utils.map_indices_in_shard``). The table's variable
-  (stacked with other tables of its width and optimizer, unless
-  ``disable_table_stacking``) is the ``N`` shards one after another,
-  ``total_rows_per_sparse_core_shard`` rows each, split across the TPU devices
-  (``make_sharded_variable_creator``), ``SparseCores per chip`` shards on each;
-* its initializer is called once per device with the padded ``shape`` and a
-  ``shard_info`` (``_get_shard_info_for_table``: ``rows / devices`` rows from
-  row ``(device x rows / devices - rotation x rows / N) mod rows``) and must
-  return those rows of the table *in the sharded order*; an initializer that
-  takes ``shard_info`` is called as it is (``_wrap_initializer``), any other
-  with the shard's shape only (its values then land in the sharded order);
-* the host reads the table back by ``unshuffle_from_sc_to_cpu`` and
-  ``remove_padding_from_sc``, as a checkpoint restored into
-  ``TPUEmbeddingForServing`` does (``SparseCoreStackedTableTrackable``).
-
-:func:`initializer` and :func:`host_rows` are those two directions, built on
-TF's own helpers (tested against TF's ``_shard_from_cpu_to_sc`` and a restore
-into ``TPUEmbeddingForServing`` in ``tests/test_tpu_sparsecore_backend.py``).
-TF 2.15 has none of this (no SparseCore API): the functions are not called there.
+A table's ``SparseCoreTableLayout`` (read from TF 2.21's ``tpu_embedding_v3.py`` and its
+helpers) pads it to ``unsharded_padded_shape`` and shards its rows ``mod N`` over the
+``N = num_sparse_cores`` SparseCores: row ``i`` is row ``offset + i div N`` of SparseCore
+``(i mod N + rotation) mod N``'s shard. :func:`initializer` gives each device's rows of a
+table in that sharded order (from ``shard_info``), and :func:`host_rows` reads the table back
+as a checkpoint restored into ``TPUEmbeddingForServing`` does, both built on TF's own helpers
+(tested against TF's ``_shard_from_cpu_to_sc`` and a restore into ``TPUEmbeddingForServing`` in
+``tests/unit/layers/test_tpu_sparsecore_backend.py``). TF 2.15 has no SparseCore API: the
+functions are not called there. See docs/tpu.md ("SparseCore").
 """
 
 from __future__ import annotations

@@ -1,71 +1,17 @@
 """The DP update of a table on SparseCore (v5p, v6e), through ``TPUEmbeddingV2``, in one program.
 
-``TPUEmbeddingV2`` (``tensorflow/python/tpu/tpu_embedding_v3.py``; its rules
-and their double: :mod:`.sparsecore_api_double`) has no training flag and no
-queue: ``embedding_lookup(features)`` returns the activations and the
-``preserved_outputs`` of that lookup, and ``apply_gradients(gradients,
-preserved_outputs)`` applies each table's optimizer to the rows of that same
-lookup; lookups may be placed anywhere in a TPU program, several of them. A
-DP step therefore needs no second program (V1's
-:class:`~.two_program.TwoProgramBackend`): :class:`SparseCoreBackend` applies
-the update inside the step Keras ``fit`` runs, as
-:class:`~.tpu.TPUEmbeddingBackend` expresses it (its table of ``V + 1`` rows,
-the dummy row ``V``, the features ``<layer>`` and ``<layer>/dp_update``), in
-the steps of the review (``shared/reviews``, Part 1 (d)):
-
-1. at the start of the step, one ``embedding_lookup`` of every id the batch
-   sends each table (feature ``<layer>``, padded to its static bound: the
-   largest batch times the ids per example); each example's forward pass
-   gathers its rows from those activations (ids checked to be among them);
-2. the mechanisms run as on CPU (:mod:`sparse_dp.mechanisms`) and give, per
-   table, the noisy update on the selected rows (``M`` at most);
-3. ``_, preserved = embedding_lookup({<layer>: dummy, <layer>/dp_update: the
-   selected rows padded to M with the dummy})``;
-4. ``apply_gradients({<layer>: zeros, <layer>/dp_update: the noisy rows, zeros
-   on the padding}, preserved)``: the engine sums each row's gradients and its
-   optimizer moves the selected rows and the dummy (zero gradient: unchanged).
-
-The step neither reads nor writes the layer's Keras table, so it may stay off
-the TensorCores (``Embedding(table_placement="host")``, what ``make_private``
-allows and the train CLI builds): ``fit`` copies the engine's rows into it
-(:meth:`~.tpu.TPUEmbeddingBackend.sync_tables`) when it ends, before a
-validation pass and at each epoch's end, for predict, evaluate and save.
-
-The backend computes no DP quantity. Its settings (:func:`dp_sparse_core_config`):
-
-* ``allow_id_dropping=False``, and a ``True`` refused: a dropped id loses its
-  row's update depending on how many ids *other* examples sent to the same
-  SparseCore, so one example could change another row's update, which the
-  clipping bound ``C2`` does not cover;
-* ``max_ids_per_table`` and ``max_unique_ids_per_table`` of each table at
-  least the ids of one lookup (``M`` plus the model feature's bound): rows are
-  sharded ``mod`` the SparseCores, so all of a lookup's ids may land on one;
-  no lookup can then exceed them (by construction, no overflow probability);
-  a smaller value given is refused;
-* every feature padded with the dummy row to a multiple of the SparseCores per
-  chip; table stacking off (the bounds are per table); pipelining off (with it
-  the update would land one step late).
-
-**Optimizers.** SGD, Adagrad and Adam, mapped from the Keras optimizer as for
-V1 (:func:`~.tpu.engine_optimizer`); V2's FTRL and Adagrad with momentum have
-no sparse Keras counterpart in sparse-dp. V2's Adam has **no** ``lazy_adam``
-flag: ``TPUEmbeddingV2.apply_gradients`` passes beta1, beta2, epsilon and
-``use_sum_inside_sqrt`` only, and the SparseCore kernel applies Adam per row of
-the lookup: it is always lazy. That is the update the CPU backend's
-``LazyAdam`` takes: rows outside the update keep their values and moments. A
-dense Adam (every row's moments decayed each step) would publish nothing more
-(it is post-processing of the noisy updates) but is another optimizer, and V2
-has none.
-
-**Layout.** ``TPUEmbeddingV2`` keeps each table padded and its rows sharded
-``mod`` the SparseCores (:mod:`.sparse_core_layout`): the engine table's
-initializer lays the layer's rows out so (:meth:`SparseCoreBackend._table_initializer`),
-and the host copies (``table_rows``, ``export_for_serving``) undo it
-(:meth:`SparseCoreEngine.slots`).
-
-``make_private`` takes this backend on SparseCore hardware (``embedding``
-``auto`` or ``tpu``: :func:`~.hardware.choose_backend`). Never run on a TPU:
-tested through :class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
+``TPUEmbeddingV2`` has no training flag and no queue: ``apply_gradients(gradients,
+preserved_outputs)`` updates the rows of one ``embedding_lookup``, and lookups may be placed
+anywhere in a program. :class:`SparseCoreBackend` therefore applies the update of
+:class:`~.tpu.TPUEmbeddingBackend` (table of ``V + 1`` rows, dummy row ``V``, features
+``<layer>`` and ``<layer>/dp_update``) inside the step Keras ``fit`` runs: one lookup of the
+batch's ids, the mechanisms as on CPU, a lookup of the selected rows padded to ``M``, then
+``apply_gradients`` of the noisy rows with that lookup's ``preserved_outputs``. It computes no
+DP quantity; :func:`dp_sparse_core_config` keeps id dropping off and sizes the SparseCore
+bounds so that no lookup exceeds them. The layer's Keras table is synced from the engine
+(:meth:`~.tpu.TPUEmbeddingBackend.sync_tables`) when ``fit`` ends, before validation and at each
+epoch's end. Never run on a TPU: tested through
+:class:`~.doubles.sparsecore_api_double.TPUEmbeddingV2APIDouble`. See docs/tpu.md ("SparseCore").
 """
 
 from __future__ import annotations

@@ -1,49 +1,17 @@
 """The DP update of a table in the TPU embedding API's own terms.
 
-On TPU the tables live in the embedding engine, which applies its optimizer
-itself: ``apply_gradients`` takes, per *feature*, the gradient with respect to
-that feature's looked-up activations, and scatter-adds it into the rows the
-feature's ids name (:mod:`.engine_double` gives the exact rules). A DP step
-can therefore reach a table only through lookups. This backend expresses the
-update the DP step has already produced (by :mod:`sparse_dp.mechanisms`:
-clipping, contribution map, threshold, selection, Gaussian noise, false
-positives included) without computing any DP quantity itself:
-
-* each table has an engine table of ``V + 1`` rows: rows ``[0, V)`` are the
-  layer's, row ``V`` is a reserved **dummy row**, never looked up by a model id;
-* each table has two features: ``<layer>``, the model's lookups (one activation
-  per id), and ``<layer>/dp_update``, the **extra feature**;
-* the step's forward pass is an inference lookup (``training=False``): it
-  changes no row or slot;
-* the training round then enqueues ``<layer>`` **masked** to the dummy row (the
-  rows the batch looked up are not in the round: the engine's lazy Adam would
-  otherwise decay their moments and move them, publishing which rows the batch
-  touched) and ``<layer>/dp_update`` with the ids of the selected rows, padded
-  to a static bound ``M`` with the dummy row; its activation gradients are the
-  step's noisy update on those rows and zeros on the padding. With gradient
-  accumulation the engine's scatter-add gives each selected row exactly
-  ``(sum_i [g_i]_C2 + N(0, sigma2^2 C2^2)) / B`` and touches no other row but the
-  dummy, whose zero gradient leaves it as it was; it is never read.
-
-``allow_id_dropping`` (``SparseCoreEmbeddingConfig``) stays off: a dropped id
-would lose its row's update depending on how many ids *other* examples sent to
-the same SparseCore, so one example's presence could change another row's
-update, which the clipping bound ``C2`` does not cover. A selection larger than
-``M`` fails the step with an error instead.
-
-**DP-SGD on TPU.** Its noise is dense: the extra feature then carries every row
-``[0, V)`` (``M = V``), and the engine updates all ``V`` rows and their slots
-each step: ``V d`` activation gradients through the engine per step, the
-cost the API allows for a dense update (no per-row bypass exists), as opposed
-to ``M d`` with DP-AdaFEST.
-
-**Adam.** The engine's Adam is lazy and has no bias correction; the backend
-passes ``lr sqrt(1 - b2^t) / (1 - b1^t)`` as its dynamic learning rate. With
-``sum_inside_sqrt=False`` the rule is :class:`sparse_dp.optimizers.LazyAdam`'s,
-``lr_t m / (sqrt(v) + eps)``; the API's default ``sum_inside_sqrt=True``
-computes ``lr_t m / sqrt(v + eps^2)``, which differs by less than a relative
-``eps / sqrt(v)`` per coordinate (both at most ``lr_t |m| / eps``). Adagrad's
-engine rule has no epsilon (``g / sqrt(acc)``; Keras adds ``1e-7`` to the root).
+On TPU the tables live in the embedding engine, which applies its optimizer itself to the
+activation gradients of each feature's lookups (rules: :mod:`.doubles.engine_double`), so a DP
+step reaches a table only through lookups. :class:`TPUEmbeddingBackend` expresses the update
+the step already produced (:mod:`sparse_dp.mechanisms`), computing no DP quantity: each table
+gets an engine table of ``V + 1`` rows (row ``V`` a dummy row no model id looks up) and two
+features, ``<layer>`` (the model's lookups, an inference round) and ``<layer>/dp_update`` (the
+selected rows padded to ``M`` with the dummy). The training round masks ``<layer>`` to the
+dummy and sends the noisy update on ``<layer>/dp_update``, so the engine's scatter-add gives
+each selected row exactly ``(sum_i [g_i]_C2 + N(0, sigma2^2 C2^2)) / B`` and no other row
+moves. DP-SGD sends every row (``M = V``). Adam's bias correction is passed as the engine's
+learning rate ``lr sqrt(1 - b2^t) / (1 - b1^t)``. See docs/tpu.md ("The DP update in the API's
+terms").
 """
 
 from __future__ import annotations

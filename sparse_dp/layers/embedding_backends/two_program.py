@@ -1,25 +1,15 @@
 """The TPU embedding backend of a DP step split into two TPU programs.
 
-The API allows one round (one ``dequeue``, one ``apply_gradients``) per TPU
-program (:mod:`.live_engine` gives the rules), while a DP-AdaFEST step needs
-an inference round for its forward pass and then a training round on the rows
-it selected. :class:`TwoProgramBackend` splits the step where the API needs
-it; :class:`sparse_dp.training.tpu_loop.TPUTrainer` runs the programs:
-
-* **program A** runs the model's DP ``train_step`` inside
-  :meth:`TwoProgramBackend.inference_round`: the first lookup dequeues the
-  round the host enqueued for the batch (every table's ids), each layer's
-  lookup reads its feature's activations (checked to be of the ids the layer
-  asks for), and the table update the step produced
-  (:mod:`sparse_dp.mechanisms`, as on CPU) is not applied but held in
-  ``pending``: the training round's ids and activation gradients
-  (:meth:`~.tpu.TPUEmbeddingBackend.training_round`), which program A returns;
-* **program B** (:meth:`TwoProgramBackend.training_update`) dequeues the
-  training round the host enqueued with those ids and sends the gradients.
-
-The engine's learning rate of the step (bias-corrected for Adam at the step
-the dense weights take) is read in program A before the dense update, into a
-variable program B's ``apply_gradients`` reads.
+The API allows one round per TPU program, while a DP-AdaFEST step needs an inference round
+for its forward pass and then a training round on the rows it selected.
+:class:`TwoProgramBackend` splits the step there, and
+:class:`sparse_dp.training.tpu_loop.TPUTrainer` runs the programs: **program A** runs the
+model's DP ``train_step`` inside :meth:`TwoProgramBackend.inference_round` (its lookups read
+the round the host enqueued) and holds the table update in ``pending`` (the training round's
+ids and activation gradients, which it returns) together with the step's engine learning
+rate; **program B** (:meth:`TwoProgramBackend.training_update`) dequeues the training round
+the host enqueued with those ids and sends the gradients. See docs/tpu.md ("The two-program
+loop").
 """
 
 from __future__ import annotations

@@ -2,28 +2,15 @@
 
 DP-SGD (Abadi et al., CCS 2016; the dense reference of Ghazi et al., NeurIPS 2023,
 Algorithm 1 with every row selected) releases a table's update
-``G = sum_i [g_i]_C2 + sigma C2 Z`` with ``Z ~ N(0, I)`` of the table's shape ``[V, d]``:
-noise on every coordinate, whatever rows the batch touched.
-
-* A table of at most :data:`CHUNK_ROWS` rows: ``Z = standard_normal([V, d], seed)``, one
-  draw (:func:`sparse_dp.mechanisms.standard_normal`), and ``G`` a dense tensor: the draw
-  with the clipped rows added to it in place.
-* A larger table: ``Z``'s rows ``[k m, (k + 1) m)`` (``m = CHUNK_ROWS``, the last chunk
-  shorter) are ``standard_normal([m_k, d], s_k)`` with ``(s_0, ..., s_{K-1}) =
-  split(seed, K)``: distinct Philox keys, independent streams, so every coordinate of ``Z``
-  is still i.i.d. ``N(0, 1)`` and the mechanism, and its accounting, are DP-SGD's
-  (``tests/test_dense_noise.py`` tests the law across chunk boundaries). ``G`` is made in
-  one buffer: each chunk's noise, plus the clipped rows that fall in it, written into its
-  rows in place; each chunk's draw waits (a control dependency) for the previous chunk to
-  be written, so one chunk's temporaries live at a time. A draw holds about four times
-  its own bytes (Philox words, their two halves, the Box-Muller result): drawn whole, the
-  largest table of the pCTR model at 100x Table 3 (8.3M x 107, 3.3 GiB) would hold ~13 GiB.
-  ``G`` is returned as ``tf.IndexedSlices`` over every row (indices ``0 .. V-1``, distinct
-  and increasing), which legacy SGD applies as one scatter into the variable: a dense
-  gradient makes the dense update copy the table (a variable that a sparse op, the forward
-  pass's gather, has read copies itself before a dense update: ``copy_on_read_mode`` in
-  TensorFlow's ``core/framework/resource_var.h``). The optimizers of
-  :mod:`sparse_dp.optimizers` apply it as the dense gradient it equals.
+``G = sum_i [g_i]_C2 + sigma C2 Z`` with ``Z ~ N(0, I)`` of the table's shape ``[V, d]``.
+A table of at most :data:`CHUNK_ROWS` rows draws ``Z = standard_normal([V, d], seed)`` in one
+piece. A larger one draws rows ``[k m, (k + 1) m)`` (``m = CHUNK_ROWS``) as
+``standard_normal([m_k, d], s_k)`` with ``(s_0, ..., s_{K-1}) = split(seed, K)``: independent
+streams, so ``Z`` is still i.i.d. ``N(0, 1)`` and the accounting is DP-SGD's. ``G`` is made in
+one buffer, each chunk's noise plus the clipped rows that fall in it written in place, each
+chunk's draw waiting for the previous chunk, so one chunk's temporaries live at a time; it is
+returned as ``tf.IndexedSlices`` over every row, which legacy SGD applies as one scatter
+without copying the table. See docs/dpsgd_large_tables.md.
 """
 
 from __future__ import annotations
@@ -44,7 +31,13 @@ CHUNK_ROWS = 2**18
 
 @dataclasses.dataclass(frozen=True)
 class NoisyTable:
-  """A table's clipped sum plus dense noise, and the noise's squared norm."""
+  """A table's clipped sum plus dense noise, and the noise's squared norm.
+
+  Attributes:
+    sum: the noisy sum ``[V, d]``: a dense tensor, or ``tf.IndexedSlices`` over every row for a
+      table of more than :data:`CHUNK_ROWS` rows.
+    noise_squared: ``||stddev Z||^2``, a debug statistic that is not private.
+  """
 
   sum: Union[tf.Tensor, tf.IndexedSlices]  # [V, d]: dense, or IndexedSlices over every row
   noise_squared: tf.Tensor  # ||stddev Z||^2 (a debug statistic, not private)
@@ -52,11 +45,26 @@ class NoisyTable:
 
 def add_dense_noise(clipped: tf.IndexedSlices, shape: Sequence[int], stddev, seed: tf.Tensor,
                     after: Sequence = ()) -> NoisyTable:
-  """``clipped`` (a table's clipped sum; its indices may repeat) plus ``N(0, stddev^2)`` on
-  every coordinate of a table of static ``shape`` ``[V, d]``, from a ``[2]`` seed.
+  """DP-SGD's noisy update of one table: its clipped sum plus noise on every coordinate.
 
-  The noise is drawn after ``after`` (tensors or ops; see the module doc for the layout
-  of a table of more than :data:`CHUNK_ROWS` rows).
+  The update is ``G = sum_i [g_i]_C2 + sigma C2 Z`` with ``Z ~ N(0, I)`` of the table's shape
+  (Algorithm 1 with every row selected).
+  A table of more than :data:`CHUNK_ROWS` rows draws ``Z`` in chunks of rows, each from its own
+  seed of ``split(seed, K)``.
+  The chunks' streams are independent, so ``Z`` is still i.i.d. ``N(0, 1)``.
+  See docs/dpsgd_large_tables.md for the layout.
+
+  Args:
+    clipped: the table's clipped sum; its indices may repeat (they are summed).
+    shape: the table's static shape ``[V, d]``.
+    stddev: the noise's standard deviation, ``sigma C2``.
+    seed: shape ``[2]`` integer seed.
+    after: tensors or ops that the noise is drawn after.
+
+  Returns:
+    The noisy sum and the noise's squared norm.
+    The sum is dense ``[V, d]`` for a table of at most :data:`CHUNK_ROWS` rows, and
+    ``tf.IndexedSlices`` over every row for a larger one.
   """
   rows, width = (int(n) for n in shape)
   if rows <= CHUNK_ROWS:

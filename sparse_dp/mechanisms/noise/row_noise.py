@@ -19,10 +19,18 @@ from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.Tensor:
-  """``clipped_sum`` restricted to ``selected_rows`` (a padded row list): dense ``[m, d]``.
+  """The clipped sum restricted to the selected rows, as a dense tensor.
 
-  Repeated indices are summed; indices outside ``selected_rows`` are dropped;
-  a selected row without a gradient, and the padding, get zeros.
+  Repeated indices are summed.
+  Indices outside ``selected_rows`` are dropped.
+  A selected row without a gradient, and the padding, get zeros.
+
+  Args:
+    clipped_sum: one table's sum of clipped per-example gradients.
+    selected_rows: a padded row list ``[m]`` (sorted, distinct, then ``PAD``).
+
+  Returns:
+    ``[m, d]``; row ``i`` is the sum of ``clipped_sum``'s slices at ``selected_rows[i]``.
   """
   selected_rows = tf.cast(selected_rows, tf.int64)
   slot, is_selected = sorted_lookup(selected_rows, tf.cast(clipped_sum.indices, tf.int64))
@@ -35,6 +43,11 @@ def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.T
 def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor,
                          noise_stddev: float, seed: tf.Tensor) -> tf.IndexedSlices:
   """Masks ``clipped_sum`` to ``selected_rows`` and noises every selected row.
+
+  It computes (Algorithm 1, line 9)
+  ``G_t = sum_i [g_i]_C2 + C2 * N(0, sigma2^2 * diag(1[V_t[j] >= tau]) (x) 1_d)``.
+  Every coordinate of a selected row gets noise of standard deviation ``sigma2 * C2``.
+  Other rows get neither signal nor noise.
 
   Args:
     clipped_sum: sum of clipped per-example gradients of one table; its indices
@@ -56,7 +69,17 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
 
 def row_sparse_noise(selected_rows: tf.Tensor, kept: tf.Tensor, noise_stddev: float,
                      seed: tf.Tensor) -> tf.Tensor:
-  """The noise :func:`add_row_sparse_noise` adds to ``kept = sum_on_rows(...)``: ``[m, d]``,
-  ``N(0, noise_stddev^2)`` on the rows of ``selected_rows``, zero on its padding."""
+  """The noise that :func:`add_row_sparse_noise` adds to ``kept = sum_on_rows(...)``.
+
+  Args:
+    selected_rows: a padded row list ``[m]``.
+    kept: ``[m, d]``, the restricted sum; only its shape and dtype are read.
+    noise_stddev: ``sigma2 * C2``.
+    seed: shape ``[2]`` integer seed.
+
+  Returns:
+    ``[m, d]`` of ``kept``'s dtype: ``N(0, noise_stddev^2)`` on the rows of
+    ``selected_rows``, zero on its padding.
+  """
   noise = standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev
   return padding.mask_rows(noise, padding.is_valid(selected_rows))

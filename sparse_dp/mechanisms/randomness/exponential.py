@@ -1,26 +1,14 @@
 """Standard exponential samples exact in both tails, from 64 random bits.
 
-Gumbel top-k (App. B.1: ``G = -log E``), the noisy threshold (App. B.2: a row
-passes w.p. ``Psi(x) = P(E >= -log Psi(x))``) and the geometric skips between
-false positives (``floor(E / -log(1 - p))``) all reduce to ``E ~ Exp(1)``. Their
-privacy rests on the tails of ``E``: a Gumbel whose support is bounded is no
-longer the exponential mechanism where counts differ by more than the bound.
-
-``E = -log U`` for ``U = (k + 1/2) 2^-64``, ``k`` uniform on ``[0, 2^64)``: the
-Exp(1) quantile at the midpoints of a grid of ``2^64`` cells. A float64 holds
-``U`` with full relative precision near 0, but not ``1 - U`` near 1, so ``E`` is
-computed from whichever of ``U`` and ``1 - U`` is smaller: ``-log U`` when
-``U < 1/2``, ``-log1p(-(1 - U))`` otherwise. Both tails are then exact to the
-grid: ``E`` ranges over ``[-log1p(-2^-65), 65 log 2] ~ [2.7e-20, 45.06]``
-(Gumbel: ``[-3.81, 45.06]``), and ``P(E >= a)`` equals ``e^-a`` to within
-``2^-64`` for every ``a``.
-
-Floating-point caveat: the tails beyond these bounds (mass ``2^-65`` each) are
-cut, and ``log`` is rounded to float64 (relative error ~1e-16), so each draw
-follows the exact law to within total variation ~``2^-64``; a mechanism using
-``n`` draws is within ``n 2^-64`` of the exact one, an additive ``delta`` of that
-order on top of the guarantee (as for any floating-point mechanism, Mironov,
-CCS 2012).
+Gumbel top-k (App. B.1: ``G = -log E``), the noisy threshold (App. B.2: a row passes w.p.
+``Psi(x) = P(E >= -log Psi(x))``) and the geometric skips between false positives
+(``floor(E / -log(1 - p))``) all reduce to ``E ~ Exp(1)``, and their privacy rests on its
+tails. ``E = -log U`` for ``U = (k + 1/2) 2^-64``, ``k`` uniform on ``[0, 2^64)``, computed
+from whichever of ``U`` and ``1 - U`` is smaller (``-log U`` when ``U < 1/2``,
+``-log1p(-(1 - U))`` otherwise), so ``P(E >= a)`` equals ``e^-a`` to within ``2^-64`` for
+every ``a`` and ``E`` ranges over ``[2.7e-20, 45.06]``. Each draw is within total variation
+~``2^-64`` of the exact law (Mironov, CCS 2012). See docs/reference/mechanisms.md ("How the
+draws are made").
 """
 
 from __future__ import annotations

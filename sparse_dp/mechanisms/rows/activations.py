@@ -3,7 +3,8 @@
 Ids of one feature come as a dense ``[B]`` or ``[B, L]`` int tensor, a
 ``tf.RaggedTensor`` ``[B, None]``, or a ``tf.SparseTensor`` ``[B, L]``. Each is
 reduced to the distinct pairs ``(example, row)``: an id repeated within one
-example activates its row once (``../shared/NOTES.md`` §2). The pairs are kept
+example activates its row once (the contribution map counts examples: Ghazi et al.,
+NeurIPS 2023, Algorithm 1, line 6). The pairs are kept
 in a buffer as long as the lookups, padded (:mod:`sparse_dp.mechanisms.rows.padding`:
 row ``PAD``, example 0), so the shapes do not depend on the data.
 """
@@ -20,7 +21,13 @@ Ids = Union[tf.Tensor, tf.RaggedTensor, tf.SparseTensor]
 
 
 class Activations(NamedTuple):
-  """Distinct activated pairs of one table: ``example[i]`` activates ``row[i]``."""
+  """The distinct activated pairs of one table: ``example[i]`` activates ``row[i]``.
+
+  Attributes:
+    example: int64 ``[n]`` in ``[0, batch_size)``; 0 where ``row`` is ``PAD``.
+    row: int64 ``[n]``, sorted by ``(row, example)``, then ``PAD``.
+    batch_size: int64 scalar, the examples of the batch.
+  """
 
   example: tf.Tensor  # int64 [n], in [0, batch_size); 0 where row is PAD
   row: tf.Tensor  # int64 [n]: sorted by (row, example), then PAD
@@ -28,7 +35,23 @@ class Activations(NamedTuple):
 
 
 def activations(ids: Ids) -> Activations:
-  """Distinct ``(example, row)`` pairs of ``ids``, for any supported id layout."""
+  """The distinct ``(example, row)`` pairs that one feature's ids activate.
+
+  An id repeated within one example activates its row once.
+  The contribution map counts examples (Algorithm 1, line 6).
+
+  Args:
+    ids: one feature's ids, each ``>= 0``: a dense ``[B]`` or ``[B, L]`` int tensor, a
+      ``tf.RaggedTensor`` ``[B, None]`` or a ``tf.SparseTensor`` ``[B, L]``.
+
+  Returns:
+    The pairs, in a buffer as long as the lookups, then padding (row ``PAD``, example 0).
+
+  Raises:
+    ValueError: ragged ids of a ragged rank other than 1, or dense ids of a rank other than 1
+      or 2.
+    tf.errors.InvalidArgumentError: a negative id.
+  """
   if isinstance(ids, tf.RaggedTensor):
     if ids.ragged_rank != 1:
       raise ValueError("ragged ids must have shape [batch, None], got ragged rank "
@@ -57,13 +80,23 @@ def activations(ids: Ids) -> Activations:
 
 def distinct_pairs(example: tf.Tensor, row: tf.Tensor,
                    batch_size: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-  """Distinct ``(example, row)`` pairs, and for each input pair its distinct index.
+  """The distinct ``(example, row)`` pairs, and for each input pair its distinct index.
 
-  Pairs are keyed as ``row * batch_size + example`` (int64), exact for rows
-  below ``2**63 / batch_size``, and made distinct by
-  :func:`~sparse_dp.mechanisms.rows.padding.padded_unique`: the outputs have the
-  inputs' length, the distinct pairs sorted by key and then padding (row
-  ``PAD``, example 0). Input pairs whose row is ``PAD`` are padding too.
+  Pairs are keyed as ``row * batch_size + example`` (int64).
+  The key is exact for rows below ``2**63 / batch_size``.
+  The keys are made distinct by :func:`~sparse_dp.mechanisms.rows.padding.padded_unique`.
+  Input pairs whose row is ``PAD`` are padding.
+
+  Args:
+    example: int64 ``[n]``, the example of each pair.
+    row: int64 ``[n]``, the row of each pair, or ``PAD``.
+    batch_size: int64 scalar, the examples of the batch.
+
+  Returns:
+    ``(example, row, index)``, each of the inputs' length ``n``.
+    ``example`` and ``row`` hold the distinct pairs sorted by key, then padding (row ``PAD``,
+    example 0).
+    ``index[i]`` is the position of input pair ``i`` among them.
   """
   stride = tf.maximum(tf.cast(batch_size, tf.int64), 1)
   keys = tf.where(padding.is_valid(row), row * stride + example, padding.PAD)

@@ -24,6 +24,7 @@ import tensorflow as tf
 from sparse_dp.mechanisms.rows import scans
 
 PAD = int(np.iinfo(np.int64).max)
+"""The padding of a row list: the largest int64, so a padded list stays sorted."""
 
 
 class PaddedUnique(NamedTuple):
@@ -35,17 +36,34 @@ class PaddedUnique(NamedTuple):
 
 
 def is_valid(rows: tf.Tensor) -> tf.Tensor:
-  """Where a padded row list holds a row (not :data:`PAD`)."""
+  """Where a padded row list holds a row, not :data:`PAD`.
+
+  Args:
+    rows: a padded row list (int64, any shape).
+
+  Returns:
+    bool of the shape of ``rows``, true where the entry is a row.
+  """
   return tf.not_equal(rows, PAD)
 
 
 def padded_unique(values: tf.Tensor) -> PaddedUnique:
-  """The distinct values of int64 ``values [n]``, in a buffer of capacity ``n``.
+  """The distinct values of a vector, sorted, in a buffer of the vector's length.
 
-  A sort-based unique: sort, mark the first of each run of equal values, and
-  number the runs by a cumulative sum. ``values`` must be ``>= 0``; entries
-  equal to :data:`PAD` are padding and stay so (slot of the padding, not
-  counted). Unlike ``tf.unique`` every output shape is the input's.
+  A sort-based unique: sort, mark the first of each run of equal values, and number the runs by
+  a cumulative sum.
+  Entries equal to :data:`PAD` are padding and stay so: they get the padding's slot and are not
+  counted.
+  Unlike ``tf.unique``, every output shape is the input's.
+
+  Args:
+    values: int64 ``[n]``, each ``>= 0`` or :data:`PAD`.
+
+  Returns:
+    ``PaddedUnique(values, slot, count)``.
+    ``values`` (int64 ``[n]``) holds the distinct values, sorted, then ``PAD``.
+    ``slot`` (int64 ``[n]``) places each input: input ``i`` is ``values[slot[i]]``.
+    ``count`` (int64 scalar) is the number of distinct values, ``PAD`` not counted.
   """
   values = tf.cast(values, tf.int64)
   size = tf.size(values, out_type=tf.int64)
@@ -62,7 +80,16 @@ def padded_unique(values: tf.Tensor) -> PaddedUnique:
 
 
 def safe_rows(rows: tf.Tensor) -> tf.Tensor:
-  """Rows to gather or scatter at: the padding replaced by row 0 (give it zero values)."""
+  """Rows to gather or scatter at, the padding replaced by row 0.
+
+  Give the padding's entries zero values.
+
+  Args:
+    rows: a padded row list.
+
+  Returns:
+    ``rows`` with every :data:`PAD` replaced by 0.
+  """
   return tf.where(is_valid(rows), rows, tf.zeros_like(rows))
 
 

@@ -16,7 +16,23 @@ from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
 class BucketRemapping(tf.Module):
-  """Maps bucket ids to ``[0, k]``; serialisable with the model as plain TF ops."""
+  """Maps bucket ids to ``[0, k]`` after a top-k preselection.
+
+  Kept bucket ``kept_buckets[i]`` (in sorted order) becomes id ``i``.
+  Every other bucket becomes the shared out-of-vocabulary id ``k``.
+  The mapping is plain TF ops, so it is serialisable with the model.
+  Calling it maps dense, ``tf.RaggedTensor`` or ``tf.SparseTensor`` ids, keeping their dtype.
+
+  Args:
+    kept_buckets: the ``k`` kept bucket ids, distinct, in any order.
+    name: the ``tf.Module``'s name.
+
+  Attributes:
+    kept_buckets: int64 ``[k]``, the kept bucket ids, sorted.
+
+  Raises:
+    ValueError: ``kept_buckets`` is empty, not a vector, or has repeated ids.
+  """
 
   def __init__(self, kept_buckets, name: str | None = None):
     super().__init__(name=name)
@@ -34,6 +50,7 @@ class BucketRemapping(tf.Module):
 
   @property
   def oov_id(self) -> int:
+    """The id of every bucket outside the kept ones: ``k``, the table's last row."""
     return self.vocabulary_size - 1
 
   def __call__(self, ids: Ids) -> Ids:

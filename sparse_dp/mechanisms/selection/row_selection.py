@@ -1,27 +1,15 @@
 """Noisy thresholding of the contribution map (Ghazi et al., NeurIPS 2023, Algorithm 1, lines 6-8).
 
 A row ``j`` survives when ``V_hat[j] + N(0, (sigma1 C1)^2) >= tau``. Rows with
-``V_hat[j] > 0`` are few and are noised one by one. The other ``c'`` rows of the
-vocabulary all have ``V_hat[j] = 0`` and each survives independently with
-``p = Psi(tau / (sigma1 C1))`` (App. B.2, with the denominator corrected from
-``sigma1^2 C1^2`` to the noise's standard deviation, ``../shared/NOTES.md`` §2),
-where ``Psi`` is the standard normal survival function. Their positions are
-drawn by geometric skips: the gap between consecutive survivors is
-``Geometric(p)``, so the work is proportional to the number selected, never to
-the vocabulary.
-
-Both draws are exact in the tails. A contributed row passes w.p.
-``Psi(x_j)``, ``x_j = (tau - V_hat[j]) / (sigma1 C1)``, decided as
-``E_j >= -log Psi(x_j)`` with ``E_j ~ Exp(1)`` from 64 random bits
-(:mod:`sparse_dp.mechanisms.randomness.exponential`) and ``-log Psi`` computed in
-float64 from ``erfc`` on whichever side keeps full precision: the pass
-probability is ``Psi(x_j)`` to within ``2^-64`` for every ``x_j`` (a float32
-Gaussian draw, by contrast, never exceeds ~5.7 standard deviations). The noisy
-value ``V_hat[j] + N(0, (sigma1 C1)^2)`` itself is never needed, nor released.
-The geometric gaps are ``floor(E / -log(1 - p)) + 1`` with the same ``E``, so
-zero-contribution rows are selected at ``Psi(tau / (sigma1 C1))`` to the same
-precision; ``p`` underflows to 0 only past ``tau > 38 sigma1 C1``, where it is
-below 1e-308.
+``V_hat[j] > 0`` are few and are decided one by one, as ``E_j >= -log Psi(x_j)`` with
+``x_j = (tau - V_hat[j]) / (sigma1 C1)``, ``Psi`` the standard normal survival function and
+``E_j ~ Exp(1)`` from 64 random bits (:mod:`sparse_dp.mechanisms.randomness.exponential`),
+exact in the tails. The other rows of the vocabulary all have ``V_hat[j] = 0`` and each
+survives independently with ``p = Psi(tau / (sigma1 C1))`` (App. B.2, with the denominator
+corrected from ``sigma1^2 C1^2`` to the noise's standard deviation); their positions are drawn
+by geometric skips ``floor(E / -log(1 - p)) + 1``, so the work is proportional to the number
+selected, never to the vocabulary. See docs/reference/mechanisms.md ("How the draws are
+made").
 """
 
 from __future__ import annotations
@@ -51,12 +39,18 @@ FALSE_POSITIVE_OVERFLOW = 1e-18
 
 
 class RowSelection(NamedTuple):
-  """Rows of one table that receive a (noisy) gradient this step.
+  """The rows of one table that receive a (noisy) gradient this step.
 
-  ``rows`` is a padded row list (:mod:`sparse_dp.mechanisms.rows.padding`): the
-  selected rows, sorted and distinct, then :data:`~sparse_dp.mechanisms.rows.padding.PAD`
-  up to a capacity fixed by the shapes (contributed rows plus
-  :func:`false_positive_capacity`).
+  Attributes:
+    rows: int64 ``[capacity]``, a padded row list (:mod:`sparse_dp.mechanisms.rows.padding`).
+      It holds the selected rows (true and false positives), sorted and distinct, then
+      :data:`~sparse_dp.mechanisms.rows.padding.PAD`. The capacity is fixed by the shapes: the
+      contributed rows plus :func:`false_positive_capacity`.
+    num_true_positives: int64 scalar, the contributed rows that passed ``tau``.
+    num_dropped: int64 scalar, the contributed rows that did not pass ``tau``.
+    num_false_positives: int64 scalar, the zero-contribution rows that passed ``tau``.
+    over_capacity: bool scalar, whether there were more false positives than the capacity
+      (see :func:`false_positive_capacity` for its bound).
   """
 
   rows: tf.Tensor  # int64 [capacity]: true and false positives, sorted, then PAD
@@ -67,6 +61,7 @@ class RowSelection(NamedTuple):
 
   @property
   def num_selected(self) -> tf.Tensor:
+    """The selected rows, ``num_true_positives + num_false_positives``: int64 scalar."""
     return self.num_true_positives + self.num_false_positives
 
   def selected_rows(self) -> tf.Tensor:
@@ -75,7 +70,21 @@ class RowSelection(NamedTuple):
 
 
 def false_positive_probability(threshold: float, noise_stddev: float) -> float:
-  """``Psi(tau / (sigma1 C1))``: chance that a zero-contribution row survives."""
+  """The chance ``Psi(tau / (sigma1 C1))`` that a zero-contribution row passes (App. B.2).
+
+  ``Psi`` is the standard normal survival function.
+  App. B.2 divides by ``sigma1^2 C1^2``; the noise's standard deviation is meant.
+
+  Args:
+    threshold: ``tau``.
+    noise_stddev: ``sigma1 * C1``, the contribution map's noise.
+
+  Returns:
+    The probability, a Python float.
+
+  Raises:
+    ValueError: ``noise_stddev <= 0``.
+  """
   if noise_stddev <= 0:
     raise ValueError(f"contribution-map noise std (sigma1 * C1) must be > 0, got {noise_stddev}")
   return 0.5 * math.erfc(threshold / noise_stddev / math.sqrt(2.0))
@@ -96,16 +105,26 @@ def negative_log_survival(x: tf.Tensor) -> tf.Tensor:
 
 def false_positive_capacity(vocabulary_size: int, probability: float,
                             failure_probability: float = FALSE_POSITIVE_OVERFLOW) -> int:
-  """Room for the false positives of one table's step: ``K`` with ``P(Bin(c, p) > K) <= beta``.
+  """Room ``K`` for one table's false positives in a step, with ``P(Bin(c, p) > K) <= beta``.
 
-  The zero-contribution rows are fewer than the ``c`` rows of the table, so
-  their count of false positives is below ``Bin(c, p)`` in law. Bernstein's
-  inequality, ``P(X >= mu + t) <= exp(-t^2 / (2 (v + t / 3)))`` with mean
-  ``mu = c p`` and variance ``v = c p (1 - p)``, equals ``beta``
-  (``failure_probability``) at ``t = a / 3 + sqrt(a^2 / 9 + 2 a v)``,
-  ``a = ln(1 / beta)``; ``K = ceil(mu + t)``. At ``c = 10^7``, ``p = 3e-5``
-  (``mu = 300``): ``K = 472``. The selection is then the exact mechanism
-  except on an event of probability ``<= beta``, flagged ``over_capacity``.
+  The zero-contribution rows are fewer than the table's ``c`` rows.
+  So their count of false positives is below ``Bin(c, p)`` in law.
+  Bernstein's inequality is ``P(X >= mu + t) <= exp(-t^2 / (2 (v + t / 3)))``, with mean
+  ``mu = c p`` and variance ``v = c p (1 - p)``.
+  Its bound equals ``beta`` at ``t = a / 3 + sqrt(a^2 / 9 + 2 a v)``, ``a = ln(1 / beta)``.
+  Then ``K = ceil(mu + t)``.
+  At ``c = 10^7`` and ``p = 3e-5`` (``mu = 300``), ``K = 472``.
+  The selection is then the exact mechanism except on an event of probability ``<= beta``.
+  That event is flagged ``over_capacity``.
+
+  Args:
+    vocabulary_size: ``c``, the table's rows.
+    probability: ``p``, each zero-contribution row's chance to pass
+      (:func:`false_positive_probability`).
+    failure_probability: ``beta``.
+
+  Returns:
+    ``K``, at most ``c``; 0 when ``p <= 0`` or ``c <= 0``, and ``c`` when ``p >= 1``.
   """
   if probability <= 0 or vocabulary_size <= 0:
     return 0
@@ -129,6 +148,11 @@ def select_rows(contribution: ContributionMap, vocabulary_size: int,
                 threshold: float, noise_stddev: float, seed: tf.Tensor) -> RowSelection:
   """Rows whose noisy contribution ``V_hat + N(0, noise_stddev^2)`` is ``>= threshold``.
 
+  This is DP-AdaFEST's noisy thresholding (Algorithm 1, lines 6-8).
+  A contributed row ``j`` passes w.p. ``Psi(x_j)``, ``x_j = (tau - V_hat[j]) / (sigma1 C1)``.
+  Each zero-contribution row passes independently w.p. ``p = Psi(tau / (sigma1 C1))``
+  (App. B.2).
+  Their positions are drawn by geometric skips, in work proportional to the rows selected.
   Every shape is fixed by ``contribution``'s capacity and the table's
   :func:`false_positive_capacity`, so the selection compiles with XLA.
 
@@ -138,6 +162,14 @@ def select_rows(contribution: ContributionMap, vocabulary_size: int,
     threshold: ``tau``; must be > 0, else most of the vocabulary is selected.
     noise_stddev: ``sigma1 * C1``.
     seed: shape ``[2]`` integer seed of the stateless random ops.
+
+  Returns:
+    The table's :class:`RowSelection`.
+
+  Raises:
+    ValueError: ``threshold <= 0`` or ``noise_stddev <= 0``; or more than ``MAX_POSITIONS``
+      rows expected to pass by noise alone (raise ``tau``), or a vocabulary above ``2^53``
+      rows.
   """
   chosen = threshold_rows(contribution, vocabulary_size, threshold, noise_stddev, seed)
   num_true = tf.math.count_nonzero(chosen.passed, dtype=tf.int64)
@@ -182,11 +214,24 @@ def merged_rows(contribution: ContributionMap, chosen: Thresholded) -> tf.Tensor
 
 def sample_zero_rows(excluded_rows: tf.Tensor, vocabulary_size: int, probability: float,
                      seed: tf.Tensor, capacity: int) -> tuple[tf.Tensor, tf.Tensor]:
-  """Each row of ``[0, vocabulary_size)`` not in ``excluded_rows``, kept w.p. ``probability``.
+  """Keeps each row of ``[0, vocabulary_size)`` not in ``excluded_rows`` w.p. ``probability``.
 
-  ``excluded_rows`` is a padded row list (sorted, distinct, then ``PAD``).
-  Returns the kept rows as a padded row list of ``capacity``, and whether
-  there were more than ``capacity`` (then the list holds the first ones).
+  Args:
+    excluded_rows: a padded row list (sorted, distinct, then ``PAD``).
+    vocabulary_size: the table's rows.
+    probability: each row's chance to be kept, in ``[0, 1]``.
+    seed: shape ``[2]`` integer seed.
+    capacity: the length of the returned list.
+
+  Returns:
+    ``(rows, over_capacity)``.
+    ``rows`` holds the kept rows as a padded row list of ``capacity`` entries.
+    ``over_capacity`` tells whether there were more than ``capacity``; the list then holds the
+    first ones.
+
+  Raises:
+    ValueError: ``probability`` outside ``[0, 1]``, or a sample too large to hold (see
+      :func:`bernoulli_positions`).
   """
   excluded_rows = tf.cast(excluded_rows, tf.int64)
   excluded = padding.is_valid(excluded_rows)
@@ -207,11 +252,25 @@ def padded_bernoulli_positions(length: tf.Tensor, probability: float, capacity: 
                                seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """The first ``capacity`` positions of :func:`bernoulli_positions`, padded with ``PAD``.
 
-  One batch of ``capacity`` geometric gaps, the first batch
-  :func:`bernoulli_positions` draws for the same seed (so both give the same
-  positions when it holds them all); returns the positions below ``length``
-  and whether the batch ended inside ``[0, length)`` (more positions may
-  follow: over capacity).
+  It draws one batch of ``capacity`` geometric gaps.
+  That is the first batch :func:`bernoulli_positions` draws for the same seed.
+  So both give the same positions when the batch holds them all.
+
+  Args:
+    length: the positions' range ``[0, length)``.
+    probability: each position's chance to be present, in ``[0, 1]``.
+    capacity: the number of gaps drawn, and the returned list's length.
+    seed: shape ``[2]`` integer seed.
+
+  Returns:
+    ``(positions, over_capacity)``.
+    ``positions`` is int64 ``[capacity]``: the positions below ``length``, then ``PAD``.
+    ``over_capacity`` tells whether the batch ended inside ``[0, length)``, so that more
+    positions may follow.
+
+  Raises:
+    ValueError: ``probability`` outside ``[0, 1]``, or a sample too large to hold (see
+      :func:`bernoulli_positions`).
   """
   if not 0 <= probability <= 1:
     raise ValueError(f"selection probability must be in [0, 1], got {probability}")
@@ -241,12 +300,26 @@ def bernoulli_positions(length: tf.Tensor, probability: float,
                         seed: tf.Tensor) -> tf.Tensor:
   """Sorted positions in ``[0, length)``, each present independently w.p. ``probability``.
 
-  Gaps between consecutive positions are ``Geometric(p)`` on ``{1, 2, ...}``,
-  drawn as ``floor(E / -log(1 - p)) + 1`` with ``E ~ Exp(1)``. Gaps are drawn in
-  batches (int64-sized) for the expected count ``length * p`` plus ``6``
-  standard deviations, so one batch almost always suffices; time and memory
-  are O(positions). ``p = 1`` gives every position. An expected count above
-  :data:`MAX_POSITIONS`, or ``length > 2^53``, is refused.
+  Gaps between consecutive positions are ``Geometric(p)`` on ``{1, 2, ...}``.
+  They are drawn as ``floor(E / -log(1 - p)) + 1`` with ``E ~ Exp(1)``.
+  Gaps are drawn in batches (int64-sized) for the expected count ``length * p`` plus ``6``
+  standard deviations, so one batch almost always suffices.
+  Time and memory are O(positions).
+
+  Args:
+    length: the positions' range ``[0, length)``.
+    probability: ``p``, each position's chance to be present, in ``[0, 1]``; ``p = 1`` gives
+      every position.
+    seed: shape ``[2]`` integer seed.
+
+  Returns:
+    int64 vector of the positions, of a dynamic length.
+
+  Raises:
+    ValueError: ``probability`` outside ``[0, 1]``; or, for a static ``length``, an expected
+      count above :data:`MAX_POSITIONS` or ``length > 2^53``.
+    tf.errors.InvalidArgumentError: the same refusal when ``length`` is known only when the
+      graph runs.
   """
   if not 0 <= probability <= 1:
     raise ValueError(f"selection probability must be in [0, 1], got {probability}")

@@ -1,38 +1,16 @@
 """DP-AdaFEST's row selection for every table of a model in one draw (Ghazi et al., NeurIPS 2023,
 Algorithm 1, lines 6-8).
 
-The tables are laid end to end as one table of ``c = sum_t c_t`` rows: row ``j``
-of table ``t`` is row ``o_t + j``, ``o_t = c_0 + ... + c_{t-1}``. The mechanism
-is the same as one :func:`~sparse_dp.mechanisms.selection.row_selection.select_rows`
-per table:
-
-* the contribution map is over all ``(table, row)`` pairs already (each
-  example's vector is clipped jointly across tables, :mod:`.contribution_map`),
-  and its values do not depend on how the rows are numbered;
-* every row, of any table, gets its own noise: a contributed row passes w.p.
-  ``Psi((tau - V_hat[j]) / (sigma1 C1))`` and each zero-contribution row w.p.
-  ``p = Psi(tau / (sigma1 C1))``, independently. The geometric skips over the
-  zero rows of the long table are a Bernoulli(p) process on them, whose
-  restriction to each table's range is that table's Bernoulli(p) process.
-
-What changes is the graph: one selection instead of one per table (the 26
-tables of the Criteo pCTR model: about 8,700 ops fewer, a quarter of its DP
-step, which is what its first step spends tracing).
-
-The rows are split back into one padded row list per table, with the room a
-per-table selection has: the table's activated pairs plus
-``false_positive_capacity(c_t, p)``. Rows are cut on two kinds of event: all
-tables' false positives together exceed ``false_positive_capacity(c, p)`` (the
-draw stops at the last one that fits: the tables from there on are cut), or
-one table's exceed its own room. Each has probability at most
-``FALSE_POSITIVE_OVERFLOW`` (``1e-18``), ``(T + 1) 1e-18`` per step for ``T``
-tables; each flags ``over_capacity`` on the tables it cuts, and the DP step
-refuses a step with any flag. On such a step a table's ``num_false_positives``
-may count more rows than its list holds.
-
-The pairs' keys ``row * batch_size + example`` are exact while
-``c * batch_size < 2^63`` (:func:`~sparse_dp.mechanisms.rows.activations.distinct_pairs`),
-over all tables' rows ``c`` now rather than one table's.
+The tables are laid end to end as one table of ``c = sum_t c_t`` rows: row ``j`` of table
+``t`` is row ``o_t + j``, ``o_t = c_0 + ... + c_{t-1}``. The mechanism is the same as one
+:func:`~sparse_dp.mechanisms.selection.row_selection.select_rows` per table (every row of any
+table gets its own noise, and the zero rows pass at ``p = Psi(tau / (sigma1 C1))``
+independently); only the graph changes, one selection instead of one per table. The rows are
+split back into one padded row list per table with the room a per-table selection has (its
+activated pairs plus ``false_positive_capacity(c_t, p)``). A table whose rows are cut (all
+tables' false positives past ``false_positive_capacity(c, p)``, or its own past its room: each
+at most ``FALSE_POSITIVE_OVERFLOW`` = 1e-18) is flagged ``over_capacity`` and the DP step
+refuses the step. See docs/reference/mechanisms.md ("Every table in one draw").
 """
 
 from __future__ import annotations
@@ -60,6 +38,17 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
                           seed: tf.Tensor) -> list[RowSelection]:
   """Each table's :class:`RowSelection`, from the jointly clipped contribution map of a batch.
 
+  This is DP-AdaFEST's row selection (Algorithm 1, lines 6-8) for every table in one draw.
+  The tables are laid end to end as one table of ``c = sum_t c_t`` rows.
+  Row ``j`` of table ``t`` is row ``o_t + j``, with ``o_t = c_0 + ... + c_{t-1}``.
+  The mechanism is the same as one
+  :func:`~sparse_dp.mechanisms.selection.row_selection.select_rows` per table: every row gets
+  its own noise, and the zero rows pass independently at ``p = Psi(tau / (sigma1 C1))``.
+  Only the graph changes: one selection instead of one per table.
+  A table whose rows are cut is flagged ``over_capacity``, and the DP step refuses the step.
+  Rows are cut when all tables' false positives exceed ``false_positive_capacity(c, p)``, or
+  one table's exceed its room; each happens with probability at most 1e-18.
+
   Args:
     pairs: per table, the batch's lookups ``(example, row)`` (int64 vectors;
       rows in ``[0, c_t)``, checked in graph mode, or
@@ -75,6 +64,12 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
     One :class:`RowSelection` per table, in its own row numbering; its
     ``rows`` hold as many entries as the table's ``pairs`` plus
     ``false_positive_capacity(c_t, p)``.
+
+  Raises:
+    ValueError: ``pairs`` is empty or not one per table; ``threshold <= 0``;
+      ``noise_stddev <= 0``; or more than ``MAX_POSITIONS`` rows expected to pass by noise
+      alone.
+    tf.errors.InvalidArgumentError: in graph mode, a row outside its table's ``[0, c_t)``.
   """
   if len(pairs) != len(vocabulary_sizes) or not pairs:
     raise ValueError(f"select_rows_of_tables needs the pairs of each of its "

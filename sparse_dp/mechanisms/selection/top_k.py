@@ -24,10 +24,21 @@ from sparse_dp.mechanisms.rows.activations import Ids, activations
 
 
 def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
-  """Number of distinct examples that activate each bucket: float32 ``[vocabulary_size]``.
+  """The number of distinct examples that activate each bucket.
 
-  An example counts once per bucket however often it repeats the id, so one
-  example moves each count by at most 1 (the sensitivity ``dp_top_k`` assumes).
+  An example counts once per bucket, however often it repeats the id.
+  So one example moves each count by at most 1, the sensitivity :func:`dp_top_k` assumes.
+
+  Args:
+    ids: one feature's ids, in any layout :func:`~sparse_dp.mechanisms.activations` takes.
+    vocabulary_size: the number of buckets.
+
+  Returns:
+    float32 ``[vocabulary_size]``.
+
+  Raises:
+    ValueError: ids of a layout that is not supported.
+    tf.errors.InvalidArgumentError: a bucket id that is negative or outside the vocabulary.
   """
   rows = activations(ids).row
   valid, rows = padding.is_valid(rows), padding.safe_rows(rows)
@@ -37,10 +48,28 @@ def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
 
 
 def dp_top_k(counts: tf.Tensor, k: int, epsilon: float, seed: tf.Tensor) -> tf.Tensor:
-  """``k`` buckets chosen ``epsilon``-DP by one-shot Gumbel top-k; sorted int64 ids.
+  """Chooses ``k`` buckets ``epsilon``-DP by one-shot Gumbel top-k (§3.1, App. B.1).
 
-  ``counts`` has shape ``[..., vocabulary_size]``; leading axes are independent
-  selections (each costs ``epsilon``).
+  Gumbel noise of scale ``b = k / epsilon`` is added to each count, and the ``k`` largest are
+  kept.
+  The scale is ``k / epsilon``, not the paper's ``1 / epsilon``
+  (:mod:`sparse_dp.accounting.selection` says why).
+  The noise is ``-b log E`` for ``E ~ Exp(1)`` exact in both tails.
+
+  Args:
+    counts: ``[..., vocabulary_size]``, each bucket's count of distinct examples
+      (:func:`bucket_counts`). Leading axes are independent selections, each costing
+      ``epsilon``.
+    k: the number of buckets to keep, an integer in ``[1, vocabulary_size]``.
+    epsilon: the privacy cost of each selection.
+    seed: shape ``[2]`` integer seed.
+
+  Returns:
+    int64 ``[..., k]``, the chosen bucket ids, sorted.
+
+  Raises:
+    ValueError: ``epsilon`` is not a finite number > 0, or ``k`` is not an integer in
+      ``[1, vocabulary_size]``.
   """
   check_positive("top-k epsilon", epsilon)
   counts = tf.cast(counts, tf.float64)
@@ -54,7 +83,20 @@ def gumbel_noise(shape, scale: float, seed: tf.Tensor) -> tf.Tensor:
 
 
 def public_top_k(counts: tf.Tensor, k: int) -> tf.Tensor:
-  """The ``k`` largest of ``counts`` along the last axis; sorted int64 ids."""
+  """The ``k`` largest of ``counts`` along the last axis, at no privacy cost.
+
+  For counts that are public, e.g. from a public corpus.
+
+  Args:
+    counts: ``[..., vocabulary_size]``, each bucket's count.
+    k: the number of buckets to keep, an integer in ``[1, vocabulary_size]``.
+
+  Returns:
+    int64 ``[..., k]``, the ids of the largest counts, sorted.
+
+  Raises:
+    ValueError: ``k`` is not an integer in ``[1, vocabulary_size]``.
+  """
   counts = tf.convert_to_tensor(counts)
   _, top = tf.math.top_k(counts, k=_check_k(k, counts), sorted=False)
   return tf.sort(tf.cast(top, tf.int64))

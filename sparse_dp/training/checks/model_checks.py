@@ -21,35 +21,44 @@ _RETRIEVAL_FIX = (
     "ids), look them up per example with the candidate tower (Embedding(combiner=None) on "
     "[batch, 1 + K] ids, the positive in column 0) and train on "
     "keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=NONE) with "
-    "label 0; see the docstring of sparse_dp.training.checks.validation")
+    "label 0; see docs/epsilon.md, 'Retrieval with public negatives'")
 
 
 class ModelValidationError(ValueError):
-  """A model or loss that DP training cannot make private as it stands."""
+  """A model or loss that DP training cannot make private as it stands.
+
+  Raised by :func:`check_model` at ``make_private`` and by the separability probe on the
+  first batch (:func:`~sparse_dp.training.checks.separability.check_separable`). The
+  message names the layer or loss, and the fix.
+  """
 
 
 def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
   """Refuses, by name and with the fix, the layers known to break per-example clipping.
 
-  Looks at every layer, nested ones included:
+  Looks at every layer, nested ones included, for:
 
-  * ``BatchNormalization`` / ``SyncBatchNormalization`` that is trainable: in
-    training mode it normalises each example by the statistics of the batch
-    (``l_i`` depends on every example) and writes the raw batch statistics
-    into its moving mean and variance, released without noise. A frozen one
-    (``layer.trainable = False``) runs in inference mode in Keras 2: a fixed
-    affine map of each example by its moving statistics, which is per
-    example and sound provided those statistics are public (initial values,
-    or computed on public data), since they are published as they are.
-  * ``tfrs.tasks.Retrieval``: in-batch negatives; see the module docstring
-    for the public-negatives pattern.
-  * any layer with an ``activity_regularizer``: a penalty computed from the
-    batch's activations, added to the loss outside the per-example clipping.
+  * a trainable ``BatchNormalization`` / ``SyncBatchNormalization``. In training mode it
+    normalises each example by the batch's statistics (``l_i`` depends on every
+    example) and writes them, un-noised, into its moving mean and variance. A frozen
+    one (``layer.trainable = False``) runs in inference mode in Keras 2: a fixed map of
+    each example, sound provided its moving statistics are public.
+  * ``tfrs.tasks.Retrieval``: in-batch negatives (manual: *What the epsilon covers*,
+    "Retrieval with public negatives").
+  * any layer with an ``activity_regularizer``: a penalty computed from the batch's
+    activations, added to the loss outside the per-example clipping.
   * a dynamic loss scale (:func:`~sparse_dp.training.dp_step.mixed_precision.loss_scaling_problems`;
     mixed precision with a fixed one trains) and ``TimeDistributed`` around a
-    trainable layer (:func:`time_distributed_problems`);
+    trainable layer (:func:`time_distributed_problems`).
   * preprocessing layers holding statistics of data, unless named in
     ``public_layers`` (:mod:`sparse_dp.training.checks.preprocessing_checks`).
+
+  Args:
+    model: the compiled model.
+    public_layers: names of preprocessing layers whose statistics come from public data.
+
+  Raises:
+    ModelValidationError: one or more of these problems, each named with its fix.
   """
   problems = []
   for layer in model._flatten_layers(include_self=True):

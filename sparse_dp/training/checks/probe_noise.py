@@ -1,27 +1,14 @@
 """Fixed per-example noise for the separability probe's forward passes.
 
-The probe's removal test compares example ``i``'s loss in a pass over ``n``
-examples with its loss in a pass without example ``k``. With a random layer
-(``Dropout``, ``GaussianNoise``, ``AlphaDropout``, ``GaussianDropout``, any
-``BaseRandomLayer``) the two passes draw different noise, so the losses
-differ whether or not the model couples examples. During the probe each such
-layer's ``_random_generator`` is replaced by a :class:`FixedNoise` whose draw
-for example ``i`` is a function of ``(layer, call number in the pass, i)``
-alone (stateless RNG), where ``i`` is the example's index in the probe, not its
-position in the batch. Example ``i`` then sees the same noise in every pass
-that contains it, and the passes agree exactly when the model is separable.
-
-Why that is sound: the layer computes on the same values as in training
-(``x * mask / (1 - rate)``, ``x + noise``, ...), only the noise is chosen; the
-guarantee must hold for every draw of the noise (it is independent of the
-data), so one fixed draw per example is a valid point to test at. A draw
-whose first dimension is not the examples (``noise_shape=(1, d)``: one mask
-for the whole batch) is keyed by position alone, the same in every pass,
-which is also data-independent.
-
-Randomness drawn elsewhere (``tf.random.*`` in a ``call`` or a ``Lambda``) is
-not fixed; the probe detects it, as two passes on the same examples that
-disagree, and refuses.
+The probe compares example ``i``'s loss in a pass over ``n`` examples with its loss in a pass
+without example ``k``; a random layer (``Dropout``, ``GaussianNoise``, any
+``BaseRandomLayer``) would draw different noise in the two. During the probe each such layer's
+``_random_generator`` is replaced by a :class:`FixedNoise` whose draw for example ``i`` is a
+function of ``(layer, call number in the pass, i)`` alone (stateless RNG), ``i`` the example's
+index in the probe. The passes then agree exactly when the model is separable; one fixed,
+data-independent draw per example is a valid point to test the guarantee at. Randomness drawn
+elsewhere (``tf.random.*`` in a ``call``) is not fixed: the probe sees it and refuses. See
+docs/epsilon.md ("Each example alone").
 """
 
 from __future__ import annotations

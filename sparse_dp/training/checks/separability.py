@@ -26,59 +26,47 @@ from sparse_dp.training.checks.probe_trace import LossesOf, PerExample, Trace, t
 from sparse_dp.training.dp_step.losses import loss_name
 from sparse_dp.training.dp_step.mixed_precision import float32_compute
 
-# Examples of the first batch the probe looks at: enough for a batch mean or
-# an in-batch softmax to show, few enough that the n + 2 forward passes of the
-# probe cost little. Prime, so that a tensor that merely happens to have this
-# leading dimension (a hidden size of 16, say) is rarely taken for a batch.
 PROBE_SIZE = 13
+"""Examples of the first batch the probe looks at.
+
+Enough for a batch mean or an in-batch softmax to show, few enough that the ``n + 2``
+forward passes of the probe cost little. Prime, so that a tensor that merely happens to
+have this leading dimension (a hidden size of 16, say) is rarely taken for a batch.
+"""
 
 
 def check_separable(model: keras.Model, leaves: list, losses_of: LossesOf, batch,
                     probe_size: int = PROBE_SIZE) -> bool:
   """Refuses a model whose examples' losses depend on each other, on a probe of one batch.
 
-  Run eagerly, once, on the first batch, before the first DP step; it looks
-  at the first ``min(batch size, probe_size)`` examples (``n``) with the
-  step's own training-mode forward pass ``losses_of`` (``batch -> (losses
-  [B], y, y_pred)``, :func:`sparse_dp.training.dp_step.losses.per_example_loss_fn`)
-  and the step's recording of ``leaves``
-  (:func:`sparse_dp.training.dp_step.dense_layers.trainable_leaf_layers`). A batch is
-  ``(x, y)``, ``(x, y, sample_weight)`` or a features dict, with dense, ragged
-  or sparse tensors. Random layers draw fixed noise per example in every
-  pass (:mod:`sparse_dp.training.checks.probe_noise`). It refuses with a
-  :class:`ModelValidationError` naming the layer or loss when
+  Run eagerly, once, on the first batch, before the first DP step. It looks at the first
+  ``n = min(batch size, probe_size)`` examples and runs four checks: state, attribution,
+  gradients and removal (manual: *What the epsilon covers*, "The separability probe").
+  Random layers draw fixed noise per example in every pass
+  (:mod:`sparse_dp.training.checks.probe_noise`). Layers of a mixed policy compute in
+  float32 here (:func:`~sparse_dp.training.dp_step.mixed_precision.float32_compute`):
+  16-bit rounding is not coupling. No value of the batch is printed. Cost: ``n + 2``
+  forward passes of ``n`` examples, plus per-layer calls when a check fails.
 
-  1. **state**: a variable reachable from the model (on a layer, a
-     ``tf.Module`` attribute, in a list or dict; metrics and the DP-trained
-     weights aside, :mod:`sparse_dp.training.checks.probe_state`) changes in the
-     forward pass; every such variable is restored afterwards;
-  2. **attribution**: an embedding lookup's batch is not the examples', or a
-     lookup's example index is ``>= n`` (ids reshaped ``[B, L] -> [B L]``,
-     shared candidate ids), or a ``Dense`` layer is applied to a tensor whose
-     first dimension is not the examples;
-  3. **gradients** (downstream coupling), in one forward pass: with random
-     weights ``w``, for every per-example tensor ``t`` the step clips with
-     (looked-up vectors, Dense pre-activations) and every float input feature,
-     ``d(sum_i w_i l_i)/dt_j = w_j d(sum_i l_i)/dt_j`` row by row, which
-     holds iff no ``l_i`` with ``i != j`` depends on ``t_j``;
-  4. **removal** (any coupling, including upstream of those tensors and on
-     integer paths with no gradient: a ``Lambda`` that centres the raw
-     inputs over the batch, ids mixed across examples, loss weights computed
-     from the batch's labels): each loss ``l_i`` is unchanged when another
-     example ``k`` is removed, for every ``k``, comparing whole passes. A
-     forward pass that is still random with the random layers' noise fixed
-     (``tf.random`` outside a Keras random layer) cannot be checked and is
-     refused.
+  Args:
+    model: the model to probe.
+    leaves: the layers the step records
+      (:func:`sparse_dp.training.dp_step.dense_layers.trainable_leaf_layers`).
+    losses_of: the step's own training-mode forward pass, ``batch -> (losses [B], y,
+      y_pred)`` (:func:`sparse_dp.training.dp_step.losses.per_example_loss_fn`).
+    batch (tuple or dict): ``(x, y)``, ``(x, y, sample_weight)`` or a features dict, of
+      dense, ragged or sparse tensors.
+    probe_size: the most examples probed.
 
-  A failing check names the innermost layer (or the loss) that mixes
-  examples. The outcome depends only on whether the probe passed; no value
-  of the batch is printed. Returns ``False`` without checking when the batch
-  has fewer than 2 examples (nothing can depend on another example): call it
-  again on a later batch. Layers of a mixed policy compute in float32 here
-  (:func:`~sparse_dp.training.dp_step.mixed_precision.float32_compute`): 16-bit
-  rounding is not coupling, and the float32 tolerance keeps the probe's
-  power. Cost: ``n + 2`` forward passes of ``n`` examples, plus per-layer
-  calls when a check fails.
+  Returns:
+    Whether the probe ran and passed. ``False`` without checking when the batch has
+      fewer than 2 examples (nothing can depend on another example): call it again on a
+      later batch.
+
+  Raises:
+    ModelValidationError: a check failed; the message names the innermost layer (or the
+      loss) that mixes examples.
+    RuntimeError: called inside a ``tf.function``.
   """
   if not tf.executing_eagerly():
     raise RuntimeError("check_separable runs eagerly, before the first DP step; it was "

@@ -1,22 +1,14 @@
 """What a model's private training spent, as plain numbers any Keras format keeps.
 
 A :class:`Record` is the history of the DP runs that trained some weights: each
-``make_private`` run's mechanism (:class:`Run`) and the steps it took. It is
-written into an ``int64`` vector weight of the layers that hold the trained
-weights (``dp_record``, see :func:`sparse_dp.layers.embedding.add_dp_record`), so
-``.h5`` weights, ``.keras`` files, ``get_weights``/``set_weights``, TF checkpoints
-and SavedModels all carry it, and a layer shared by two models carries its
-history into both.
-
-Layout of the vector: ``[steps_taken, non_poisson_steps, datasets_made,
-json_bytes, json...]``: three counters (the DP step adds to the first two in
-the graph), then the runs as UTF-8 JSON packed eight bytes to a word (zeros: no
-record).
-
-Records of the same weights merge by run: a run present in several records
-(the same history, saved at different times) counts the most steps any of them
-saw; runs of different histories are all composed. Charging the union is
-never less than what the weights were trained with.
+``make_private`` run's mechanism (:class:`Run`) and the steps it took. It is written into an
+``int64`` vector weight ``dp_record`` of the layers that hold the trained weights
+(:func:`sparse_dp.layers.embedding.add_dp_record`), so every Keras format carries it. Layout:
+``[steps_taken, non_poisson_steps, datasets_made, json_bytes, json...]``, three counters (the
+DP step adds to the first two in the graph), then the runs as UTF-8 JSON packed eight bytes
+to a word (zeros: no record). Records merge by run: a run present in several records counts
+the most steps any of them saw, runs of different histories are all composed. See
+docs/epsilon.md ("The DP state and the weight fingerprint").
 """
 
 from __future__ import annotations
@@ -37,7 +29,23 @@ _CAPACITY = (DP_RECORD_WORDS - _HEADER) * 8  # bytes of JSON a record holds
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One ``make_private`` run: what each of its steps costs."""
+  """One ``make_private`` run: what each of its steps costs.
+
+  Attributes:
+    algorithm: the algorithm's name (``dpsgd``, ``fest``, ``adafest``, ``adafest+``).
+    noise_multiplier: that of the one Gaussian each step amounts to.
+    sampling_rate: ``q = B / N``.
+    first_step: the model's step count when the run began.
+    num_examples: ``N``.
+    delta: the run's target delta.
+    selection_epsilon: pure-DP epsilon of the top-k preselection, spent once at the
+      start of the run.
+    statistics_epsilon: pure-DP epsilon of the preprocessing statistics, spent once too.
+    epsilon_budget: the epsilon training stops at, or ``None``.
+    debug_metrics: whether un-noised statistics were logged.
+    run_id: a random identifier, by which records of the same run merge.
+    max_batch_size: batches were truncated to this size; ``None``: not truncated.
+  """
 
   algorithm: str
   noise_multiplier: float  # of the one Gaussian each step amounts to
@@ -59,7 +67,15 @@ class Run:
             else Truncation(self.num_examples, self.max_batch_size))
 
   def continued_by(self, other: "Run") -> bool:
-    """Whether ``other`` trains as this run did (same mechanism, rate and selection)."""
+    """Whether ``other`` trains as this run did (same mechanism, rate and selection).
+
+    Args:
+      other: a later run on the same weights.
+
+    Returns:
+      True when the algorithm, noise multiplier, sampling rate, selection epsilon and
+        truncation are the same: ``other`` is this job going on.
+    """
     return ((self.algorithm, self.noise_multiplier, self.sampling_rate, self.selection_epsilon,
              self.max_batch_size)
             == (other.algorithm, other.noise_multiplier, other.sampling_rate,

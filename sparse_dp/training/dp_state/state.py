@@ -1,35 +1,16 @@
 """The DP state of a model: what its weights were trained with, kept wherever they go.
 
 ``make_private`` attaches a :class:`DPState` to the model as ``model.dp_state``:
-
-* ``steps_taken``: DP steps the model has taken, over all its runs;
-* ``non_poisson_steps``: those whose batch was not one of the package's
-  Poisson samples (their epsilon is not proved, see ``POISSON_CAVEAT``);
-* ``datasets_made``: Poisson datasets made for it so far (keys each one's sample);
-* ``runs``: JSON of every ``make_private`` run
-  (:class:`~sparse_dp.training.dp_state.dp_record.Run`).
-
-**The state follows the weights.** Each DP step also writes the state into the
-``dp_record`` weight of every layer that holds trained weights (each
-``sparse_dp.layers.Embedding``; for a model without one, each trainable
-``Dense``), so every Keras format carries it (``.h5``, ``.keras``,
-``get_weights``/``set_weights``, TF checkpoints, SavedModel) and a layer shared
-by two models brings its history into both. Attaching merges ``model.dp_state``
-with every layer's record (:func:`~sparse_dp.training.dp_state.dp_record.merge`): a
-model restored by any path, or built on trained layers, starts from what they
-spent.
-
-**The charge never goes back.** Restoring an older checkpoint rewinds the
-counters, but the releases made after it happened. Each run's steps run in this
-process are counted in a variable that is never saved (:data:`_STEPS_RUN_HERE`),
-and each merge lifts a run to ``max(steps its record shows, steps run here)``,
-so ``steps_taken`` never goes back once the state is read again (every ``fit``,
-every epsilon): a rollback to step 50 after 100 steps and 30 more is charged
-130; a checkpoint with more steps (another process went on) is charged what it
-shows.
-
-The secret noise seed is never part of the state: anyone holding it could
-regenerate and subtract the noise.
+``steps_taken`` (DP steps over all its runs), ``non_poisson_steps`` (those whose batch was not
+one of the package's Poisson samples, see ``POISSON_CAVEAT``), ``datasets_made`` (keys each
+Poisson dataset's sample) and ``runs`` (JSON of every ``make_private`` run,
+:class:`~sparse_dp.training.dp_state.dp_record.Run`). Each DP step also writes the state into
+the ``dp_record`` weight of every layer that holds trained weights, so every Keras format
+carries it, and attaching merges it with every layer's record
+(:func:`~sparse_dp.training.dp_state.dp_record.merge`). The charge never goes back: steps run in
+this process are also counted in :data:`_STEPS_RUN_HERE`, never saved, and each merge lifts a
+run to ``max(steps its record shows, steps run here)``. The secret noise seed is never part of
+the state. See docs/epsilon.md ("The DP state and the weight fingerprint").
 """
 
 from __future__ import annotations
@@ -66,7 +47,16 @@ class _Untracked:
 
 
 class DPState(tf.__internal__.tracking.AutoTrackable):
-  """Step counters and the runs' record, as variables a checkpoint saves."""
+  """Step counters and the runs' record, as variables a checkpoint saves.
+
+  :func:`attach` makes it, as ``model.dp_state``. Its variables are ``steps_taken``,
+  ``non_poisson_steps``, ``datasets_made``, ``weight_fingerprint`` and ``runs_json``.
+
+  Args:
+    strategy: the model's distribution strategy; the counters are made in its scope.
+    weights: the ``dp_record`` weights of the model's layers, kept in step with the
+      state (:func:`record_weights`).
+  """
 
   def __init__(self, strategy: tf.distribute.Strategy, weights: list[tf.Variable]):
     self._strategy = strategy
@@ -91,14 +81,20 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
 
   @property
   def runs(self) -> list[Run]:
+    """Every recorded run, in the order they began."""
     return list(self.record.runs)
 
   @property
   def all_poisson(self) -> bool:
+    """Whether every step so far was fed one of the package's Poisson samples."""
     return int(self.non_poisson_steps.numpy()) == 0
 
   def set_record(self, record: Record) -> None:
-    """Sets the variables and every layer's ``dp_record`` weight to ``record``."""
+    """Sets the variables and every layer's ``dp_record`` weight to ``record``.
+
+    Args:
+      record: the runs and counters to hold.
+    """
     self.runs_json.assign(record.runs_json())
     for variable, value in zip(self._counters(), (record.steps_taken, record.non_poisson_steps,
                                                   record.datasets_made)):
@@ -108,7 +104,11 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
       weight.assign(words)
 
   def use_weights(self, weights: list[tf.Variable]) -> None:
-    """Makes ``weights`` (the model's ``dp_record`` weights now) the ones kept in step."""
+    """Makes ``weights`` the ones kept in step.
+
+    Args:
+      weights: the model's ``dp_record`` weights now.
+    """
     self._untracked.weights = weights
 
   def absorb_layers(self) -> None:
@@ -120,7 +120,11 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
       self.set_record(merged)
 
   def begin_run(self, run: Run) -> None:
-    """Records ``run`` after the others; the DP step counts its steps from now on."""
+    """Records ``run`` after the others; the DP step counts its steps from now on.
+
+    Args:
+      run: the run that begins.
+    """
     self.absorb_layers()
     record = self.record
     self.set_record(dataclasses.replace(record, runs=record.runs + (run,)))
@@ -131,12 +135,19 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     self._untracked.active_run = run.run_id
 
   def record_release(self, run: Run, steps: int) -> None:
-    """Records ``run`` as ``steps`` steps already taken on the host, outside the DP step
-    (a mechanism on the trained model, e.g. private Platt scaling,
-    :mod:`sparse_dp.mechanisms.platt_scaling`), after every step so far.
+    """Records ``run`` as ``steps`` steps already taken on the host, outside the DP step.
 
-    The DP step's active run is not changed, but a step it takes after this
-    would be counted as ``run``'s: record a release after the training.
+    Such a release is a mechanism on the trained model, e.g. private Platt scaling
+    (:mod:`sparse_dp.mechanisms.platt_scaling`), recorded after every step so far. The
+    DP step's active run is not changed, but a step it takes after this would be
+    counted as ``run``'s: record a release after the training.
+
+    Args:
+      run: the release's mechanism; its ``first_step`` is set to the steps so far.
+      steps: the steps the release amounts to, >= 1.
+
+    Raises:
+      ValueError: ``steps < 1``.
     """
     if steps < 1:
       raise ValueError(f"steps must be >= 1, got {steps}")
@@ -149,7 +160,9 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
   def count_step(self, poisson: tf.Tensor) -> None:
     """In the DP step, after its batch is read: one more step, in every record.
 
-    ``poisson``: whether the batch was one of this run's Poisson samples.
+    Args:
+      poisson: a boolean tensor, whether the batch was one of this run's Poisson
+        samples.
     """
     self.steps_taken.assign_add(1)
     self._count_in_records(tf.cast(tf.logical_not(poisson), tf.int64))
@@ -165,6 +178,9 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     returned depends on the count in every record. ``steps_taken`` is saved with
     the model and never goes back in a process (:meth:`absorb_layers`), so the
     numbers do not repeat across restarts from the latest checkpoint either.
+
+    Returns:
+      The step's number: the steps counted before it, an int64 scalar.
     """
     numbers = self._strategy.extended.update(self.steps_taken, _fetch_and_increment)
     number = self._strategy.experimental_local_results(numbers)[0]
@@ -191,6 +207,13 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
 
     Merges the layers' records and the steps run here first, so the counters
     never go back: after a rollback ``steps_taken`` is again every step run.
+
+    Args:
+      kind: ``"pld"`` (default) or ``"rdp"``.
+
+    Returns:
+      An accountant of every recorded run: its selection's and statistics' pure
+        epsilons, then its steps.
     """
     self.absorb_layers()
     accountant = PrivacyAccountant(kind)
@@ -205,7 +228,14 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     return accountant
 
   def restore(self, path: str) -> None:
-    """Adds the state saved at ``path`` (see :func:`saved_state`) to this one."""
+    """Adds the state saved at ``path`` to this one.
+
+    Args:
+      path: a checkpoint or SavedModel, as :func:`saved_state` takes it.
+
+    Raises:
+      ValueError: ``path`` holds no DP state, or more than one.
+    """
     live = self.record
     self.set_record(merge([saved_state(path), live], floor=self._steps_run_here(live)))
 
@@ -225,6 +255,12 @@ def record_weights(model: keras.Model) -> list[tf.Variable]:
   none gets one on each trainable ``Dense`` (so a fresh copy of it must go
   through ``make_private`` before ``load_weights``/``set_weights`` of a trained
   one; Keras refuses the weight count otherwise).
+
+  Args:
+    model: the model whose layers hold the trained weights.
+
+  Returns:
+    The distinct ``dp_record`` weights, one per layer that holds one.
   """
   layers = list(model._flatten_layers(include_self=True))
   weights = list({id(layer.dp_record): layer.dp_record for layer in layers
@@ -246,6 +282,12 @@ def attach(model: keras.Model) -> DPState:
   ``keras.models.load_model`` brings its saved state's variables, which are
   copied in; the layers' ``dp_record`` weights (any format, or layers trained
   in another model) are merged in.
+
+  Args:
+    model: the model to make private.
+
+  Returns:
+    ``model.dp_state``.
   """
   weights = record_weights(model)
   loaded = getattr(model, STATE_ATTRIBUTE, None)
@@ -268,9 +310,18 @@ _VARIABLES = ("steps_taken", "non_poisson_steps", "datasets_made", "runs_json")
 def saved_state(path: str) -> Record:
   """The DP state saved at ``path``: ``dp_state`` and every ``dp_record`` there, merged.
 
-  ``path`` is a TF-format weights prefix (``save_weights``, ``ModelCheckpoint``
-  with ``save_weights_only=True``), a ``tf.train.Checkpoint`` prefix or a folder
-  with a ``checkpoint`` file (its latest), or a SavedModel folder (``model.save``).
+  Args:
+    path: a TF-format weights prefix (``save_weights``, ``ModelCheckpoint`` with
+      ``save_weights_only=True``), a ``tf.train.Checkpoint`` prefix, a folder with a
+      ``checkpoint`` file (its latest), or a SavedModel folder (``model.save``).
+
+  Returns:
+    The merged record of every run saved there.
+
+  Raises:
+    ValueError: ``path`` holds no DP state or more than one model's; it is a folder
+      with neither a SavedModel nor a checkpoint; or it is an ``.h5`` or ``.keras``
+      file (load those with Keras, then call ``make_private`` without ``resume_from``).
   """
   reader = tf.train.load_checkpoint(_checkpoint_prefix(path))
   keys = reader.get_variable_to_shape_map()

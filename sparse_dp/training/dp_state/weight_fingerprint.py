@@ -1,33 +1,15 @@
 """A fingerprint of the private weights that only the DP step's updates keep current.
 
-``epsilon()`` accounts the DP steps; it says nothing about weights moved by
-anything else: another model's ``fit`` on a model that contains the private
-one, a table shared with a non-private model, an optimizer of a custom loop.
-The fingerprint detects such moves from the weights themselves:
-
-``s(w) = sum_v sum_{i,j} r_v(i, j) w_v[i, j]`` (float64), with signs
-``r_v(i, j) = +-1`` from an integer hash of (variable, row, column). The DP
-step keeps ``s`` current at the cost of its update: it reads the rows it
-updates before and after (a table's selected rows; a dense weight whole) and
-adds ``sum r (w_after - w_before)``. Under XLA the update's values are made to
-depend on the sums read before it (``+ 0 * sum``), so that XLA runs that read
-before the update's in-place scatter; without that ordering it copies the whole
-table each step to keep the value the read sees (measured: 24 ms per step for a
-1e6 x 64 table, against 0.5 ms). Querying the epsilon recomputes ``s`` from
-the weights (``O(parameters)``, once per query) and compares: a move outside
-the DP step changes ``s`` by ``sum r dw``, which is zero only for moves
-orthogonal to the signs, a measure-zero event for a real optimizer step. The
-tolerance is float64 rounding (``1e-10`` of ``sum |w|``); float32 weights
-differ exactly in float64.
-
-``s`` lives in the model's DP state (saved and restored with the weights in
-TF checkpoints and SavedModels); ``load_weights`` and ``set_weights`` of a
-private model (which also bring the layers' DP records) set it anew from the
-weights they load. Not in the fingerprint: tables held by an embedding
-engine (``tpu``, ``sparsecore``, ``engine-double``), whose Keras copies are
-synced outside the step, and the tables of DP-SGD and DP-FEST (dense noise: each step updates every
-row, so keeping their fingerprint would cost two full reads of each table per
-step); a model on ``ParameterServerStrategy`` keeps none.
+``s(w) = sum_v sum_{i,j} r_v(i, j) w_v[i, j]`` (float64), with signs ``r_v(i, j) = +-1`` from
+an integer hash of (variable, row, column). The DP step keeps ``s`` current at the cost of its
+update: it reads the rows it updates before and after and adds ``sum r (w_after - w_before)``;
+under XLA the update's values are made to depend on the sums read before it (``+ 0 * sum``),
+so that the read runs before the in-place scatter instead of XLA copying the table. Querying
+the epsilon recomputes ``s`` from the weights and compares within float64 rounding (``1e-10``
+of ``sum |w|``): a move of the weights outside the DP step is refused. ``s`` is saved with the
+model's DP state; ``load_weights`` and ``set_weights`` of a private model set it anew. Not
+fingerprinted: engine-held tables, the tables of DP-SGD and DP-FEST, models on
+``ParameterServerStrategy``. See docs/epsilon.md ("The DP state and the weight fingerprint").
 """
 
 from __future__ import annotations
@@ -44,7 +26,14 @@ RELATIVE_TOLERANCE = 1e-10
 
 
 class WeightsMovedOutsideDPError(RuntimeError):
-  """The private weights changed outside the DP step: no epsilon covers them."""
+  """The private weights changed outside the DP step: no epsilon covers them.
+
+  Raised by :meth:`~sparse_dp.training.PrivateTraining.epsilon` and
+  :meth:`~sparse_dp.training.PrivateTraining.report` when the weights' fingerprint no
+  longer matches the DP step's (another model's ``fit``, a layer shared with a model
+  trained without DP, a custom loop's optimizer, an assign). Restore saved weights with
+  ``load_weights`` or ``set_weights``, which set the fingerprint anew.
+  """
 
 
 def _signs(index: int, rows: tf.Tensor, width: int) -> tf.Tensor:
@@ -80,7 +69,8 @@ def _signs_of_terms(row_terms: tf.Tensor, column_terms: tf.Tensor) -> tf.Tensor:
   the terms' sum less ``M`` once if it reaches ``M``; the second reduction by ``M``'s
   Mersenne form (``x mod M`` is ``(x & M) + (x >> 31)``, less ``M`` once if it reaches ``M``,
   exact for ``0 <= x < 2^62``); ``h // 7`` as ``floor(h / 7)`` in float64, exact for
-  ``h < 2^53``. The same integers as :func:`_signs` (``tests/test_weight_fingerprint.py``).
+  ``h < 2^53``. The same integers as :func:`_signs`
+  (``tests/unit/training/test_weight_fingerprint.py``).
   """
   h = _below_modulus(row_terms[:, None] + column_terms[None, :])
   h = h * _MIX + 1

@@ -6,8 +6,9 @@ per-example gradients are ``dW_i = X_i^T D_i`` and ``db_i = sum_t D_i[t]``, so
 
 ``||dW_i||_F^2 = sum((X_i X_i^T) * (D_i D_i^T))`` (``= ||x_i||^2 ||d_i||^2`` when
 ``T = 1``) and the clipped sum is ``sum_i f_i X_i^T D_i``, both without ever
-forming a per-example weight gradient (Goodfellow 2015; Li et al. 2021; TF
-Privacy's ``fast_gradient_clipping``; ``../shared/NOTES.md`` §2).
+forming a per-example weight gradient (Goodfellow, "Efficient Per-Example Gradient
+Computations", arXiv:1510.01799, 2015; Li et al., "Large Language Models Can Be Strong
+Differentially Private Learners", ICLR 2022; TF Privacy's ``fast_gradient_clipping``).
 
 During a DP step each ``Dense`` layer's ``call`` is replaced by one that
 computes ``z`` itself and records ``(x, z)``; the step then differentiates the
@@ -26,7 +27,13 @@ from sparse_dp.layers.embedding import Embedding
 
 
 class UnsupportedLayerError(ValueError):
-  """A layer with trainable weights whose per-example gradients cannot be clipped."""
+  """A layer with trainable weights whose per-example gradients cannot be clipped.
+
+  Raised by :func:`~sparse_dp.training.make_private`. DP training supports
+  ``keras.layers.Dense`` and :class:`sparse_dp.layers.Embedding`; freeze any other layer
+  with ``layer.trainable = False``. Also raised for a trainable variable that no such
+  layer owns, and for a ``Dense`` input of rank other than 2 or 3.
+  """
 
 
 class DenseCall(NamedTuple):

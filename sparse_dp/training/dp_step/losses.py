@@ -12,13 +12,14 @@ from sparse_dp.training.dp_step.penalties import check_no_data_dependent_losses
 
 _NONE = "reduction=keras.losses.Reduction.NONE"
 
-# How to train on several outputs: one per-example loss that sums them (README, "Multi-task").
+# How to train on several outputs: one per-example loss that sums them (docs/epsilon.md,
+# "Multi-task").
 MULTI_TASK_FIX = (
     "DP training clips one loss per example, so weight the outputs' losses yourself, per "
     "example, in a tfrs.Model: give each task a loss with " + _NONE + " and return their "
     "weighted sum from compute_loss, e.g. `return 1.0 * self.click_task(labels=click, "
     "predictions=p_click) + 0.5 * self.rating_task(labels=rating, predictions=p_rating)` "
-    "(each [batch]); see the README's multi-task paragraph")
+    "(each [batch]); see docs/epsilon.md, 'Multi-task'")
 
 
 def per_example_loss_fn(model: keras.Model):

@@ -1,47 +1,16 @@
 """Mixed precision in DP training: 16-bit compute, a float32 mechanism, a fixed loss scale.
 
-Under a Keras mixed policy (``mixed_bfloat16``, the TPU default, or
-``mixed_float16``) the variables are float32 and the layers compute in 16 bits.
-The DP step (:mod:`sparse_dp.training.dp_step.step`) runs each example's forward and
-backward pass in the layers' precision, and casts what leaves that per-example
-program to float32 (:mod:`sparse_dp.training.dp_step.per_example`): ``l_i``, the
-gradients ``dl_i/d(looked-up vector)`` and ``dl_i/dz`` and the ``Dense``
-inputs. The norms ``||g_i||``, the contribution map, the clipping to ``C2``,
-the selection and the noise ``N(0, sigma^2 C2^2)`` are then float32, as in a
-float32 model, and the update reaches the float32 variables. Rounding in 16
-bits changes *which* ``g_i`` an example has, never the bound
-``||[g_i]_C2|| <= C2`` nor the noise: the mechanism, hence the epsilon, is the
-float32 one (same accountant events).
-
-**Loss scaling** (``mixed_float16``: float16 gradients below ``6e-8``
-underflow to zero). Each example's loss is multiplied by a scale ``S`` before
-its backward pass and its gradients are divided by ``S`` in float32, before
-the norms: clipping ``S g_i`` instead would clip ``g_i`` to ``C2 / S``. A
-gradient that overflows float16 (``inf``) makes that example's gradient
-non-finite, and the step zeroes it before clipping as it zeroes any
-non-finite example (:func:`sparse_dp.training.dp_step.step._clipped_sums`): the
-update is the one without that example.
-
-``S`` must be **fixed**: Keras's dynamic loss scale halves ``S`` when the
-un-noised gradients of a step overflow and doubles it after a run of finite
-steps. That is state computed from the private batch without noise: it
-shapes every later step (which examples overflow, hence are zeroed) and is
-saved with the optimizer, outside the epsilon. Fed the DP step's noisy
-gradients instead (always finite) it would only ever grow, until every
-example overflows and is zeroed. So the DP step takes the scale of a
-``LossScaleOptimizer(inner, dynamic=False, initial_scale=S)`` and applies
-the updates with ``inner``; a dynamic one is refused. A per-example loss is
-not divided by the batch size ``B``, so its gradients are ``B`` times a mean
-loss's: the scale that kept a mean loss from underflowing, divided by ``B``,
-does the same here.
-
-**The separability probe** (:mod:`sparse_dp.training.checks.separability`) compares
-losses and gradients to a relative ``1e-4``; float16 rounds at ``1e-3`` and
-bfloat16 at ``8e-3``, which made it see examples mix where none did, and a
-tolerance that wide would lose power against a batch mean over its 13
-examples (an effect of ~1/13 of a difference). Coupling
-does not depend on the precision: the probe runs the same layers in float32
-(:func:`float32_compute`), with its float32 tolerance and power.
+Under a Keras mixed policy (``mixed_bfloat16``, ``mixed_float16``) each example's forward and
+backward pass run in the layers' 16 bits, and what leaves the per-example program (``l_i``,
+the activation gradients, the ``Dense`` inputs) is cast to float32
+(:mod:`sparse_dp.training.dp_step.per_example`): the norms, the clipping to ``C2``, the
+selection and the noise ``N(0, sigma^2 C2^2)`` are float32, so the mechanism and its epsilon
+are the float32 ones. Under ``mixed_float16`` each example's loss is multiplied by a **fixed**
+scale ``S`` (a ``LossScaleOptimizer(inner, dynamic=False, initial_scale=S)``; a dynamic one is
+refused: it is state computed from the private batch) and its gradients are divided by ``S``
+in float32 before the norms; an example whose gradient overflows is zeroed like any
+non-finite one. The separability probe runs the same layers in float32
+(:func:`float32_compute`). See docs/epsilon.md ("Mixed precision").
 """
 
 from __future__ import annotations

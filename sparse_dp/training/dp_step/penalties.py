@@ -2,22 +2,17 @@
 
 Keras adds ``model.losses`` to the compiled loss. They are of two kinds:
 
-* **data-independent** penalties, functions of the weights only: a ``Dense``
-  layer's ``kernel_regularizer`` / ``bias_regularizer``, or
-  ``model.add_loss(lambda: ...)``. Adding or removing an example does not
-  change them, so their gradient is added to the noisy gradient *after* the
-  noise, outside the clipped sum, and costs no privacy (post-processing):
-  ``g = (sum_i [g_i]_C2 + N(0, sigma^2 C2^2)) / B + grad R(w)``, which is
-  what Keras's ``mean_i l_i + R(w)`` becomes under DP-SGD.
-* **data-dependent** losses, tensors added during the forward pass
-  (``add_loss(tensor)`` in ``call``, ``activity_regularizer``): they are not
-  per-example and not clipped, so they would leak the batch without noise. A
-  DP step refuses them, naming the layer.
+* **data-independent** penalties, functions of the weights only (a ``Dense`` layer's
+  ``kernel_regularizer`` / ``bias_regularizer``, ``model.add_loss(lambda: ...)``): their
+  gradient is added *after* the noise, at no privacy cost (post-processing):
+  ``g = (sum_i [g_i]_C2 + N(0, sigma^2 C2^2)) / B + grad R(w)``;
+* **data-dependent** losses, tensors added during the forward pass (``add_loss(tensor)`` in
+  ``call``, ``activity_regularizer``): not per-example and not clipped, so a DP step refuses
+  them, naming the layer.
 
-A penalty whose gradient reaches an embedding table would update every row of
-the table each step (a dense update); :class:`sparse_dp.layers.Embedding`
-refuses ``embeddings_regularizer`` for that reason and :func:`penalty_of`
-refuses such a penalty too.
+A penalty whose gradient reaches an embedding table would update every row each step;
+:class:`sparse_dp.layers.Embedding` refuses ``embeddings_regularizer`` and :func:`penalty_of`
+refuses such a penalty. See docs/epsilon.md ("Penalties").
 """
 
 from __future__ import annotations

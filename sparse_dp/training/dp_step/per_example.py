@@ -1,36 +1,17 @@
 """Each example's loss and activation gradients, computed with that example alone.
 
-DP-SGD's guarantee rests on one bound: adding or removing example ``z`` moves
-the clipped sum ``G(D) = sum_i [g_i]_C2`` by at most ``C2`` (Abadi et al.,
-"Deep Learning with Differential Privacy", CCS 2016; Algorithm 1 of Ghazi et
-al., "Sparsity-Preserving Differentially Private Training of Large Embedding
-Models", NeurIPS 2023). It holds only if ``g_i`` is a function of example
-``i`` (and the weights) alone. A forward pass over the whole batch cannot
-promise that: a batch mean, an in-batch popularity feature or an input scaled
-by the batch maximum makes ``g_i`` depend on the other examples, and a probe
-that removes a few examples sees such a coupling only when it shows on them.
-
-Here it holds by construction, as JAX Privacy does with ``vmap``: the step
-runs the model's forward and backward pass on a batch of *one* example, once
-per example, with ``tf.vectorized_map`` (TensorFlow's parallel-for, which
-turns the one-example program into one batched program) over dense inputs,
-and ``tf.map_fn`` (a loop) where an input is ragged or sparse. Whatever a
-model does inside its ``call`` or loss sees one example; what leaves the
-per-example program is, per example ``i``:
-
-* ``l_i``, its loss;
-* for each embedding table, the rows it looked up and ``dl_i/d(looked-up
-  vector)`` of each lookup: its gradient on the table (Ghazi et al., NeurIPS 2023, §2.1);
-* for each ``Dense`` layer, its inputs ``X_i`` (``[T, k]``, every row the
-  layer saw while computing ``l_i``) and output gradients ``D_i = dl_i/dz``
-  (``[T, n]``): its gradient ``X_i^T D_i`` without forming it
-  (:mod:`sparse_dp.training.dp_step.dense_layers`).
-
-Every lookup and every ``Dense`` call made while computing ``l_i`` is charged
-to example ``i``, whatever the shape of the tensor it was made on (a constant
-candidate set, ids reshaped within the example). Norms, clipping, the
-contribution map and the noise are then computed from these per-example
-values (:mod:`sparse_dp.training.dp_step.step`).
+The bound ``||G(D + z) - G(D)|| <= C2`` on the clipped sum ``G(D) = sum_i [g_i]_C2`` (Abadi et
+al., CCS 2016; Ghazi et al., NeurIPS 2023, Algorithm 1) holds only if ``g_i`` is a function of
+example ``i`` alone. Here it holds by construction, as JAX Privacy does with ``vmap``: the
+model's forward and backward pass run on a batch of *one* example, once per example, with
+``tf.vectorized_map`` over dense inputs and ``tf.map_fn`` where an input is ragged or sparse.
+What leaves the per-example program is, per example ``i``: ``l_i``; each table's looked-up rows
+and ``dl_i/d(looked-up vector)``; each ``Dense`` layer's inputs ``X_i`` and output gradients
+``D_i = dl_i/dz``, whose product ``X_i^T D_i`` is never formed
+(:mod:`sparse_dp.training.dp_step.dense_layers`). Every lookup and ``Dense`` call made while
+computing ``l_i`` is charged to example ``i``; norms, clipping, the contribution map and the
+noise follow in :mod:`sparse_dp.training.dp_step.step`. See docs/epsilon.md ("Each example
+alone").
 """
 
 from __future__ import annotations
@@ -49,10 +30,23 @@ from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
 
 LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
+"""A model's training-mode forward pass and loss on a batch.
+
+``data -> (losses [B], labels or None, predictions or None)``.
+"""
 
 
 class PerExampleGradients(NamedTuple):
-  """Per-example losses and gradients of one batch, by layer."""
+  """Per-example losses and gradients of one batch, by layer.
+
+  Attributes:
+    losses: ``[B]``, each example's loss ``l_i``.
+    rows: by ``Embedding`` table, each example's row gradients
+      (``sparse_dp.mechanisms.RowGradients``).
+    dense: by ``Dense`` layer, ``(inputs [B, T, k], output gradients [B, T, n])``.
+    ids_outside: by table, int64 ``[B]``: each example's ids outside the table's
+      vocabulary (counted under XLA).
+  """
 
   losses: tf.Tensor  # [B]
   rows: dict  # Embedding -> mechanisms.RowGradients
@@ -61,6 +55,7 @@ class PerExampleGradients(NamedTuple):
 
   @property
   def batch_size(self) -> tf.Tensor:
+    """``B``, the examples of the batch (padding rows included), as an int64 scalar."""
     return tf.shape(self.losses, out_type=tf.int64)[0]
 
 
@@ -68,18 +63,30 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
                           loss_scale: float = 1.0) -> PerExampleGradients:
   """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.
 
-  ``losses_of(batch)`` runs the model forward on a batch and returns its
-  per-example losses; it is only ever called on a batch of one example.
-  Tables and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not
-  use get no rows (``[B, 0, k]`` inputs). ``in_batch [B]`` (a padded batch's
-  mask, :mod:`sparse_dp.training.poisson.padded_batches`): the rows where it is false
-  get loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
+  Each example's forward and backward pass runs on a batch of that example alone. Tables
+  and ``Dense`` layers of ``leaves`` that computing ``l_i`` did not use get no rows
+  (``[B, 0, k]`` inputs).
 
-  Under mixed precision the layers compute in 16 bits and what this returns
-  is float32. ``loss_scale`` ``S`` (fixed; :mod:`sparse_dp.training.dp_step.mixed_precision`):
-  the backward pass starts from ``S l_i`` and its gradients are divided by
-  ``S`` in float32, so they are ``l_i``'s; one that overflowed float16 stays
-  non-finite, and the step zeroes that example.
+  Args:
+    leaves: the layers the DP step trains (``Dense`` and ``Embedding`` layers).
+    losses_of: the model's forward pass and per-example losses; it is only ever called
+      on a batch of one example.
+    data (nest of tensors): the batch, of dense, ragged or sparse tensors.
+    in_batch (tf.Tensor): ``[B]``, a padded batch's example mask
+      (:mod:`sparse_dp.training.poisson.padded_batches`). The rows where it is false get
+      loss 0, no lookups (row ``PAD``) and zero ``Dense`` parts.
+    loss_scale: ``S``, the fixed loss scale of ``mixed_float16``
+      (:mod:`sparse_dp.training.dp_step.mixed_precision`). The backward pass starts from
+      ``S l_i``, and its gradients are divided by ``S`` in float32, so they are ``l_i``'s.
+
+  Returns:
+    The per-example losses and gradients, in float32 even when the layers compute in 16
+      bits. A gradient that overflowed float16 stays non-finite: the step zeroes that
+      example.
+
+  Raises:
+    ValueError: an example's loss is not one number, the forward pass writes state, or
+      TensorFlow cannot run one of its operations per example.
   """
   tables, dense = _split(leaves)
 
@@ -122,7 +129,19 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
 def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> dict:
   """``(example, row)`` of every lookup each example makes, by table: a forward pass only.
 
-  Rows of a padded batch where ``in_batch`` is false look up nothing (row ``PAD``).
+  Args:
+    leaves: the layers the DP step trains; only the ``Embedding`` tables are read.
+    losses_of: the model's forward pass, called on a batch of one example.
+    data (nest of tensors): the batch, of dense, ragged or sparse tensors.
+    in_batch (tf.Tensor): ``[B]``, a padded batch's example mask; rows where it is false
+      look up nothing (row ``PAD``).
+
+  Returns:
+    By table, ``(example, row)``: int64 vectors of equal length, one entry per lookup.
+
+  Raises:
+    ValueError: the forward pass writes state, or TensorFlow cannot run one of its
+      operations per example.
   """
   tables, _ = _split(leaves)
 

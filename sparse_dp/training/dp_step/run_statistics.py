@@ -1,24 +1,16 @@
 """The gradient size of every DP step of a run, aggregated inside the step.
 
-The size of a step's table update is the number of rows it changes, ``|S_t|``
-(the selected rows of DP-AdaFEST, Ghazi et al., NeurIPS 2023, Algorithm 1; every row ``V`` for
-DP-SGD), and its coordinates ``sum_tables |S_t| d``. The paper's gradient-size
-reduction is the tables' rows over the rows a step updates (§4, Fig. 3).
-Keras cannot give its mean over a run: an epoch's logs hold its last step's
-values, with ``steps_per_execution`` a callback sees only every k-th step, and
-the progress bar averages whatever was logged. :class:`RunStatistics` keeps
-the sums, minimum and maximum in variables the DP step updates (on the first
-replica: every replica selects the same rows), so each step's logs carry the
-run's values so far and the last logs the whole run's:
-
-* ``nonzero_rows``: the mean over the run's steps of ``|S_t|``;
-* ``nonzero_rows_min`` and ``nonzero_rows_max``;
-* ``nonzero_coordinates``: the mean of ``sum |S_t| d``;
-* ``gradient_size_reduction``: ``rows of all tables / nonzero_rows``.
-
-A run is one ``fit`` (or one ``TPUTrainer.fit`` / ``ParameterServerTraining.fit``):
-each resets the statistics when it starts. The progress bar shows these keys
-as logged (:data:`LOGGED`), not averaged again.
+A step's table update changes ``|S_t|`` rows (the selected rows of DP-AdaFEST, Ghazi et al.,
+NeurIPS 2023, Algorithm 1; every row for DP-SGD) and ``sum_tables |S_t| d`` coordinates; the
+paper's gradient-size reduction is the tables' rows over the rows a step updates (§4, Fig. 3).
+Keras cannot give its mean over a run (an epoch's logs hold its last step, a callback sees
+every k-th step under ``steps_per_execution``), so :class:`RunStatistics` keeps the sums,
+minimum and maximum in variables the DP step updates (on the first replica), and each step's
+logs carry the run's values so far: ``nonzero_rows`` (mean ``|S_t|``), ``nonzero_rows_min``,
+``nonzero_rows_max``, ``nonzero_coordinates`` and ``gradient_size_reduction`` (rows of all
+tables / ``nonzero_rows``). A run is one ``fit`` (or ``TPUTrainer.fit`` /
+``ParameterServerTraining.fit``); the progress bar shows these keys as logged (:data:`LOGGED`).
+See docs/epsilon.md ("Honest logs").
 """
 
 from __future__ import annotations

@@ -14,19 +14,10 @@ For a batch with per-example losses ``l_i``:
    (DP-SGD, the dense reference); the noisy sum is divided by the *expected*
    batch size, as the accounting assumes.
 
-Under a ``tf.distribute`` strategy with several replicas, each replica holds
-part of the batch: all replicas gather every replica's activated rows, so the
-contribution map and the selection (same seed) are those of the whole batch;
-each replica clips its own examples; only the first replica adds noise, so the
-optimizer's sum over replicas carries the noise once per step. The step
-statistics come from the first replica; its ``gradient_snr`` measures only its
-own share of the clipped sum.
-
-With ``microbatch_size`` the logical batch is processed in micro-batches (Anil
-et al. §5.3): a forward-only pass over them collects every activated row, so
-the contribution map and the selection are the whole logical batch's; a second
-pass clips and accumulates each micro-batch's gradients; the noise is added
-once. Memory then depends on the micro-batch, not the logical batch.
+Under a ``tf.distribute`` strategy the contribution map and the selection are the whole
+batch's, each replica clips its own examples and only the first adds noise; with
+``microbatch_size`` the noise is added once per logical batch. See docs/epsilon.md ("Inside
+the DP step").
 """
 
 from __future__ import annotations

@@ -22,7 +22,13 @@ _scope = threading.local()
 
 
 class UpdateOutsideDPStepError(RuntimeError):
-  """A private model's optimizer was asked to apply gradients the DP step did not make."""
+  """A private model's optimizer was asked to apply gradients the DP step did not make.
+
+  Raised by ``optimizer.apply_gradients`` (or ``minimize``) called outside the DP step,
+  e.g. in a ``tf.GradientTape`` loop: that update would be neither clipped, noised nor
+  accounted. Train with ``model.fit`` or ``train_on_batch``, or call
+  ``model.train_step(batch)`` in the loop.
+  """
 
   # Raised while a loop is traced: AutoGraph re-raises an error as its own type
   # only if its constructor is Exception's.

@@ -1,27 +1,16 @@
 """Poisson sampling of batches from in-memory data (Ghazi et al., NeurIPS 2023, §3.3).
 
-The accountant assumes every example joins every batch independently with
-probability ``q``. ``poisson_batches`` does exactly that: the batch of step
-``t`` of pass ``p`` holds the examples at the positions :func:`bernoulli_positions`
-draws from ``[0, N)`` with seed ``fold_in(fold_in(fold_in(seed, stream), p), t)``,
-so batch sizes vary around ``q N`` and the work per batch is O(batch), not O(N).
-
-No pass replays the batches of another. ``p`` counts the passes begun over
-the dataset (a Keras epoch, a ``repeat``, any new iterator: :class:`PoissonPasses`,
-a counter of this process's CPU) and ``stream`` numbers the datasets made from
-one secret seed (each ``poisson_dataset`` call), so each step is a fresh
-Poisson sample, as accounted. The batches depend on nothing else (not on
-TensorFlow's global seed): workers of one multi-worker job that hold the same
-seed, make the same datasets and iterate them alike draw the same global
-batches, which ``fit`` checks at its start
-(:func:`sparse_dp.distribute.workers.refuse_different_batches`).
-
-``data`` is any nest (tuples, dicts) of arrays, tensors, ``tf.RaggedTensor``
-and ``tf.SparseTensor`` sharing their first dimension; pandas columns are
-taken as their NumPy values. With ``q = 1`` every batch is the whole data; a
-batch may be empty, and then has every component with 0 rows. With a
-``capacity`` every batch has that many rows and an example mask
-(:mod:`sparse_dp.training.poisson.padded_batches`), for steps compiled with XLA.
+The accountant assumes every example joins every batch independently with probability ``q``.
+``poisson_batches`` does exactly that: the batch of step ``t`` of pass ``p`` holds the examples
+at the positions :func:`bernoulli_positions` draws from ``[0, N)`` with seed
+``fold_in(fold_in(fold_in(seed, stream), p), t)``, so batch sizes vary around ``q N`` and the
+work per batch is O(batch), not O(N). ``p`` counts the passes begun over the dataset
+(:class:`PoissonPasses`) and ``stream`` numbers the datasets made from one secret seed, so no
+pass replays another's batches. The batches depend on nothing else (not on TensorFlow's
+global seed): workers of one multi-worker job draw the same global batches, which ``fit``
+checks (:func:`sparse_dp.distribute.workers.refuse_different_batches`). ``data`` is any nest
+of arrays, tensors, ragged and sparse tensors; with a ``capacity`` every batch is padded
+(:mod:`sparse_dp.training.poisson.padded_batches`). See docs/epsilon.md ("The sample").
 """
 
 from __future__ import annotations
@@ -45,7 +34,29 @@ def poisson_batches(data, sampling_rate: float, steps: int, seed: int = 0,
                     capacity: Optional[int] = None) -> tf.data.Dataset:
   """``steps`` Poisson-sampled batches of ``data`` per pass, fresh on every pass.
 
-  The dataset of :func:`poisson_passes` (same arguments).
+  Each example joins each batch independently with probability ``q`` (Ghazi et al.,
+  NeurIPS 2023, §3.3), so batch sizes vary around ``q N``. This is the dataset of
+  :func:`poisson_passes`, which takes the same arguments.
+
+  Args:
+    data (nest of arrays or tensors): the examples: a nest of arrays, tensors, pandas
+      columns, ``tf.RaggedTensor`` and ``tf.SparseTensor`` sharing their first dimension.
+    sampling_rate: ``q``, in ``(0, 1]``.
+    steps: batches per pass, an integer ``>= 1``.
+    seed: the secret seed that keys the sample, with ``stream``.
+    stream: a number distinct for every dataset made from one seed. A fixed
+      ``(seed, stream)`` makes the sequence of passes reproducible.
+    num_examples: the ``N`` the accounting was declared for; ``data`` with another
+      number of rows is refused.
+    capacity: pad every batch to this many rows, with its example mask, for steps
+      compiled with XLA.
+
+  Returns:
+    The batches, ``steps`` per pass; a pass is every iteration of the dataset.
+
+  Raises:
+    ValueError: ``sampling_rate`` is not in ``(0, 1]``, ``steps`` is not an integer
+      ``>= 1``, or ``data``'s rows are not ``num_examples`` or differ between arrays.
   """
   return poisson_passes(data, sampling_rate, steps, seed, stream, num_examples,
                         capacity).dataset()

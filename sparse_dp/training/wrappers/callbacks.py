@@ -8,7 +8,11 @@ from sparse_dp._keras import keras
 
 
 class BudgetExhaustedError(RuntimeError):
-  """The epsilon budget allows no further training step."""
+  """The epsilon budget allows no further training step.
+
+  Raised by ``fit`` (:class:`PrivacyCallback`) before its first step. Raise the budget or
+  the noise, or lower the sampling rate.
+  """
 
 
 NOT_POISSON_KEY = "epsilon_not_poisson"
@@ -17,15 +21,20 @@ NOT_POISSON_KEY = "epsilon_not_poisson"
 class PrivacyCallback(keras.callbacks.Callback):
   """Logs ``epsilon`` and stops training before the budget is exceeded.
 
-  Batch logs carry ``epsilon`` as an upper bound: the exact epsilon at the
-  next multiple of ``log_every_steps`` (PLD accounting is too slow to run every
-  step); epoch logs carry the exact epsilon after the epoch. The key is
-  ``epsilon`` only when every step of the model so far, and this ``fit``'s
-  input, are the package's Poisson batches; otherwise the same number is
-  logged as ``epsilon_not_poisson``, since the proof does not cover it, and
-  the progress bar says so. Training stops after the last step that keeps
-  epsilon within the budget, with a message; if not even one step fits,
-  ``fit`` fails before its first step.
+  Made by :meth:`PrivateTraining.callback`. Batch logs carry ``epsilon`` as an upper
+  bound: the exact epsilon at the next multiple of ``log_every_steps``. PLD accounting is
+  too slow to run every step. Epoch logs carry the exact epsilon after the epoch. The key
+  is ``epsilon`` only when every step of the model so far, and this ``fit``'s input, are
+  the package's Poisson batches. Otherwise the same number is logged as
+  ``epsilon_not_poisson``, since the proof does not cover it, and the progress bar says
+  so. Training stops after the last step that keeps epsilon within the budget, with a
+  message. If not even one step fits, ``fit`` fails before its first step
+  (:class:`BudgetExhaustedError`).
+
+  Args:
+    training (PrivateTraining): the run whose epsilon is logged.
+    log_every_steps: batch logs carry the exact epsilon at the next multiple of this
+      many steps (at least 1).
   """
 
   def __init__(self, training, log_every_steps: int = 50):
@@ -40,6 +49,11 @@ class PrivacyCallback(keras.callbacks.Callback):
     self._supports_tf_logs = True
 
   def on_train_begin(self, logs=None):
+    """Reads the step limit and the log key, and refuses a ``fit`` with no step left.
+
+    Raises:
+      BudgetExhaustedError: the epsilon budget allows not even one more step.
+    """
     training = self.training
     if not training.is_private:
       return
@@ -62,6 +76,7 @@ class PrivacyCallback(keras.callbacks.Callback):
     return self._bound_at[1]
 
   def on_epoch_begin(self, epoch, logs=None):
+    """Reads the steps taken before the epoch, once."""
     if not self.training.is_private:
       return
     # One read of the step counter per epoch: reading it every batch would make
@@ -69,6 +84,7 @@ class PrivacyCallback(keras.callbacks.Callback):
     self._steps_before_epoch = int(self.training.steps_taken.numpy())
 
   def on_train_batch_end(self, batch, logs=None):
+    """Logs the epsilon bound and stops after the budget's last step."""
     training = self.training
     if not training.is_private:
       return
@@ -82,5 +98,6 @@ class PrivacyCallback(keras.callbacks.Callback):
             f"{training.epsilon_text(training.epsilon())}).")
 
   def on_epoch_end(self, epoch, logs=None):
+    """Logs the exact epsilon after the epoch."""
     if logs is not None and self.training.is_private:
       logs[self._key] = self.training.epsilon()

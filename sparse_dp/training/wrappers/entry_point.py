@@ -38,63 +38,55 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  private_statistics: Sequence = ()) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
 
-  Call after ``model.compile``, on a built model. Refuses models that DP
-  clipping cannot cover (:func:`validation.check_model`; the first batch of
-  the first ``fit`` is probed by :func:`validation.check_separable`).
-  Installs a DP ``train_step`` on ``model`` (a functional model, a
-  ``keras.Model`` subclass or a ``tfrs.Model``), and ``fit``,
-  ``train_on_batch`` and ``compile`` wrappers (:mod:`.fit_wrappers`): ``fit``
-  knows whether it is fed this object's ``poisson_dataset`` and refuses
-  un-noised validation logs; a later ``compile`` keeps the model private. With
-  an epsilon budget, ``steps_per_execution`` must be 1. Replaces its optimizer
-  by one whose table updates stay sparse
-  (:func:`sparse_dp.optimizers.sparse_optimizer`), and returns the
-  :class:`PrivateTraining` holding the accountant. ``batch_size`` is the
-  expected batch size: the noisy sum is divided by it and ``q = B / N``.
-  ``epochs`` is needed only to calibrate ``config.target_epsilon``.
+  Call it after ``model.compile``, on a built model. It installs a DP ``train_step``,
+  private ``fit``, ``train_on_batch`` and ``compile`` wrappers, and an optimizer whose
+  table updates stay sparse. The DP state it attaches to the model (``model.dp_state``)
+  lasts: a later run on these weights continues the accounting. The manual's guide
+  *Making a Keras or TFRS model private* says what it changes and why.
 
-  **The budget lasts.** The model carries its DP state (``model.dp_state``):
-  a second ``make_private`` on it, or on a model whose weights were restored
-  from a checkpoint saved after ``make_private``, *continues* the accounting:
-  epsilon composes every earlier run's steps and selection with this run's,
-  and ``epsilon_budget`` bounds that total. ``resume_from`` (a TF-format
-  checkpoint prefix, a checkpoint folder or a SavedModel folder) restores the
-  DP state saved there into the model first; restore the weights and the
-  optimizer as usual (``model.load_weights``, ``tf.train.Checkpoint.restore``).
-  The secret noise seed is never saved: a resumed run draws a fresh one unless
-  ``config.noise_seed`` is fixed. A run resumed with the saved run's algorithm,
-  noise, sampling rate and ``selection_epsilon`` is that job going on: its
-  top-k preselection (DP-FEST, DP-AdaFEST+) is charged once. Any other run
-  charges its ``selection_epsilon`` as a new selection.
+  Example:
+    ```python
+    private = sparse_dp.make_private(
+        model, sparse_dp.DPConfig("adafest", target_epsilon=1.0),
+        num_examples=N, batch_size=1024, epochs=3)
+    model.fit(private.poisson_dataset(x, y, epochs=3), callbacks=[private.callback()])
+    print(private.report().statement())
+    ```
 
-  ``embedding`` (``"auto"``, ``"tpu"``, ``"cpu"``, ``"engine-double"``) picks
-  where the tables live by the strategy's hardware
-  (:func:`sparse_dp.layers.embedding_backends.choose_backend`;
-  ``training.embedding_choice`` says which and why, ``auto``'s is logged):
-  ``tpu`` is the V1 TPU embedding engine, trained by
-  :class:`sparse_dp.training.tpu_loop.TPUTrainer` (``fit`` is refused), or on
-  SparseCore (V2) hardware ``TPUEmbeddingV2``, updated inside the step ``fit``
-  runs (:class:`~sparse_dp.layers.embedding_backends.SparseCoreBackend`);
-  ``cpu`` is the Keras variables; ``engine-double`` (off TPU, for tests)
-  routes the DP step's update through the engine's pure-TF double. The DP
-  semantics are the same on all.
+  Args:
+    model: a compiled, built Keras 2 model: functional, a ``keras.Model`` subclass
+      or a ``tfrs.Model``.
+    config: the DP algorithm and its clipping norms, noise and budget.
+    num_examples: ``N``, the number of training examples (default ``delta = 1 / N``).
+    batch_size: the expected batch size ``B``: the noisy sum is divided by it and the
+      sampling rate is ``q = B / N``.
+    epochs: epochs planned; needed only to calibrate ``config.target_epsilon``.
+    resume_from: a TF-format checkpoint prefix, a checkpoint folder or a SavedModel
+      folder whose DP state is restored into the model first.
+    embedding: where the tables live: ``"auto"`` (by the strategy's hardware),
+      ``"tpu"``, ``"cpu"`` or ``"engine-double"`` (off TPU, for tests).
+    max_batch_size: batches are Poisson samples truncated to this many examples,
+      accounted as such (:class:`sparse_dp.accounting.Truncation`).
+    public_layers: names of preprocessing layers whose statistics come from public data.
+    private_statistics: the :class:`sparse_dp.preprocessing.PrivateStatistic` objects
+      of the model's preprocessing layers; their epsilons are spent once, at the start.
 
-  ``max_batch_size``: the batches are truncated Poisson samples of at most
-  that many examples (``sparse-dp sample --max-batch-size``), accounted as
-  such (:class:`sparse_dp.accounting.Truncation`).
+  Returns:
+    The run's :class:`PrivateTraining`: its accountant, sampler and callback. With
+      ``algorithm="none"`` the model trains exactly as plain Keras would.
 
-  ``private_statistics``: the :class:`sparse_dp.preprocessing.PrivateStatistic`
-  objects of the model's preprocessing layers (DP mean and variance, quantiles,
-  vocabulary): their layers are accepted and their epsilons spent once at the
-  start of this run, composed with its steps.
-
-  ``public_layers``: names of preprocessing layers (``Normalization``,
-  ``Discretization``, ``StringLookup``, ...) whose statistics come from public
-  data; any other such layer is refused, since its statistics of the private
-  data would be released with the model outside the epsilon
-  (:mod:`sparse_dp.training.checks.preprocessing_checks`).
-
-  With ``algorithm="none"`` the model trains exactly as plain Keras would.
+  Raises:
+    ValueError: the model is not compiled or not built, or replaces ``train_step`` or
+      ``compute_loss``; ``batch_size`` is not in ``(0, num_examples]``;
+      ``target_epsilon`` comes without ``epochs``; ``steps_per_execution`` is not 1
+      under an epsilon budget; ``embedding`` does not fit the hardware or the
+      algorithm; or ``resume_from`` holds no DP state.
+    ModelValidationError: a layer or loss breaks per-example clipping
+      (:func:`~sparse_dp.training.checks.validation.check_model`).
+    UnsupportedLayerError: a layer with trainable weights is neither ``Dense`` nor
+      :class:`sparse_dp.layers.Embedding`.
+    UnreachableTargetError: no noise in the searched range meets ``target_epsilon``.
+    Keras3ModelError: ``model`` is a Keras 3 model.
   """
   require_keras2_model(model)
   if model.optimizer is None:

@@ -1,24 +1,15 @@
 """The DP step's guards, enforced on the host where XLA would compile them away.
 
-Inside the DP step, ``tf.debugging.Assert`` refuses a step past the epsilon
-budget and a non-Poisson batch larger than the declared rate allows. XLA
-(``model.compile(jit_compile=True)``, every TPU program) compiles an
-``Assert`` to nothing, so a compiled step would run past both silently. The
-step keeps its asserts (the first refusal in graph mode); these checks run
-outside the compiled program, before each step of a compiled model:
-
-* the budget, by a callback that ``fit`` gets (:class:`HostGuards`);
-* ids outside a table's vocabulary: a compiled step reads them as NaN rows,
-  so their examples' gradients are zeroed (the update does not depend on
-  them), and logs their count per table, which the same callback refuses
-  (and takes out of the logs: it is only ever 0 in a run that goes on);
-* a table's false positives past their room (probability ``<= 1e-18`` per
-  table and step): the compiled step logs the count of such tables, which the
-  same callback refuses after that step (graph mode refuses before the update);
-* the batch size of an input that is not this run's Poisson batches, on the
-  host: a ``tf.data`` input gets a size check in its pipeline (which is never
-  compiled), arrays are checked by their ``batch_size``, and
-  ``train_on_batch`` by its batch.
+Inside the DP step ``tf.debugging.Assert`` refuses a step past the epsilon budget and a
+non-Poisson batch larger than the declared rate allows; XLA (``jit_compile=True``, every TPU
+program) compiles an ``Assert`` to nothing. The step keeps its asserts, and these checks run
+outside the compiled program, before each step of a compiled model: the budget, by a callback
+``fit`` gets (:class:`HostGuards`); ids outside a table's vocabulary (read as NaN rows, their
+examples' gradients zeroed, their count logged and refused by the same callback); a table's
+false positives past their room (probability ``<= 1e-18`` per table and step, refused after
+that step); and the batch size of an input that is not this run's Poisson batches, in its
+``tf.data`` pipeline, by ``batch_size`` or by ``train_on_batch``'s batch. See docs/tpu.md
+("Compiled with XLA").
 """
 
 from __future__ import annotations

@@ -45,11 +45,25 @@ from sparse_dp.training.wrappers.callbacks import PrivacyCallback
 class PrivateTraining:
   """The DP state of one model: its noise, its accountant, its sampler.
 
-  Made by :func:`make_private`; query ``epsilon()`` at any time, pass
-  ``callback()`` to ``fit``, and feed ``poisson_dataset(...)`` for a proved
-  guarantee. The counters and the record of runs live on the model
-  (``model.dp_state``, :mod:`sparse_dp.training.dp_state.state`), so checkpoints carry
-  them; the secret seed lives here only.
+  Made by :func:`make_private`. Query ``epsilon()`` at any time, pass ``callback()`` to
+  ``fit``, and feed ``poisson_dataset(...)`` for a proved guarantee. The counters and the
+  record of runs live on the model (``model.dp_state``,
+  :mod:`sparse_dp.training.dp_state.state`), so checkpoints carry them. The secret seed
+  lives here only: from ``config.noise_seed``, else from the operating system.
+
+  Args:
+    model (keras.Model): the private Keras model.
+    config: the run's algorithm, clipping norms, noise and budget.
+    num_examples: ``N``, the number of training examples.
+    batch_size: the expected batch size ``B``; the sampling rate is ``q = B / N``.
+    spec: the run's algorithm, noise and schedule; ``None`` for ``algorithm="none"``.
+    state: the model's DP state (:func:`~sparse_dp.training.dp_state.state.attach`).
+    leaves: the layers the DP step trains (``Dense`` and ``Embedding`` layers).
+    resumed: whether the run resumes a saved one; a job that goes on with the saved
+      run's mechanism is not charged its top-k preselection again.
+    max_batch_size: batches are truncated to this many examples, accounted as such.
+    statistics_epsilon: pure-DP epsilon of the preprocessing statistics, spent once at
+      the start of the run.
   """
 
   def __init__(self, model, config: DPConfig, num_examples: int, batch_size: float,
@@ -132,14 +146,17 @@ class PrivateTraining:
 
   @property
   def largest_batch(self) -> int:
-    """The most examples one step's batch holds: ``max_batch_size``, else the capacity of a
-    padded Poisson batch (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`),
-    which bounds an unpadded one too and any replica's slice of it (a TPU engine's static
-    bound)."""
+    """The most examples one step's batch holds (a TPU engine's static bound).
+
+    ``max_batch_size``, else the capacity of a padded Poisson batch
+    (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`). That capacity
+    bounds an unpadded batch too, and any replica's slice of it.
+    """
     return self.max_batch_size or batch_capacity(self.num_examples, self.sampling_rate)
 
   @property
   def is_private(self) -> bool:
+    """Whether the run is DP: any algorithm but ``none``."""
     return self.spec is not None
 
   @property
@@ -153,13 +170,24 @@ class PrivateTraining:
     return self.spec.training_noise_multiplier
 
   def epsilon(self, steps: Optional[int] = None, delta: Optional[float] = None) -> float:
-    """Epsilon at ``delta`` (default: the run's) after the steps taken so far.
+    """Epsilon at ``delta`` after the steps taken so far, or after ``steps`` in all.
 
-    With ``steps``: after ``steps`` in all, the further ones at this run's noise
-    and sampling rate. An epsilon of non-Poisson batches is not proved
-    (``poisson_sampling``); print it with :func:`epsilon_caveat`. The epsilon
-    spent (``steps=None``) is refused once the weights moved outside the DP
-    step (:meth:`check_weights`).
+    The accountant composes every run on the model. An epsilon of non-Poisson batches is
+    not proved (``poisson_sampling``); print it with :meth:`epsilon_text`, which adds the
+    caveat (:func:`~sparse_dp.accounting.report.epsilon_caveat`).
+
+    Args:
+      steps: steps in all to account; those beyond the steps taken are at this run's
+        noise and sampling rate. Default: the steps taken.
+      delta: the target delta; default: the run's (``DPConfig.delta``, else ``1 / N``).
+
+    Returns:
+      The epsilon spent (or that ``steps`` would spend); ``inf`` without DP.
+
+    Raises:
+      WeightsMovedOutsideDPError: with ``steps=None``, the weights moved outside the DP
+        step (:meth:`check_weights`).
+      ValueError: ``delta`` is not in ``(0, 1)``.
     """
     if not self.is_private:
       return math.inf
@@ -172,11 +200,24 @@ class PrivateTraining:
                                     steps - accountant.steps, self.run.truncation)
 
   def epsilon_text(self, epsilon: float) -> str:
-    """``epsilon`` to print, with the not-Poisson caveat in the same line."""
+    """``epsilon`` to print, with the not-Poisson caveat in the same line.
+
+    Args:
+      epsilon: an epsilon of this model, e.g. from :meth:`epsilon`.
+
+    Returns:
+      The epsilon to 4 significant digits, followed by "NOT a proved epsilon" unless
+        every step so far was fed the package's Poisson batches.
+    """
     return f"{epsilon:.4g}{epsilon_caveat(self.poisson_sampling)}"
 
   def max_steps_within_budget(self) -> Optional[int]:
-    """Most steps in all whose epsilon stays within ``epsilon_budget``."""
+    """Most steps in all whose epsilon stays within ``epsilon_budget``.
+
+    Returns:
+      The most steps, counting those taken (the steps taken if they already exceed the
+        budget); ``None`` without a budget or without DP.
+    """
     if self.epsilon_budget is None or not self.is_private:
       return None
     low = self.accountant.steps
@@ -191,9 +232,15 @@ class PrivateTraining:
     return low
 
   def use_embedding_backend(self, backend: embedding_backends.EmbeddingBackend) -> None:
-    """Routes the tables through ``backend``; its engine's tables and optimizer slots
-    (``backend.checkpointable``) are saved and restored with the model's DP state
-    (``dp_state/embedding_engine``), so a resumed run keeps the engine's Adam moments."""
+    """Routes the tables through ``backend`` (:func:`make_private` calls it).
+
+    The engine's tables and optimizer slots (``backend.checkpointable``) are saved and
+    restored with the model's DP state (``dp_state/embedding_engine``). A resumed run
+    thus keeps the engine's Adam moments.
+
+    Args:
+      backend: where the tables live and how the step's update reaches them.
+    """
     self.embedding_backend = backend
     backend.attach()
     if backend.checkpointable is not None:
@@ -201,10 +248,13 @@ class PrivateTraining:
     self.track_weights()  # the engine's tables are left out of the fingerprint
 
   def create_optimizer_weights(self) -> None:
-    """Creates the optimizer's slots for the variables the DP step updates through it,
-    before a train function is traced (:func:`sparse_dp.optimizers.create_weights`:
-    made in the first trace, they would make ``fit`` trace its step twice). A model
-    not built yet has none: its first trace makes them."""
+    """Creates the optimizer's slots before a train function is traced.
+
+    The slots are those of the variables the DP step updates through the optimizer
+    (:func:`sparse_dp.optimizers.create_weights`). Made in the first trace, they would
+    make ``fit`` trace its step twice. A model not built yet gets none here: its first
+    trace makes them.
+    """
     if self.model.built:
       with self.model.distribute_strategy.scope():
         optimizers.create_weights(self.model.optimizer, self.embedding_backend.optimizer_variables(
@@ -232,8 +282,15 @@ class PrivateTraining:
     self.fingerprint.reset()
 
   def check_weights(self) -> None:
-    """Refuses weights that moved outside the DP step
-    (:mod:`~sparse_dp.training.dp_state.weight_fingerprint`)."""
+    """Refuses weights that moved outside the DP step.
+
+    The fingerprint (:mod:`~sparse_dp.training.dp_state.weight_fingerprint`) is
+    recomputed from the weights, in ``O(parameters)``.
+
+    Raises:
+      WeightsMovedOutsideDPError: the weights changed outside the DP step (another
+        model's ``fit``, a shared layer, a custom loop's optimizer, an assign).
+    """
     if self.fingerprint is not None and self.fingerprint.moved():
       raise WeightsMovedOutsideDPError(
           f"sparse-dp: the weights of private model '{self.model.name}' changed outside its "
@@ -244,7 +301,15 @@ class PrivateTraining:
           "or set_weights")
 
   def report(self) -> PrivacyReport:
-    """The privacy report of every step the model has taken."""
+    """The privacy report of every step the model has taken.
+
+    Returns:
+      This run's :class:`~sparse_dp.accounting.PrivacyReport`, with the steps and
+        selections of earlier runs on the model composed into its epsilon.
+
+    Raises:
+      WeightsMovedOutsideDPError: the weights moved outside the DP step.
+    """
     self.check_weights()
     accountant = self.accountant
     spec = dataclasses.replace(self.spec, schedule=BatchSchedule.constant(
@@ -255,24 +320,47 @@ class PrivateTraining:
         debug_metrics=any(run.debug_metrics for run in self.state.runs))
 
   def poisson_sample(self, data) -> PoissonSample:
-    """The Poisson sampler of ``data``'s rows at this run's rate ``q`` (each step's batch
-    keyed by its step, as :class:`~sparse_dp.distribute.ParameterServerTraining` draws it)."""
+    """The Poisson sampler of ``data``'s rows at this run's rate ``q``.
+
+    Each step's batch is keyed by its step, as
+    :class:`~sparse_dp.distribute.ParameterServerTraining` draws it.
+
+    Args:
+      data (nest of arrays or tensors): every example, as arrays, ragged or sparse
+        tensors.
+
+    Returns:
+      A sampler: called with a stateless seed, it returns one Poisson batch of ``data``.
+    """
     return PoissonSample(data, self.sampling_rate)
 
   def poisson_dataset(self, x, y=None, sample_weight=None, epochs: float = 1.0,
                       padded: Optional[bool] = None) -> tf.data.Dataset:
     """Poisson-sampled batches of in-memory ``(x, y, sample_weight)`` for ``epochs``.
 
-    Any nest of arrays, pandas columns, ragged or sparse tensors holding all
-    ``num_examples`` examples (other data is refused: ``q`` and ``delta`` are
-    computed from ``num_examples``); fresh batches on every pass (Keras
-    ``epochs=``) and every call. Feed it to ``fit`` as it is (``prefetch``,
-    ``take``, ``repeat`` are fine): behind a ``map`` or any other
-    transformation its steps count as not Poisson. Transform the examples
-    before sampling instead: ``poisson_dataset(f(x), y)``, with ``f``
-    computing each example from that example alone (a statistic of the
-    dataset, such as a target encoding or a scale by the data's maximum, is
-    released through the model outside the epsilon unless it is public).
+    The batches are fresh on every pass (Keras ``epochs=``) and every call. Feed the
+    dataset to ``fit`` as it is: ``prefetch``, ``take`` and ``repeat`` are fine. Behind a
+    ``map`` or any other transformation its steps count as not Poisson. Transform the
+    examples before sampling instead, each from that example alone:
+    ``poisson_dataset(f(x), y)`` (manual: *What the epsilon covers*).
+
+    Args:
+      x (nest of arrays or tensors): the features of all ``num_examples`` examples: any
+        nest of arrays, pandas columns, ragged or sparse tensors.
+      y (nest of arrays or tensors): their labels, or ``None``.
+      sample_weight (array or tensor): their weights, or ``None``; needs ``y``.
+      epochs: expected visits of each example in one pass of the dataset, which has
+        ``ceil(epochs / q)`` batches.
+      padded: pad every batch to one static size, with its example mask, for steps
+        compiled with XLA. Default: when the model is private and has ``jit_compile``.
+
+    Returns:
+      The batches: ``x``, ``(x, y)`` or ``(x, y, sample_weight)`` each.
+
+    Raises:
+      ValueError: the data does not hold exactly ``num_examples`` rows (``q`` and
+        ``delta`` are computed from it); ``sample_weight`` comes without ``y``; or
+        ``padded=True`` without DP.
     """
     if sample_weight is not None and y is None:
       raise ValueError("poisson_dataset: sample_weight needs labels y (pass y=...); "
@@ -298,11 +386,22 @@ class PrivateTraining:
                          sampling_rate: float, max_batch_size: Optional[int]) -> tf.data.Dataset:
     """``dataset``, whose ``fit`` steps count as Poisson: batches sampled before training.
 
-    Only for a sampler that makes each batch an independent Poisson sample of
-    rate ``sampling_rate`` of all ``num_examples`` examples, truncated to
-    ``max_batch_size``, and feeds each batch at most once
-    (:meth:`sparse_dp.jobs.sample.SampledBatches.dataset`); a sample of another
-    ``N``, ``q`` or truncation than this run accounts is refused.
+    Only for a sampler that makes each batch an independent Poisson sample of all
+    ``num_examples`` examples, truncated to ``max_batch_size``, and feeds each batch at
+    most once (:meth:`sparse_dp.jobs.sample.SampledBatches.dataset`).
+
+    Args:
+      dataset: the presampled batches.
+      num_examples: ``N`` the batches were sampled from.
+      sampling_rate: ``q`` they were sampled with.
+      max_batch_size: the size they were truncated to; ``None``: not truncated.
+
+    Returns:
+      ``dataset`` itself, now recognised by ``fit`` as Poisson batches.
+
+    Raises:
+      ValueError: the sample's ``N``, ``q`` or truncation is not the one this run
+        accounts.
     """
     sample = (num_examples, sampling_rate, max_batch_size)
     if sample != (self.num_examples, self.sampling_rate, self.max_batch_size):
@@ -316,17 +415,38 @@ class PrivateTraining:
   def transformations_to(self, x) -> Optional[list[str]]:
     """The ``tf.data`` transformations from one of this object's Poisson datasets to ``x``.
 
-    ``None`` when ``x`` is not built on one (see :func:`transformations_from`).
+    Args:
+      x (tf.data.Dataset): the input ``fit`` is given.
+
+    Returns:
+      The names of the transformations that do not pass each batch through unchanged,
+        in the order applied (``["unbatch", "batch"]``); ``None`` when ``x`` is not built
+        on one of these datasets (see :func:`transformations_from`).
     """
     return transformations_from(x, self._live_datasets())
 
   def feeds_poisson(self, x) -> bool:
-    """Whether ``x`` is one of this object's Poisson datasets, behind batch-preserving steps."""
+    """Whether ``x`` is one of this object's Poisson datasets, behind batch-preserving steps.
+
+    Args:
+      x (tf.data.Dataset): the input ``fit`` is given.
+
+    Returns:
+      True when ``x`` is such a dataset behind ``prefetch``, ``take``, ``repeat`` or
+        options only.
+    """
     return derives_from(x, self._live_datasets())
 
   def next_batch_fingerprint(self, x) -> int:
-    """A fingerprint of the first batch ``fit(x)`` will draw, if ``x`` is one of this object's
-    Poisson datasets (:meth:`.PoissonPasses.next_batch_fingerprint`); else 0."""
+    """A fingerprint of the first batch ``fit(x)`` will draw.
+
+    Args:
+      x (tf.data.Dataset): the input ``fit`` is given.
+
+    Returns:
+      The 64-bit fingerprint (:meth:`.PoissonPasses.next_batch_fingerprint`) if ``x`` is
+        one of this object's Poisson datasets; else 0.
+    """
     for dataset, passes in list(self._poisson_datasets.items()):
       if passes is not None and derives_from(x, [dataset]):
         return passes.next_batch_fingerprint()
@@ -336,10 +456,20 @@ class PrivateTraining:
     return list(self._poisson_datasets)
 
   def callback(self, log_every_steps: int = 50):
+    """The Keras callback that logs ``epsilon`` and stops training at the budget.
+
+    Args:
+      log_every_steps: batch logs carry the exact epsilon at the next multiple of this
+        many steps, an upper bound.
+
+    Returns:
+      (PrivacyCallback): a :class:`PrivacyCallback` of this run, for ``fit(callbacks=...)``.
+    """
     return PrivacyCallback(self, log_every_steps)
 
   @property
   def separability_checked(self) -> bool:
+    """Whether the separability probe has passed (or the run needs none)."""
     return self._separable
 
   def require_probe(self) -> None:
@@ -347,8 +477,20 @@ class PrivateTraining:
     self._separable = not self.is_private
 
   def check_separable(self, batch) -> bool:
-    """The separability probe on ``batch``, once per run
-    (see :mod:`~sparse_dp.training.checks.validation`)."""
+    """The separability probe on ``batch``, once per run.
+
+    See :func:`~sparse_dp.training.checks.validation.check_separable`.
+
+    Args:
+      batch (tuple or dict): a batch ``fit`` is about to train on (padded or not).
+
+    Returns:
+      Whether the probe has passed; ``False`` while no batch of 2 or more examples has
+        been probed.
+
+    Raises:
+      ModelValidationError: one example's loss depends on another example.
+    """
     if not self._separable:
       self._separable = validation.check_separable(self.model, self.leaves,
                                                    per_example_loss_fn(self.model),

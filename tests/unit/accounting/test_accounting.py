@@ -112,7 +112,8 @@ def test_batch_size_schedule_composes_phases_as_separate_events():
 @requires_tf_privacy
 def test_pld_is_at_most_tf_privacy_rdp():
   from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib
-  for n, batch, sigma, epochs in [(60_000, 256, 1.1, 15), (N, 2048, 0.8, 3), (50_000, 500, 2.0, 50)]:
+  for n, batch, sigma, epochs in [(60_000, 256, 1.1, 15), (N, 2048, 0.8, 3),
+                                  (50_000, 500, 2.0, 50)]:
     delta = 1 / n
     rdp_epsilon, _ = compute_dp_sgd_privacy_lib.compute_dp_sgd_privacy(
         n, batch, sigma, epochs, delta)

@@ -117,7 +117,8 @@ def test_small_noise_pld_fits_in_memory_and_says_so(capsys):
   # the parent's (pytest's, with TensorFlow) resident memory at the fork.
   script = ("import json, re\n"
             "from sparse_dp.accounting import BatchSchedule, PrivacyReport, PrivacySpec\n"
-            "spec = PrivacySpec('dpsgd', BatchSchedule.constant(0.1, 1000), noise_multiplier=0.15)\n"
+            "spec = PrivacySpec('dpsgd', BatchSchedule.constant(0.1, 1000),"
+            " noise_multiplier=0.15)\n"
             "epsilon = PrivacyReport.compute(spec, 1e-6).epsilon\n"
             "status = open('/proc/self/status').read()\n"
             "print(json.dumps([epsilon, int(re.search(r'VmHWM:\\s+(\\d+) kB', status)[1])]))")

@@ -60,7 +60,8 @@ def test_a_ledger_opened_before_another_spend_checks_the_file(tmp_path):
   with pytest.raises(ValueError, match="already has a 'training' spend for period 1"):
     early.record(1, "training", 0.1, 0.0)
   early.record(2, "training", 0.3, 5e-6)
-  assert [e["period"] for e in PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5).entries] == [1, 2]
+  assert [e["period"]
+          for e in PrivacyLedger(tmp_path / "ledger.jsonl", 1.0, 1e-5).entries] == [1, 2]
 
 
 _SPENDER = """

@@ -58,7 +58,8 @@ def test_synthetic_days_round_trip_through_the_reader(tmp_path):
   assert again.equals(frame)
   column = frame["categorical-feature-16"].dropna()
   assert column.str.fullmatch(r"[0-9a-f]{8}").all()
-  assert column.nunique() == len(np.unique(expected["buckets"][:, 2][expected["buckets"][:, 2] >= 0]))
+  assert column.nunique() == len(np.unique(
+      expected["buckets"][:, 2][expected["buckets"][:, 2] >= 0]))
 
 
 @pytest.mark.parametrize("max_examples", [None, 240, 250])
@@ -90,7 +91,9 @@ def test_planted_model_is_learnable_and_days_drift():
   synthetic = SyntheticCriteo(scale=0.1, seed=0)
   day0 = synthetic.examples(0, 20_000)  # Criteo-1TB's numbering: day_0 .. day_23
   assert 0.7 < planted_auc(day0["labels"], day0["probabilities"]) < 0.9
-  top = lambda d: set(np.argsort(-np.bincount(d["buckets"][:, 2][d["buckets"][:, 2] >= 0]))[:50])
+  def top(d):
+    return set(np.argsort(-np.bincount(d["buckets"][:, 2][d["buckets"][:, 2] >= 0]))[:50])
+
   day23 = synthetic.examples(23, 20_000)
   assert len(top(day0) & top(day23)) < 40  # popular buckets move over the days
   assert len(top(day0) & top(synthetic.examples(0, 20_000))) >= 45

@@ -1,4 +1,4 @@
-"""Which task writes where in a ``TF_CONFIG`` cluster (``sparse-dp train`` / ``stream`` --out, --state)."""
+"""Where each ``TF_CONFIG`` cluster task writes (``sparse-dp train``/``stream`` --out, --state)."""
 
 import json
 import pathlib

@@ -1,4 +1,4 @@
-"""The parameter-server layout of ``sparse-dp train --strategy ps``: table shards follow the cluster."""
+"""Parameter-server layout of ``sparse-dp train --strategy ps``: table shards follow the cluster."""
 
 import pytest
 import tensorflow as tf

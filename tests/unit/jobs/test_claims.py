@@ -42,7 +42,8 @@ def test_streams_near_chance_leave_every_comparison_undecided():
   lines = claims({"study": "streaming", "points": [
       stream("adafest", [0.52, 0.53], reduction=44.0),
       stream("fest", [0.53, 0.54], reduction=20.0, source="first-day")]})
-  assert "2.2x the reduction (undecided: adafest is at AUC 0.5250, within 0.05 of chance" in lines[0]
+  assert ("2.2x the reduction (undecided: adafest is at AUC 0.5250, within 0.05 of chance"
+          in lines[0])
 
 
 def test_adafest_is_compared_with_the_sparsest_fest_stream_of_no_lower_auc():

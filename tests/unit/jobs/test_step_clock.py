@@ -1,4 +1,4 @@
-"""Throughput after the first step, which traces the train function (sparse_dp/jobs/train/step_clock.py)."""
+"""Throughput after the first step, which traces the train function (jobs/train/step_clock.py)."""
 
 import time
 

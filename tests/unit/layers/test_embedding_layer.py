@@ -92,6 +92,7 @@ def test_saved_model_serves_without_sparse_dp(tmp_path):
       out = served(tf.ragged.constant([[1, 2], [7]], tf.int64))
       print(out.numpy().ravel().tolist())
   """)
-  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
   np.testing.assert_allclose(json.loads(result.stdout.strip().splitlines()[-1]), expected.ravel(),
                              rtol=1e-6)

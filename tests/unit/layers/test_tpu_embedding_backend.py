@@ -33,8 +33,8 @@ from sparse_dp.optimizers import LazyAdam
 
 from support.keras_models import VOCAB, N, functional_model, synthetic_data
 from support.stacks import one_stack
-from support.tpu_engine import ADAFEST, OPTIMIZERS, EngineRows
 from support.tiers import first_case_fast
+from support.tpu_engine import ADAFEST, OPTIMIZERS, EngineRows
 
 
 def _train(embedding, optimizer, algorithm="adafest", steps=6):
@@ -123,6 +123,7 @@ def test_refusals_name_the_input_and_the_fix():
                            batch_size=128, embedding="engine-double")
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")
 def test_train_cli_auto_says_it_trains_with_cpu_off_tpu(tmp_path, capsys):
   # auto resolves to the cpu backend itself off TPU (test_off_tpu_auto_is_cpu_and_...)

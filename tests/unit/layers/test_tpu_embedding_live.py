@@ -167,7 +167,9 @@ def _train(embedding, optimizer, live=False, eager=False, steps=3):
 
 def test_adafest_steps_through_the_live_adapter_give_both_backends_tables():
   """Lazy Adam: the optimizer a stray row in a training round would move (decayed moments)."""
-  optimizer = lambda: keras.optimizers.Adam(0.01)
+  def optimizer():
+    return keras.optimizers.Adam(0.01)
+
   live, backend = _train("engine-double", optimizer, live=True, eager=True)
   double, _ = _train("engine-double", optimizer)
   cpu, _ = _train("cpu", optimizer)

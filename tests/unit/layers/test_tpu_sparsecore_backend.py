@@ -23,23 +23,24 @@ v3 = pytest.importorskip("tensorflow.python.tpu.tpu_embedding_v3", reason=(
     "TF has none (the TF 2.21 stack runs these tests)"))
 
 
-from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as adapter
-from tensorflow.python.trackable.base import ShardInfo
+# These need TF 2.16+ (the adapter; the double imports tpu_embedding_v3): after the skip.
+from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as adapter  # noqa: E402
+from tensorflow.python.trackable.base import ShardInfo  # noqa: E402
 
-import sparse_dp
-from sparse_dp.layers import embedding_backends
-from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout
-from sparse_dp.layers.embedding_backends.doubles.sparsecore_api_double import (
+import sparse_dp  # noqa: E402
+from sparse_dp.layers import embedding_backends  # noqa: E402
+from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware, sparse_core_layout  # noqa: E402
+from sparse_dp.layers.embedding_backends.doubles.sparsecore_api_double import (  # noqa: E402
   TPUEmbeddingV2APIDouble,
 )
-from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine
-from sparse_dp.training.dp_step.input_ids import functional_input_ids
-from sparse_dp.training.tpu_loop import TPUTrainer
-from sparse_dp.training.wrappers.entry_point import update_bounds
+from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine  # noqa: E402
+from sparse_dp.training.dp_step.input_ids import functional_input_ids  # noqa: E402
+from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
+from sparse_dp.training.wrappers.entry_point import update_bounds  # noqa: E402
 
-from support.keras_models import VOCAB, N, functional_model, synthetic_data
-from support.tpu_engine import ADAFEST, OPTIMIZERS, EngineRows, variables_used
-from support.tiers import first_case_fast
+from support.keras_models import VOCAB, N, functional_model, synthetic_data  # noqa: E402
+from support.tiers import first_case_fast  # noqa: E402
+from support.tpu_engine import ADAFEST, OPTIMIZERS, EngineRows, variables_used  # noqa: E402
 
 API = tf.tpu.experimental.embedding
 D = 4
@@ -134,7 +135,9 @@ def test_the_double_keeps_the_call_rules_of_tpu_embedding_v3():
   with pytest.raises((ValueError, TypeError), match="structure"):
     api.embedding_lookup({"a": ids["a"]})
   layout = api.embedding_layouts["t"]
-  rows = lambda: sparse_core_layout.host_rows(api.variables["t"]["parameters"], layout).numpy()
+  def rows():
+    return sparse_core_layout.host_rows(api.variables["t"]["parameters"], layout).numpy()
+
   before = rows()
 
   @tf.function

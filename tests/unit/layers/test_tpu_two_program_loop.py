@@ -133,6 +133,7 @@ def test_auto_on_v1_hardware_keeps_the_tables_in_the_engine_and_refuses_fit(monk
   assert len(history) == 2 == private.accountant.steps
 
 
+@pytest.mark.slow
 def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   ids, labels = synthetic_data()
   runs = []
@@ -171,6 +172,7 @@ def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
   assert len(history) == 2 and all(h["nonzero_rows"] > 0 for h in history)
 
 
+@pytest.mark.slow
 @one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
 def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
   """On two mirrored CPU replicas each core enqueues the same selected rows with its own

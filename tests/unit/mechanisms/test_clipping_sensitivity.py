@@ -120,7 +120,8 @@ def test_clipped_gradient_sum_moves_by_at_most_c2(c2):
 
 
 def test_repeated_lookups_sum_before_the_norm():
-  grads = per_example_row_gradients(tf.constant([0, 0, 1], tf.int64), tf.constant([3, 3, 3], tf.int64),
+  grads = per_example_row_gradients(tf.constant([0, 0, 1], tf.int64),
+                                    tf.constant([3, 3, 3], tf.int64),
                                     tf.constant([[1.0, 0], [1.0, 0], [0, 2.0]]),
                                     tf.constant(2, tf.int64))
   np.testing.assert_allclose(squared_norms(grads, tf.constant(2, tf.int64)).numpy(), [4.0, 4.0])

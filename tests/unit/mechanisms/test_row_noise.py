@@ -15,7 +15,8 @@ def test_noise_on_selected_rows_has_std_sigma2_c2(seed):
   vocabulary, dim = 1_000_000, 64
   selected = tf.constant(np.sort(np.random.default_rng(0).choice(vocabulary, 2000, replace=False)))
   # A clipped sum touching 3 selected rows and 2 rows that were not selected.
-  signal_rows = tf.concat([selected[:3], tf.constant([vocabulary - 1, vocabulary - 2], tf.int64)], 0)
+  signal_rows = tf.concat([selected[:3],
+                           tf.constant([vocabulary - 1, vocabulary - 2], tf.int64)], 0)
   clipped = tf.IndexedSlices(tf.fill([5, dim], 0.25), signal_rows, [vocabulary, dim])
   noisy = add_row_sparse_noise(clipped, selected, SIGMA2 * C2, seed)
 

@@ -89,7 +89,8 @@ def test_remapping_sends_kept_buckets_to_dense_ids_and_the_rest_to_oov(tmp_path)
   # Serialises as plain TF ops.
   module = tf.Module()
   module.remap = remap
-  module.call = tf.function(lambda ids: remap(ids), input_signature=[tf.TensorSpec([None], tf.int64)])
+  module.call = tf.function(lambda ids: remap(ids),
+                            input_signature=[tf.TensorSpec([None], tf.int64)])
   tf.saved_model.save(module, str(tmp_path))
   restored = tf.saved_model.load(str(tmp_path))
   np.testing.assert_array_equal(restored.call(tf.constant([77, 1], tf.int64)).numpy(), [1, 3])

@@ -16,8 +16,6 @@ from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
 
-from support.stacks import one_stack
-
 N, B, VOCAB = 64, 16, 20
 
 
@@ -70,7 +68,6 @@ def test_a_recompiled_optimizer_is_guarded_too():
     tape_step(model, *batch())
 
 
-@one_stack("tf2.15")  # an end-to-end run; its library code has unit tests on both stacks
 def test_train_step_and_make_train_function_called_directly_are_dp_steps():
   model, private = private_model()
   step = tf.function(model.train_step)

@@ -49,7 +49,8 @@ def reference_clipped_sum(model, x, y, clip, keep_rows=None):
     xi = {"a": x["a"][i:i + 1], "b": x["b"][i:i + 1]}
     with tf.GradientTape() as tape:
       loss = tf.reduce_sum(per_example_losses(model, xi, y[i:i + 1]))
-    grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    grads = [tf.convert_to_tensor(g).numpy()
+             for g in tape.gradient(loss, model.trainable_variables)]
     if keep_rows is not None:
       for j, v in enumerate(model.trainable_variables):
         if v.name in keep_rows:

@@ -28,8 +28,9 @@ def test_algorithm_lowers_loss_and_reports_epsilon(algorithm):
   ids, labels = synthetic_data()
   model = functional_model()
   before = model.evaluate(ids, labels, verbose=0)
-  private = sparse_dp.make_private(model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
-                                   num_examples=N, batch_size=256)
+  private = sparse_dp.make_private(
+      model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
+      num_examples=N, batch_size=256)
   history = fit(model, private, ids, labels)
   assert model.evaluate(ids, labels, verbose=0) < before - 0.1
   epsilon = history.history["epsilon"][-1]
@@ -61,7 +62,8 @@ def test_preselection_algorithms_train_on_kept_buckets(algorithm, seed):
 def test_none_equals_plain_keras():
   ids, labels = synthetic_data()
   plain, private_model = functional_model(seed=7), functional_model(seed=7)
-  sparse_dp.make_private(private_model, sparse_dp.DPConfig("none", noise_seed=1), num_examples=N, batch_size=128)
+  sparse_dp.make_private(private_model, sparse_dp.DPConfig("none", noise_seed=1), num_examples=N,
+                         batch_size=128)
   for model in (plain, private_model):
     keras.utils.set_random_seed(11)
     model.fit(ids, labels, batch_size=128, epochs=2, verbose=0)

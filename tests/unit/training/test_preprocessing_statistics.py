@@ -1,4 +1,4 @@
-"""Preprocessing layers holding statistics of the private data are refused unless declared public."""
+"""Preprocessing layers with statistics of the private data are refused unless declared public."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The gradient size over every step of a run, in the logs and on the progress bar (issue 23, item 1)."""
+"""The gradient size over every step of a run, in the logs and on the progress bar."""
 
 import re
 

@@ -1,5 +1,5 @@
 """No temporary the size of a table in a training step, except DP-SGD's noise, one table at a time
-(on a table of more rows than ``mechanisms.noise.dense_noise.CHUNK_ROWS``, one chunk of it at a time).
+(on a table of more rows than ``mechanisms.noise.dense_noise.CHUNK_ROWS``, one chunk at a time).
 
 The checks read the traced step's graph (no step runs), on two tables whose
 row counts appear nowhere else in the model, so a tensor with that many rows

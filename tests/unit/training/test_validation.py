@@ -56,7 +56,8 @@ def over_ids(*middle, name="table"):
   """ids [B, L] -> Embedding -> Dense -> middle layers -> Dense(1)."""
   keras.utils.set_random_seed(3)
   ids = keras.Input(shape=(L,), dtype=tf.int64)
-  hidden = keras.layers.Dense(6, activation="relu", name="hidden")(Embedding(VOCAB, 4, name=name)(ids))
+  hidden = keras.layers.Dense(6, activation="relu", name="hidden")(
+      Embedding(VOCAB, 4, name=name)(ids))
   for layer in middle:
     hidden = layer(hidden)
   return compiled(keras.Model(ids, keras.layers.Dense(1, name="logit")(hidden)))

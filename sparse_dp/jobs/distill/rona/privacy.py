@@ -1,22 +1,14 @@
 """What RONA's answers cost: a composition of Gaussian mechanisms, one per answered batch.
 
 A batch answer is ``S`` per-example answers, each clipped to norm ``C``, plus
-``N(0, (sigma C)^2)`` per coordinate. The teacher is not private: adding or
-removing one private training example may change it arbitrarily, hence every
-answer of the batch, each by up to ``2C`` (from one point of the C-ball to the
-opposite one). The L2 sensitivity of a batch answer is therefore
-``2 C sqrt(S)``, and the answer is a Gaussian mechanism of noise multiplier
-``sigma C / (2 C sqrt(S)) = sigma / (2 sqrt(S))``, whatever ``C`` (a clip chosen
-from public data only, RONA's adaptive bound, changes nothing). The queries are
-public and every private example influences every answer, so there is no
-amplification by sampling: ``T`` answers compose as ``T`` Gaussian mechanisms
-(adaptively chosen queries included), here by dp_accounting's PLD accountant.
-
-RONA (Wang et al., AAAI 2019, "Privacy Protection") instead takes the clip bound of the
-batch response as its sensitivity ("After clipping, the sensitivity of L(i) is
-B"): for these answers ``C sqrt(S)``, a noise multiplier ``sigma / sqrt(S)``,
-twice the true one. :func:`rona_claimed_epsilon` computes that claim for
-comparison; it is not a valid guarantee.
+``N(0, (sigma C)^2)`` per coordinate. The teacher is not private: one private example may
+change every answer of the batch by up to ``2C``, so the L2 sensitivity is ``2 C sqrt(S)``
+and the answer is a Gaussian mechanism of noise multiplier ``sigma / (2 sqrt(S))``, whatever
+``C``. The queries are public, so there is no amplification by sampling: ``T`` answers compose
+as ``T`` Gaussian mechanisms (dp_accounting's PLD accountant). RONA (Wang et al., AAAI 2019)
+takes the clip bound ``C sqrt(S)`` as the sensitivity instead, twice the true multiplier;
+:func:`rona_claimed_epsilon` computes that claim for comparison, not as a guarantee. See
+docs/commands/distill.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """``sparse-dp distill --method rona``: RONA (Wang et al., AAAI 2019), on the pCTR model.
 
-A non-private teacher is trained on the private data; the compact student
-learns on public data only (Algorithm 1):
-
-1. hint learning, ``T_h`` epochs: on ``N_q`` random public queries, the student
-   up to its middle ReLU layer (the guided layer) plus a dense adaptation layer
-   fits the teacher's middle layer (the hint), ``L_hint = 1/2 ||r(g(x)) - z_h||^2``
-   (eq. 3);
-2. ``R`` rounds of: self learning, ``T_s`` epochs of cross-entropy on every
-   public sample's own label (eq. 5; no privacy cost); then distillation,
-   ``T_d`` epochs on ``N_q`` queries chosen by Algorithm 3
-   (:mod:`~sparse_dp.jobs.distill.rona.query_selection`) from the student's
-   predictions, fitting the teacher's soft targets ``sigmoid(z_t / tau)`` (eq. 4).
-
-Every teacher answer goes through :class:`~sparse_dp.jobs.distill.rona.answers.NoisyAnswers`
-in batches of ``S`` queries: per-example clip ``C`` (fixed, or RONA's adaptive
-bound: the mean answer norm, on the same queries, of an auxiliary teacher
-trained on public data), Gaussian noise ``sigma C``. The epsilon is the PLD
-composition of one Gaussian mechanism per answered batch at its true
-sensitivity (:mod:`~sparse_dp.jobs.distill.rona.privacy`); sigma is calibrated
-to ``--epsilon`` unless ``--noise-multiplier`` is given. Where this departs from
-the paper: the teacher's answers (hints, logits) are noised rather than the
-batch loss (the loss also depends on the public student; noising the teacher's
-part is the same mechanism, with the student's part added after it); ``N_q`` is
-rounded down to a multiple of ``S`` so that every answer has ``S`` queries.
+A non-private teacher is trained on the private data; the compact student learns on public
+data only (Algorithm 1): hint learning (``T_h`` epochs on ``N_q`` public queries: the student
+up to its middle ReLU layer plus an adaptation layer fits the teacher's middle layer,
+``L_hint = 1/2 ||r(g(x)) - z_h||^2``, eq. 3), then ``R`` rounds of self learning (``T_s``
+epochs on the public labels, eq. 5; no privacy cost) and distillation (``T_d`` epochs on
+``N_q`` queries chosen by Algorithm 3, :mod:`~sparse_dp.jobs.distill.rona.query_selection`,
+fitting the teacher's ``sigmoid(z_t / tau)``, eq. 4). Every teacher answer goes through
+:class:`~sparse_dp.jobs.distill.rona.answers.NoisyAnswers` in batches of ``S`` queries:
+per-example clip ``C`` (fixed or RONA's adaptive bound), Gaussian noise ``sigma C``; the
+epsilon is the PLD composition of one Gaussian mechanism per answered batch
+(:mod:`~sparse_dp.jobs.distill.rona.privacy`). Departures from the paper: see
+docs/commands/distill.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,20 @@
 """Swing distillation (Li et al., arXiv 2022): dynamic temperature and soft target protection.
 
-Li et al. ("Swing Distillation: A Privacy-Preserving Knowledge Distillation
-Framework", arXiv:2212.08349, 2022) distils a teacher trained on private data into a
-student trained on its own data ``D_S``, changing two things in Hinton's KD:
+Li et al. ("Swing Distillation: A Privacy-Preserving Knowledge Distillation Framework",
+arXiv:2212.08349, 2022) change two things in Hinton's KD, here on next-item prediction (a
+"token" is the next item, clue words are clue items:
+:mod:`sparse_dp.jobs.distill.swing.swing_data`):
 
-* **Dynamic temperature** (§3.2, Eqs. 5-6): the teacher's soft target for the
-  token at position ``t`` is softened with its own temperature ``tau_t``, higher
-  the closer ``t`` is to a *privacy clue word* (a dictionary ``C``, App. C:
-  "ID", "password", "@" ...); with several clue words, the closest one counts.
-* **Soft target protection** (§3.3, Eq. 8): Laplace noise on the top-K
-  soft targets only (K = 3 in all the paper's experiments, §4.6); "the
-  probabilities of the other classes remain unchanged".
+* dynamic temperature (Eqs. 5-6, Eq. 5 rebuilt from the paper's prose):
+  ``tau_t = T + beta / d_t``, ``d_t >= 1`` the distance to the closest clue item
+  (``tau_t = T`` without one), and ``q_{t,i} = softmax(z_t / tau_t)_i``;
+* soft target protection (Eq. 8): ``Lap(0, b)`` on the top-K targets only (K = 3), the scale
+  ``b`` taken as it is (see :data:`NO_EPSILON_REASON`), then clipped at 0 and renormalised;
+* the loss (Eqs. 10-11): ``L = alpha L_SD + (1 - alpha) CE(y, softmax(z_s))``, ``L_SD`` the
+  cross-entropy of the protected targets and ``softmax(z_s / T)``, no ``T**2`` factor.
 
-Here the model predicts the next item of a user's history, so a "token" is the
-next item, the sequence is the history, and clue words are clue items
-(:mod:`sparse_dp.jobs.distill.swing.swing_data`).
-
-The text of the paper this was built from lost the bodies of its equations; the formulas
-below are rebuilt from its prose, and where the prose leaves a choice it is
-named:
-
-* Eq. 5, rebuilt: ``tau_t = T + beta / d_t``, with ``T`` the temperature
-  coefficient, ``beta`` the privacy protection coefficient and ``d_t >= 1`` the
-  distance from position ``t`` to the closest clue item (``tau_t = T`` when the
-  history has none). It has the properties the seed states: two coefficients,
-  higher temperature at smaller distance, and "the farther away from the private
-  clue word, the closer the temperature is to the constant temperature of KD"
-  (App. B). The next item is position ``L`` after a history ``x_0 .. x_{L-1}``,
-  so ``d = L - j`` for the last clue item at position ``j``.
-* Eq. 6: ``q_{t,i} = exp(z_{t,i} / tau_t) / sum_j exp(z_{t,j} / tau_t)``.
-* Eq. 8: ``q~_{t,i} = q_{t,i} + Lap(0, b)`` for ``i`` in the top K of ``q_t``,
-  ``q~_{t,i} = q_{t,i}`` otherwise. The seed writes the scale as
-  ``Delta f / epsilon``; we take the scale ``b`` itself (see
-  :data:`NO_EPSILON_REASON`).
-* Simplification (the seed does not say what it does with a noisy target that
-  is negative or does not sum to 1): the protected targets are clipped at 0 and
-  renormalised, so the student learns from a distribution (post-processing).
-* Eqs. 10-11: ``L = alpha * L_SD + (1 - alpha) * CE(y, softmax(z_s))`` with
-  ``L_SD = -mean sum_i q~_i log softmax(z_s / T)_i``; the student's softmax
-  uses the constant ``T`` (§3.4), and ``T = 1`` at inference. No ``T**2``
-  factor (the paper's Eq. 3 interpolates the two losses linearly).
-
-Plain KD is the same code with ``beta = 0`` and ``b = 0``.
+Plain KD is the same code with ``beta = 0`` and ``b = 0``. See docs/commands/distill.md
+("Swing's formulas, as rebuilt here").
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """A study's points from a grid file: ``sparse-dp study tradeoffs --grid FILE``.
 
-FILE, YAML or JSON (JSON is YAML), maps flags of ``sparse-dp train`` to a value
-or a list of values; the study trains every combination (the Cartesian product)
-at every seed, each flag not given taking the preset's value (then the
-command's default)::
+FILE, YAML or JSON (JSON is YAML), maps flags of ``sparse-dp train`` to a value or a list of
+values; the study trains every combination at every seed, each flag not given taking the
+preset's value (then the command's default)::
 
     algorithm: [dpsgd, fest, adafest]
     tau_sigmas: [2, 4, 8]
-    fest_k: [100, 1000]
     epsilon: 1
     seeds: 3             # seeds 0, 1, 2; or a list: [0, 5]
-    max_examples: 60000  # lines read of --data (default: the preset's; real files: all)
-    examples: 2000000    # synthetic lines drawn per data seed (default: the preset's)
 
-A flag is named as in ``sparse-dp train`` (``tau-sigmas`` or ``tau_sigmas``) and
-its values are checked by that command's parser, so a bad one is refused naming
-the flag. A flag that an algorithm does not read (``tau_sigmas`` of DP-SGD) does
-not multiply its points. The grid sets the flags of one run
-(:data:`RUN_FLAGS`); the data are the study's ``--data`` (read once for all
-points) and the seeds the grid's ``seeds``.
+Values are checked by the command's parser, so a bad one is refused naming the flag; a flag
+an algorithm does not read does not multiply its points. The grid sets the flags of one run
+(:data:`RUN_FLAGS`); the data are the study's ``--data``. See docs/commands/study.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """One point of a sweep, trained over the preset's seeds, each run cached on disk.
 
 A run is one configuration of ``sparse-dp train``
-(:func:`sparse_dp.jobs.train.fitting.train_and_evaluate`, the command's own entry
-point; DP-FEST and DP-AdaFEST+ spend the preset's ``selection_share`` of epsilon
-on the private top-k first), with the command's flags parsed by the command's
-parser, so a point's numbers are those the command prints for the same flags.
-Each run's metrics are written to ``<folder>/runs/<key>.json`` (and its
-progress to ``<key>.log``); a study that finds them reuses them, so sweeps
-that share points (the epsilon sweep at the trade-off study's epsilon) train
-them once, and a killed study resumes. The key is a hash of everything that
-determines the run: the data's description, the point, the command's parsed
-settings (seed included) and the preset's ``version`` (from 2 on: version 1 adds
-nothing, so caches written before presets had versions stay valid). A run's file is written
-whole under another name and renamed, so a killed run leaves no file under its
-key and is trained again; ``from_cache`` reads the cache and trains nothing.
-
-Seeds vary the initial weights and the DP noise (a fixed noise seed per seed:
-reproducible experiments, never a release); the data stay fixed unless the
-preset resamples them per seed (``resample_data``: the synthetic generator's
-seed is the run's), so that the same seed is the same data for every point and
-two points' AUCs are compared seed by seed (:func:`paired_difference`).
+(:func:`sparse_dp.jobs.train.fitting.train_and_evaluate`, the command's own entry point), with
+the command's flags parsed by the command's parser, so a point's numbers are those the command
+prints for the same flags. Each run's metrics are written to ``<folder>/runs/<key>.json``
+(whole, then renamed), keyed by a hash of the data's description, the point, the parsed
+settings and the preset's ``version``, so studies that share points train them once, a killed
+study resumes, and ``from_cache`` trains nothing. Seeds vary the initial weights and the DP
+noise; the data stay fixed unless the preset resamples them per seed (``resample_data``), so
+two points' AUCs are compared seed by seed (:func:`paired_difference`). See
+docs/commands/study.md ("How runs are cached and seeded").
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """A pure-TensorFlow stand-in for the TPU embedding engine, for tests and runs without a TPU.
 
-The TPU embedding engine (``tf.tpu.experimental.embedding.TPUEmbedding``;
-``TPUEmbeddingV2`` on SparseCore) keeps the tables and their optimizer slots in
-its own memory. A step talks to it in two ways only:
-
-* **lookup** (an inference enqueue, ``training=False``): the rows of each
-  feature's ids, one activation per id for a univalent feature;
-* **training round** (``enqueue(training=True)``, ``dequeue``,
-  ``apply_gradients``): for every feature, the gradient of the loss with
-  respect to its activations. With gradient accumulation on (the API's default,
-  required here) the engine sums, per row, the activation gradients of every
-  id of every feature of the table (``g_j = sum_{ids = j} dL/da``), then applies
-  its optimizer to each row present in the round, and to no other row (lazy):
-
-  * ``SGD``: ``w_j <- w_j - lr g_j``;
-  * ``Adagrad``: ``acc_j <- acc_j + g_j^2``, ``w_j <- w_j - lr g_j / sqrt(acc_j)``
-    (no epsilon, unlike Keras's ``Adagrad``: ``g / (sqrt(acc) + 1e-7)``);
-  * ``Adam`` (``lazy_adam=True``): ``m_j <- b1 m_j + (1 - b1) g_j``,
-    ``v_j <- b2 v_j + (1 - b2) g_j^2``, ``w_j <- w_j - lr m_j / sqrt(v_j + eps^2)``
-    with ``sum_inside_sqrt`` (the API's default), else ``lr m_j / (sqrt(v_j) + eps)``.
-    The engine does no bias correction: the caller passes the learning rate
-    ``lr sqrt(1 - b2^t) / (1 - b1^t)`` as a dynamic learning rate
-    (``optimization_parameters.proto``, ``AdamParameters``).
-
-:class:`EngineDouble` is a ``TPUEmbeddingForServing`` (the API's own variable
-and slot creation, names and checkpoint keys: ``<table>``,
-``<table>/momenta``, ``<table>/accumulators`` ...) with those two operations
-added. Its lookup is checked against ``TPUEmbeddingForServing.embedding_lookup``
-and its update rules against the Keras optimizers in
-``tests/test_tpu_embedding_engine.py``. Anything of the engine it does not
-model (weight and gradient clipping limits, weight decay, non-lazy Adam,
-FTRL) is refused when it is built.
+The engine keeps the tables and their optimizer slots in its own memory and offers two
+operations: a **lookup** (an inference enqueue) and a **training round**, which sums the
+activation gradients of every id per row, ``g_j = sum_{ids = j} dL/da``, and applies its
+optimizer to the rows in the round only (lazy): SGD ``w_j <- w_j - lr g_j``, Adagrad without
+epsilon, Adam without bias correction (``w_j <- w_j - lr m_j / sqrt(v_j + eps^2)`` under
+``sum_inside_sqrt``). :class:`EngineDouble` is a ``TPUEmbeddingForServing`` (the API's
+variables, slots and checkpoint keys) with those two operations added, checked against the
+Keras optimizers in ``tests/unit/layers/test_tpu_embedding_engine.py``. What it does not model
+(clipping limits, weight decay, non-lazy Adam, FTRL) is refused when it is built. See
+docs/tpu.md ("The engine's update rules").
 """
 
 from __future__ import annotations

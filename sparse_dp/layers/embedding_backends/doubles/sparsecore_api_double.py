@@ -1,76 +1,15 @@
 """A double of ``TPUEmbeddingV2``, the SparseCore (v5p, v6e) mid-level API, off TPU.
 
-``tf.tpu.experimental.embedding.TPUEmbeddingV2`` (TF 2.16+,
-``tensorflow/python/tpu/tpu_embedding_v3.py``, read at TF 2.21) refuses to be
-created outside a ``TPUStrategy`` (``TPUEmbeddingV2.__init__``: "should be
-created under TPUStrategy"). :class:`TPUEmbeddingV2APIDouble` takes its calls
-with the rules of that file (function named at each below). Its tables are
-laid out as on the SparseCores (:mod:`.sparse_core_layout`), by TF's own code,
-which it runs on itself:
-
-* ``__init__`` is ``TPUEmbeddingV2.__init__`` but for the strategy: the
-  feature config cloned (``_clone_feature_config``), weight decay refused
-  (``NotImplementedError``), ``SparseCoreEmbeddingConfig()`` when none is
-  given, the tables padded and laid out by TF's ``SparseCoreLayoutStacker``
-  (``_stack_tables_with_same_table_dim_and_optimizer``, for one replica and the
-  strategy's SparseCores per chip), ``max_ids_per_table`` and
-  ``max_unique_ids_per_table`` read by stacked table, 256 for one they do not
-  name (``_update_sparse_core_buffer_size_after_table_stacking``);
-* ``build`` creates each stacked table and its slots with the values TF's
-  ``_initialize_stacked_table_for_device`` gives the one device (each table's
-  initializer called with its ``shard_info``: ``_get_shard_info_for_table``,
-  ``_wrap_initializer``), tracked under the API's checkpoint keys
-  (``<stacked table>``, ``<stacked table>/<slot>``) with the layouts
-  (``_track_restore_info_for_cpu``), so that a checkpoint of the double
-  restores into ``TPUEmbeddingForServing`` as one of the API does;
-* ``embedding_lookup(features)`` is ``enqueue`` then ``dequeue``
-  (``embedding_lookup``), building on first use (``_maybe_build``): features
-  of ``feature_config``'s structure (``enqueue``: ``nest.assert_same_structure``),
-  each a dense tensor of its ``output_shape``'s sample count
-  (``_convert_input_feature_to_list_of_coo_tensors``), every feature with an
-  ``output_shape`` that is a multiple of the SparseCores per chip
-  (``_unstack_activations`` and ``_stack_gradients`` cut each feature into one
-  slice per SparseCore; the lookup kernel refuses "input_size ... not divisible
-  by the number of sparsecores per chip"); each id reads the row of the
-  variable the layout puts it in (``map_indices_in_shard``), without the
-  padded columns (``_unstack_activations``); it returns the activations
-  (``output_shape + [dim]`` per feature) and the ``preserved_outputs`` (by
-  stacked table: what ``apply_gradients`` updates);
-* the SparseCore bounds: one lookup may send a SparseCore at most
-  ``max_ids_per_table`` ids and ``max_unique_ids_per_table`` distinct ids of a
-  stacked table. Past them, with ``allow_id_dropping=False``, the double fails
-  the lookup (the message is the double's);
-* ``apply_gradients(gradients, preserved_outputs)``: refused before ``build``
-  (its ``RuntimeError``); gradients of the structure, ``None`` a zero gradient,
-  a non-tensor refused, each of its feature's ``output_shape + [dim]`` size
-  (``_stack_gradients`` reshapes it to ``[-1, dim]``, pads the columns and
-  slices it); each table's optimizer applied to the rows of the lookup whose
-  ``preserved_outputs`` are given, gradients summed per row, by the update
-  rules of :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`,
-  the SparseCore kernels' for SGD, Adagrad and Adam
-  (``tensorflow/core/tpu/kernels/sparse_core_xla_ops.cc``: the optimizer is a
-  per-row computation applied to the rows of the lookup's CSR; Adam's is
-  ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
-  ``w <- w - lr m / (sqrt(v + e1) + e2)`` with ``(e1, e2) = (eps^2, 0)`` under
-  ``use_sum_inside_sqrt``, else ``(0, eps)``, no bias correction; lazy whatever
-  ``lazy_adam`` says, which ``apply_gradients`` does not pass);
-* no queue and no training flag: lookups and updates may be placed anywhere in
-  a program, several of each ("lookup can be placed anywhere, multiple
-  instances allowed" on V2 hardware); an update names its lookup by its
-  ``preserved_outputs``.
-
-Inside a program XLA compiles the bound checks compile away (as the V1 double's:
-:func:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double._require`).
-
-Not modelled (refused where a setting asks for it): table stacking
-(``disable_table_stacking=True`` required), id dropping, pipelining
-(``pipeline_execution_with_tensor_core``), FTRL and Adagrad with momentum,
-sparse and ragged inputs, weights, quantization, several replicas (the
-variables of several devices: :func:`.sparse_core_layout.initializer` is
-tested against TF's own conversion for two), and the checks that need a TPU
-replicate context (``_raise_error_for_incorrect_control_flow_context``: no
-XLA control flow between ``strategy.run`` and a lookup). TF 2.15 has no
-``tpu_embedding_v3``: this module is imported on TF 2.16+ only.
+``tf.tpu.experimental.embedding.TPUEmbeddingV2`` (TF 2.16+, ``tpu_embedding_v3.py``, read at
+TF 2.21) refuses to be created outside a ``TPUStrategy``. :class:`TPUEmbeddingV2APIDouble`
+takes its calls (``build``, ``embedding_lookup``, ``apply_gradients(gradients,
+preserved_outputs)``) with the checks of that file, lays its tables out as on the SparseCores
+by TF's own code (:mod:`..sparse_core_layout`), enforces the per-SparseCore id bounds, and
+applies the SparseCore kernels' update rules (those of
+:class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`; Adam always
+lazy). Its checkpoints restore into ``TPUEmbeddingForServing``. Not modelled, and refused where
+a setting asks for it: table stacking, id dropping, pipelining, FTRL, sparse and ragged
+inputs, several replicas. Imported on TF 2.16+ only. See docs/tpu.md ("The API doubles").
 """
 
 from __future__ import annotations

@@ -1,64 +1,16 @@
 """A double of the mid-level ``TPUEmbedding`` object as it behaves under a ``TPUStrategy``.
 
-Off TPU, ``tf.tpu.experimental.embedding.TPUEmbedding`` refuses ``enqueue``,
-``dequeue`` and ``apply_gradients`` ("not valid when TPUEmbedding object is not
-created under a TPUStrategy"). :class:`TPUEmbeddingAPIDouble` takes those calls
-with the checks and error conditions of the real code
-(``tensorflow/python/tpu/tpu_embedding_v2.py``, TF 2.15 and 2.21, function named
-at each check below) and the engine's queue discipline, and keeps its tables in
-:class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble` (the
-engine's update rules). Modelled:
-
-* ``build``: per-replica input shapes to output shapes
-  (``_get_output_shapes_from_input_shapes``: rank 1 kept, else the last axis
-  dropped), which must be fully defined (``_check_output_shapes_fully_defined``);
-* ``enqueue``: the structure of ``feature_config`` (``nest.assert_same_structure``),
-  dense ids of rank >= 1 with a last axis of 1 from rank 2
-  (``_get_input_shape_for_tensor``), the same output shapes as every earlier
-  round (``_check_output_shapes``), a TPU ``device`` if any; no weights (a
-  dense input takes none: ``_add_data_for_tensor``);
-* ``dequeue`` and ``apply_gradients``: refused before ``build`` (their
-  ``RuntimeError``); gradients of the structure and of shape
-  ``output_shape + [dim]`` or ``None`` (zeros), as ``apply_gradients`` checks;
-* the queue, one per core (replica): a dequeue takes the oldest round
-  enqueued on its core (with none, the ``RecvTPUEmbeddingActivations`` op
-  would wait forever); ``apply_gradients`` follows the dequeue of a
-  ``training=True`` round, and a training round dequeued must get its
-  gradients before the core's next dequeue (``enqueue``'s docstring:
-  otherwise "an error ... or the tpu may deadlock");
-* the cores (``enqueue``): ``device=`` one of the strategy's replica devices
-  (``strategy.extended.worker_devices``, a TPU core each on a TPU) enqueues on
-  that core only; without ``device`` a ``DistributedValues`` input enqueues
-  each replica's value on its core and a plain tensor the same value on every
-  core (``distribute_utils.select_replica``);
-* gradient accumulation across cores: each core's ``apply_gradients`` sends
-  the activation gradients of its own round, and the engine sums them by row
-  over every core's ids (the global batch) before it applies its optimizer
-  once per round: the double's update of the tables runs once, on every
-  core's ids and gradients together (``merge_call``);
-* one ``dequeue`` and one ``apply_gradients`` per function: "should be unique
-  within a function" (``rewrite_tpu_embedding_ops.cc``, ``GetOp``); the double
-  takes the innermost traced function for the TPU program (which on a TPU is
-  the ``strategy.run`` body inside it); eager calls are each their own.
-
-The queue and the state between calls are TensorFlow variables with one copy
-per core (sync-on-read: a replica reads and writes its own), a ring of
-``_CAPACITY`` rounds with counters of rounds enqueued and dequeued, and the
-dequeued training round's ids, as the engine's are device state: a round
-enqueued by one ``tf.function`` (the host program) is dequeued by another (a
-TPU program), a traced function repeats its calls each time it runs, and a
-program compiled with XLA (``tf.function(jit_compile=True)``, as a TPU compiles
-every program) reads and writes them as a TPU program does the engine's.
-Call-order errors are ``RuntimeError`` eagerly and fail the function
-(``InvalidArgumentError``) when traced; ``calls`` is logged when each call runs.
-Inside a program XLA compiles, the call-order asserts and the log are
-compiled away (XLA has no ``Assert`` and no Python callback), as a TPU has
-neither; the call order of the same programs is checked without XLA.
-
-Not modelled: sparse and ragged inputs, weights, several cores per replica
-(model parallelism), pipelining, and the checks that need a TPU replicate context (inputs
-of an enqueue inside ``strategy.run`` taken directly from its arguments, no
-XLA control flow around it, inputs on the host).
+Off TPU, ``tf.tpu.experimental.embedding.TPUEmbedding`` refuses ``enqueue``, ``dequeue`` and
+``apply_gradients``. :class:`TPUEmbeddingAPIDouble` takes those calls with the checks and
+error conditions of ``tensorflow/python/tpu/tpu_embedding_v2.py`` (TF 2.15 and 2.21) and the
+engine's queue discipline (one queue per core, one ``dequeue`` and one ``apply_gradients`` per
+TPU program, gradients summed over the cores), and keeps its tables in
+:class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`. Its queue and
+round state are TensorFlow variables, one copy per core, so that the host program and the TPU
+programs can be separate functions, compiled with XLA or not. Call-order errors are
+``RuntimeError`` eagerly and fail the function when traced. Not modelled: sparse and ragged
+inputs, weights, model parallelism, pipelining, checks that need a TPU replicate context. See
+docs/tpu.md ("The API doubles").
 """
 
 from __future__ import annotations
