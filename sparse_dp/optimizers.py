@@ -56,7 +56,32 @@ class _DistinctRowsUpdate:
 
 @keras.utils.register_keras_serializable(package="sparse_dp")
 class LazyAdam(_DistinctRowsUpdate, _legacy.Adam):
-  """Adam (optionally AdamW) that updates only the rows of sparse gradients."""
+  """Adam (optionally AdamW) that updates only the rows of sparse gradients.
+
+  Its semantics are lazy, as TF Addons' ``LazyAdam``.
+  A row with a gradient this step takes ``m <- beta1 m + (1 - beta1) g`` and
+  ``v <- beta2 v + (1 - beta2) g^2``.
+  It moves by ``lr_t m / (sqrt(v) + eps)``, with the bias-corrected ``lr_t``.
+  A row without a gradient keeps its moments and weights.
+  So does a row whose gradient is exactly zero, the padding of a DP step's fixed-capacity
+  update.
+  Decoupled weight decay (AdamW; Anil et al., Findings of EMNLP 2022, Algorithm 1) subtracts
+  ``lr * weight_decay * w``, ``lr`` without the bias correction.
+  It applies to the updated rows only, and to dense weights every step.
+  See docs/optimizers.md.
+
+  Args:
+    learning_rate (float | keras.optimizers.schedules.LearningRateSchedule): ``lr``.
+    beta_1 (float): ``beta1``, the first moment's decay.
+    beta_2 (float): ``beta2``, the second moment's decay.
+    epsilon (float): ``eps``.
+    weight_decay (float): the decoupled weight decay, >= 0; 0 is Adam.
+    name (str): the optimizer's name.
+    **kwargs (Any): the arguments of a legacy Keras optimizer, such as ``clipnorm``.
+
+  Raises:
+    ValueError: a negative ``weight_decay``.
+  """
 
   def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                weight_decay=0.0, name="LazyAdam", **kwargs):
@@ -107,9 +132,9 @@ class LazyAdam(_DistinctRowsUpdate, _legacy.Adam):
 
 @keras.utils.register_keras_serializable(package="sparse_dp")
 class RowwiseAdagrad(_DistinctRowsUpdate, _legacy.Optimizer):
-  r"""Adagrad with one accumulator per embedding-table row (FBGEMM's
-  ``EXACT_ROWWISE_ADAGRAD``, TorchRec's row-wise Adagrad).
+  r"""Adagrad with one accumulator per embedding-table row.
 
+  It is FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` and TorchRec's row-wise Adagrad.
   For a table of :class:`sparse_dp.layers.Embedding` (``R`` rows of dimension
   ``d``) the state is one float per row, ``a`` of shape ``[R]``, instead of
   Adagrad's ``[R, d]``. For each row ``r`` of the update, with gradient row
@@ -118,15 +143,17 @@ class RowwiseAdagrad(_DistinctRowsUpdate, _legacy.Optimizer):
       a_r <- a_r + mean_j(g_rj^2)
       w_r <- w_r - lr * g_r / (sqrt(a_r) + eps)
 
-  The step runs on the rows of a sparse (``IndexedSlices``) update only:
-  gathers and scatters of those rows, never a temporary of the table's or the
-  accumulator's size, so it compiles with XLA (``jit_compile=True``). A row
-  absent from the update keeps its weights and accumulator; so does a row
-  whose gradient is zero in every coordinate (the padding of a DP step's
-  fixed-capacity update, :mod:`sparse_dp.mechanisms.rows.padding`): ``mean_j(0) = 0``
-  and a zero step. Repeated indices are summed before the step (Keras), so a
-  row is updated once per step with the sum of its gradients. A dense gradient
-  of a table (DP-SGD's, noise on every row) updates every row by the same rule.
+  The step runs on the rows of a sparse (``IndexedSlices``) update only.
+  It gathers and scatters those rows, and makes no temporary of the table's or the
+  accumulator's size, so it compiles with XLA (``jit_compile=True``).
+  A row absent from the update keeps its weights and accumulator.
+  So does a row whose gradient is zero in every coordinate (the padding of a DP step's
+  fixed-capacity update, :mod:`sparse_dp.mechanisms.rows.padding`): ``mean_j(0) = 0`` and a
+  zero step.
+  Keras sums repeated indices before the step, so a row is updated once per step with the sum
+  of its gradients.
+  A dense gradient of a table (DP-SGD's, noise on every row) updates every row by the same
+  rule.
 
   Every other variable (Dense kernels and biases, tables of other layers)
   takes ordinary element-wise Adagrad, ``a <- a + g^2``,
@@ -138,6 +165,16 @@ class RowwiseAdagrad(_DistinctRowsUpdate, _legacy.Optimizer):
   mean of their squared gradients; element-wise Adagrad would give each its
   own. The Gaussian noise of a DP update has the same variance in every
   coordinate, so at high noise the two scale alike.
+
+  Args:
+    learning_rate (float | keras.optimizers.schedules.LearningRateSchedule): ``lr``.
+    initial_accumulator_value (float): the accumulators' start, >= 0.
+    epsilon (float): ``eps``, > 0.
+    name (str): the optimizer's name.
+    **kwargs (Any): the arguments of a legacy Keras optimizer, such as ``clipnorm``.
+
+  Raises:
+    ValueError: a negative ``initial_accumulator_value``, or ``epsilon <= 0``.
   """
 
   _HAS_AGGREGATE_GRAD = True
@@ -232,17 +269,21 @@ _register_saved_model_revival()
 def create_weights(optimizer: keras.optimizers.Optimizer, var_list) -> None:
   """Creates ``optimizer``'s step count, hyper-parameters and slots for ``var_list`` now.
 
-  A legacy Keras optimizer creates them in its first ``apply_gradients``, in
-  an ``init_scope``: inside a train function's first trace. A ``tf.function``
-  whose first trace creates variables is traced a second time, so every
-  ``fit`` would trace its train function twice; the DP step of a model with
-  many tables takes seconds to trace (the pCTR model's 26 tables: most of a
-  short run). The weights made here are those ``apply_gradients`` would make
-  (``_create_all_weights``, the legacy optimizers' own), so the updates are
-  the same; a variable not in ``var_list`` still gets its slots when first
-  updated. Call within the strategy's scope the variables were made in.
-  Any other optimizer (not one :func:`sparse_optimizer` returns) is left to
-  create its weights as it does.
+  A legacy Keras optimizer creates them in its first ``apply_gradients``, in an
+  ``init_scope``: inside a train function's first trace.
+  A ``tf.function`` whose first trace creates variables is traced a second time, so every
+  ``fit`` would trace its train function twice.
+  The DP step of a model with many tables takes seconds to trace (the pCTR model's 26 tables:
+  most of a short run).
+  The weights made here are those ``apply_gradients`` would make (``_create_all_weights``, the
+  legacy optimizers' own), so the updates are the same.
+  A variable not in ``var_list`` still gets its slots when first updated.
+  Call it within the strategy's scope the variables were made in.
+
+  Args:
+    optimizer: the model's optimizer. One that :func:`sparse_optimizer` does not return (not a
+      legacy Keras optimizer) is left to create its weights as it does.
+    var_list (list[tf.Variable]): the variables to make slots for.
   """
   if isinstance(optimizer, _legacy.Optimizer):
     optimizer._create_all_weights(list(var_list))
@@ -251,11 +292,22 @@ def create_weights(optimizer: keras.optimizers.Optimizer, var_list) -> None:
 def sparse_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
   """The same optimizer, in a form that updates only a sparse gradient's rows.
 
-  Legacy ``SGD`` and ``Adagrad``, :class:`LazyAdam` and :class:`RowwiseAdagrad`
-  are returned as they are. Keras 2.15's new
-  ``SGD``, ``Adagrad``, ``Adam`` and ``AdamW``, and the legacy ``Adam``, become
-  their legacy or :class:`LazyAdam` equivalents with the same hyper-parameters.
-  Anything else is refused: its sparse updates are not verified.
+  Keras 2.15's new optimizers apply an ``IndexedSlices`` gradient to the whole table.
+  The legacy ``Adam`` rescales both moment tables in full every step.
+  Both are O(vocabulary) per step.
+
+  Args:
+    optimizer: the model's optimizer. Legacy ``SGD`` and ``Adagrad``, :class:`LazyAdam` and
+      :class:`RowwiseAdagrad` are returned as they are. Keras 2.15's new ``SGD``, ``Adagrad``,
+      ``Adam`` and ``AdamW``, and the legacy ``Adam``, become their legacy or
+      :class:`LazyAdam` equivalents with the same hyper-parameters.
+
+  Returns:
+    ``optimizer`` itself, or its sparse equivalent.
+
+  Raises:
+    ValueError: any other optimizer, whose sparse updates are not verified; ``SGD`` or
+      ``Adagrad`` with weight decay; or ``Adam`` with ``amsgrad=True``.
   """
   if isinstance(optimizer, (_legacy.SGD, _legacy.Adagrad, LazyAdam, RowwiseAdagrad)):
     return optimizer

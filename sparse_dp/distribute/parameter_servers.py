@@ -28,11 +28,30 @@ _SAMPLE_SALT = 0x5A3F_1E55
 
 
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+  """Whether ``strategy`` is a ``ParameterServerStrategy``.
+
+  Args:
+    strategy: a ``tf.distribute`` strategy.
+
+  Returns:
+    True for a ``tf.distribute.experimental.ParameterServerStrategy``.
+  """
   return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
 def refuse_keras_fit(model) -> None:
-  """Refuses Keras ``fit``/``train_on_batch`` of a private model on a parameter-server strategy."""
+  """Refuses Keras ``fit``/``train_on_batch`` of a private model on a parameter-server strategy.
+
+  Keras would give each worker its own input and asynchronous steps that can share a noise
+  draw, so the epsilon would not hold.
+  Train with :class:`ParameterServerTraining` there.
+
+  Args:
+    model (keras.Model): the private Keras model.
+
+  Raises:
+    ValueError: ``model`` is under a ``ParameterServerStrategy``.
+  """
   if is_parameter_server(model.distribute_strategy):
     raise ValueError(
         "sparse-dp: model.fit under ParameterServerStrategy would give each worker its own "
@@ -45,17 +64,51 @@ def refuse_keras_fit(model) -> None:
 class ParameterServerTraining:
   """Trains a private model (``make_private``'s result) on all its ``(x, y)`` by keyed steps.
 
-  Works on a ``ParameterServerStrategy`` (steps scheduled on its workers by a
-  ``ClusterCoordinator``) and on any other strategy (steps run in order here),
-  with the same keys: a one-worker schedule equals a single process.
+  Every attempt of a step first counts itself, by one atomic fetch-and-add of the model's
+  ``steps_taken`` on the parameter servers.
+  It takes that count ``k`` as its key.
+  Its batch is the Poisson sample of all ``N`` examples at rate ``q``, keyed by ``k``.
+  Its selection and noise seeds derive from ``k``, and every op of its update waits for the
+  count.
+  So each attempt that may have touched the model, a worker's re-run after a loss included, is
+  a counted Poisson step with fresh noise.
+  The coordinator schedules no more steps than the epsilon budget allows.
+  A restart from an earlier checkpoint than the latest, with the same fixed ``noise_seed``, is
+  not covered.
 
-  On several replicas per step (a worker's GPUs, a ``MirroredStrategy``'s
-  devices) each replica draws the step's Poisson batch from its key and takes
-  its own disjoint part of it (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`),
-  so the replicas together clip each sampled example once; the DP step then
-  works as under Keras ``fit`` on such a strategy (:mod:`sparse_dp.training.dp_step.step`):
-  the selection is the whole batch's, the noise is added on the first replica
-  only, and the sum over replicas is the one-replica update.
+  It works on a ``ParameterServerStrategy``, whose ``ClusterCoordinator`` schedules the steps
+  on its workers.
+  It works on any other strategy too, running the steps in order here.
+  The keys are the same, so a one-worker schedule equals a single process.
+
+  On several replicas per step (a worker's GPUs, a ``MirroredStrategy``'s devices), each
+  replica draws the step's Poisson batch from its key.
+  It takes its own disjoint part of it
+  (:class:`~sparse_dp.training.poisson.poisson_sampling.PoissonSample`), so the replicas
+  together clip each sampled example once.
+  The DP step then works as under Keras ``fit`` on such a strategy
+  (:mod:`sparse_dp.training.dp_step.step`).
+  The selection is the whole batch's, the noise is added on the first replica only, and the
+  sum over replicas is the one-replica update.
+  See docs/clusters.md.
+
+  Args:
+    private (sparse_dp.training.PrivateTraining): ``make_private``'s result, with a private
+      algorithm.
+    x (Any): all the ``num_examples`` examples' features, or ``(x, y)`` when ``y`` is
+      ``None``.
+    y (Any): their labels.
+
+  Attributes:
+    private: the private model's training.
+    model: the Keras model.
+    sample: the Poisson sample of the data, keyed by step.
+    coordinator: the ``ClusterCoordinator`` on a ``ParameterServerStrategy``, else ``None``.
+
+  Raises:
+    ValueError: algorithm ``none``; data of another number of rows than ``num_examples``; or
+      Dense layers that the strategy's ``variable_partitioner`` sharded (shard only the
+      embedding tables).
   """
 
   def __init__(self, private, x, y=None):
@@ -85,10 +138,24 @@ class ParameterServerTraining:
   def fit(self, *, epochs: Optional[float] = None, steps: Optional[int] = None) -> dict:
     """Trains ``steps`` (or ``epochs`` worth of) Poisson steps on the ``num_examples`` examples.
 
-    Stops early at the epsilon budget. Returns the last step's DP statistics
-    with ``steps`` (scheduled in this call), ``keys`` (each one's key),
-    ``attempts`` (counted in this call: ``steps`` plus any attempt re-run after a
-    worker failure) and ``epsilon`` (every counted step so far).
+    It stops early at the epsilon budget.
+
+    Args:
+      epochs: the epochs to train, converted to steps at the sampling rate.
+      steps: the steps to train, an integer >= 1; give exactly one of ``epochs`` and
+        ``steps``.
+
+    Returns:
+      The last step's DP statistics, with ``steps`` (scheduled in this call), ``keys`` (each
+        one's key), ``attempts`` (counted in this call: ``steps`` plus any attempt re-run after
+        a worker failure) and ``epsilon`` (every counted step so far). With no step left in
+        the budget, only ``steps`` (0) and ``epsilon``.
+
+    Raises:
+      ValueError: both or neither of ``epochs`` and ``steps``, or ``steps`` that is not an
+        integer >= 1.
+      RuntimeError: the model counted fewer steps than ran, as when its DP state was replaced
+        while it trained; the epsilon of the job is then not proved.
     """
     private = self.private
     if (epochs is None) == (steps is None):

@@ -23,7 +23,7 @@ def gather_rows(table, ids: tf.Tensor) -> tf.Tensor:
   A sharded table is read with ``tf.nn.embedding_lookup`` (its shards hold
   contiguous row ranges): on TF 2.15 ``tf.gather`` of a ``ShardedVariable``
   with a tensor of ids returned other rows than the shards hold once a
-  ``ClusterCoordinator`` existed (tests/test_parameter_servers.py).
+  ``ClusterCoordinator`` existed (tests/integration/test_parameter_servers.py).
 
   Inside a DP step (a :func:`~sparse_dp.layers.recording.recording` scope),
   where each example's forward pass runs alone under ``tf.vectorized_map``,
@@ -48,7 +48,7 @@ class _SameNameWarningFilter(logging.Filter):
 
   Keras warns for every saved layer whose class name is a built-in's; ours is
   registered as ``sparse_dp>Embedding``, so loading is unambiguous (tested in
-  tests/test_embedding_layer.py), and 26 such lines per save only hide real warnings.
+  tests/unit/layers/test_embedding_layer.py), and 26 such lines per save only hide real warnings.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -88,33 +88,52 @@ class Embedding(keras.layers.Layer):
   * a ``tf.RaggedTensor [B, None]`` or ``tf.SparseTensor [B, L]`` (multi-valent),
     combined by ``combiner`` into ``[B, output_dim]``; an empty row gives zeros.
 
-  An id repeated within one example is looked up once per occurrence (a sum
-  counts it twice). Call the same layer on several features, or on every
-  token of a sequence, to share one table among them.
+  An id repeated within one example is looked up once per occurrence, so a sum counts it twice.
+  Call the same layer on several features, or on every token of a sequence, to share one table
+  among them.
 
-  ``mask_zero=True`` (Keras semantics): id 0 is padding, and the layer's
-  ``compute_mask`` returns ``ids != 0`` for downstream layers that take a mask
-  (pooling, attention, RNNs); row 0 is still a row of the table. The output
-  must keep the ids' shape for a mask to mean anything, so it needs
-  ``combiner=None`` for ``[B, L]`` ids (or ``[B]`` ids). A mask is computed
-  from each example's own ids, so it keeps each example's loss its own.
+  Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer, the id and the
+  vocabulary size, also inside ``tf.function``.
+  Nothing is clamped.
+  The forward pass uses only ``tf.gather`` and segment sums, so an exported SavedModel serves
+  with plain TensorFlow.
 
-  Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer,
-  the id and the vocabulary size, also inside ``tf.function``; nothing is
-  clamped. The forward pass uses only ``tf.gather`` and segment sums, so an
-  exported SavedModel serves with plain TensorFlow.
+  DP training does not touch the table variable directly.
+  Each call reports its row ids and the gathered vectors to :mod:`sparse_dp.layers.recording`,
+  and the DP step works on those.
+  So the lookup itself can be replaced (by the TPU embedding API, say) without changing the
+  mechanisms.
 
-  DP training does not touch the table variable directly: each call reports
-  its row ids and the gathered vectors to :mod:`sparse_dp.layers.recording`,
-  and the DP step works on those, so the lookup itself can be replaced (by the
-  TPU embedding API, say) without changing the mechanisms: ``make_private``
-  sets ``embedding_backend`` (:mod:`sparse_dp.layers.embedding_backends`);
-  ``None``, the default, gathers from ``embeddings``.
+  Args:
+    vocabulary_size: the table's rows, an integer >= 1.
+    output_dim: the dimension of each row, an integer >= 1.
+    combiner: how an example's vectors combine into one: ``"sum"``, ``"mean"`` or ``None``.
+      ``None`` gives one vector per token and takes dense ``[B]`` or ``[B, L]`` ids only.
+    embeddings_initializer (str | keras.initializers.Initializer): the table's Keras initializer.
+    embeddings_regularizer (None): must be ``None``. A regularizer adds a gradient to every row
+      of the table, which would make DP updates dense; use the optimizer's decoupled weight
+      decay instead.
+    mask_zero: Keras semantics: id 0 is padding, and ``compute_mask`` returns ``ids != 0`` for
+      downstream layers that take a mask (pooling, attention, RNNs). Row 0 is still a row of
+      the table. The output must keep the ids' shape for a mask to mean anything, so it needs
+      ``combiner=None`` for ``[B, L]`` ids (or ``[B]`` ids). A mask is computed from each
+      example's own ids, so it keeps each example's loss its own.
+    table_placement: where the table variable lives
+      (:mod:`sparse_dp.layers.table_placement`). ``"default_device"`` is where the strategy
+      puts any weight. ``"host"`` is one copy in host memory, for a table the TPU embedding
+      engine trains, so that it takes no TensorCore HBM.
+    **kwargs (Any): the arguments of a Keras ``Layer``, such as ``name`` and ``dtype``.
 
-  ``table_placement`` (:mod:`sparse_dp.layers.table_placement`):
-  ``"default_device"`` (where the strategy puts any weight) or ``"host"`` (one
-  copy in host memory, for a table the TPU embedding engine trains, so that it
-  takes no TensorCore HBM).
+  Attributes:
+    embeddings: the table variable, ``[vocabulary_size, output_dim]``, made by ``build``.
+    embedding_backend: what the lookups go through; ``make_private`` sets it
+      (:mod:`sparse_dp.layers.embedding_backends`). ``None``, the default, gathers from
+      ``embeddings``.
+
+  Raises:
+    ValueError: a ``vocabulary_size`` or ``output_dim`` that is not an integer >= 1; a
+      ``combiner`` other than ``"sum"``, ``"mean"`` and ``None``; an unknown
+      ``table_placement``; or an ``embeddings_regularizer``.
   """
 
   def __init__(self, vocabulary_size: int, output_dim: int, combiner: Optional[str] = "sum",
@@ -152,6 +171,24 @@ class Embedding(keras.layers.Layer):
     super().build(input_shape)
 
   def call(self, ids):
+    """Looks up ``ids`` and combines each example's vectors by ``combiner``.
+
+    Under XLA, where the check of the ids compiles away, an id outside the vocabulary reads
+    row 0 as NaN, and the DP step zeroes that example's gradient and reports it.
+
+    Args:
+      ids (tf.Tensor | tf.RaggedTensor | tf.SparseTensor): dense ``[B]`` or ``[B, L]`` ids, a
+        ``tf.RaggedTensor`` ``[B, None]`` or a ``tf.SparseTensor`` ``[B, L]``.
+
+    Returns:
+      (tf.Tensor): ``[B, output_dim]``, or ``[B, L, output_dim]`` for ``[B, L]`` ids with
+        ``combiner=None``.
+
+    Raises:
+      ValueError: ragged ids not ``[batch, None]``, dense ids of a rank other than 1 or 2, or
+        ragged or sparse ids with ``combiner=None``.
+      tf.errors.InvalidArgumentError: an id outside ``[0, vocabulary_size)``, outside XLA.
+    """
     example, flat_ids, batch_size = self._flatten(ids)
     outside = None
     if compiling_with_xla():  # XLA would compile the check away: see _outside_as_nan
@@ -229,7 +266,19 @@ class Embedding(keras.layers.Layer):
     return summed
 
   def compute_mask(self, ids, mask=None):
-    """``ids != 0`` with ``mask_zero``, for dense ids whose output keeps their shape."""
+    """The mask ``ids != 0`` with ``mask_zero``, for dense ids whose output keeps their shape.
+
+    Args:
+      ids (tf.Tensor | tf.RaggedTensor | tf.SparseTensor): the ids the layer is called on.
+      mask (tf.Tensor | None): the incoming mask, ignored.
+
+    Returns:
+      (tf.Tensor | None): bool of the shape of ``ids``, or ``None`` without ``mask_zero``.
+
+    Raises:
+      ValueError: ``mask_zero`` on ragged or sparse ids, or on ``[B, L]`` ids that a
+        ``combiner`` combines into one vector per example.
+    """
     if not self.mask_zero:
       return None
     if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)) or (

@@ -59,8 +59,8 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
     batch_size: int64 scalar, the examples of the batch.
 
   Returns:
-    One triple per distinct ``(example, row)`` pair, with its summed gradient.
-    There are as many triples as lookups: the pairs sorted by ``(row, example)``, then padding.
+    The distinct ``(example, row)`` pairs as triples, each with its summed gradient.
+      There are as many triples as lookups: the pairs sorted by ``(row, example)``, then padding.
   """
   row = tf.cast(row, tf.int64)
   output_gradients = padding.mask_rows(output_gradients, padding.is_valid(row))
@@ -78,7 +78,7 @@ def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
 
   Returns:
     ``gradients`` with the triples of other rows made padding (row ``PAD``, zero values).
-    The shapes stay.
+      The shapes stay.
   """
   _, found = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
   keep = tf.logical_and(found, padding.is_valid(gradients.row))
@@ -143,8 +143,8 @@ def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
 
   Returns:
     ``tf.IndexedSlices`` with as many slices as ``gradients`` has entries.
-    The slices are the distinct rows, sorted, then zero slices at row 0.
-    Those are the padding, harmless in any sum.
+      The slices are the distinct rows, sorted, then zero slices at row 0.
+      Those are the padding, harmless in any sum.
   """
   scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
   rows = padding.padded_unique(gradients.row)

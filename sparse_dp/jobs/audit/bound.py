@@ -49,8 +49,28 @@ def epsilon_lower_bound(guesses: int, correct: int, canaries: int, delta: float,
                         beta: float) -> float:
   """The smallest ``eps >= 0`` that ``correct`` of ``guesses`` right does not reject at ``beta``.
 
-  ``canaries`` (``m``) enters only through the delta term. Returns 0 when
-  even ``eps = 0`` is not rejected.
+  This is the one-run lower bound of Steinke, Nasr and Jagielski (NeurIPS 2023).
+  Under ``eps``-DP, the count ``W`` of right guesses is dominated by ``Binomial(r, p)``, with
+  ``p = e^eps / (1 + e^eps)``.
+  Let ``f_eps(v) = P[Binomial(r, p) >= v]``.
+  Under ``(eps, delta)``-DP,
+  ``P[W >= v] <= f_eps(v) + 2 m delta max_i (f_eps(v - i) - f_eps(v)) / i``.
+  With ``delta = 0`` the bound has a closed form (the Clopper-Pearson lower limit).
+  With ``delta > 0`` it is searched on a grid of step 0.01 upward from 0.
+
+  Args:
+    guesses: ``r``, the guesses made (the canaries not abstained on).
+    correct: ``v``, the right guesses.
+    canaries: ``m``, which enters only through the delta term.
+    delta: the ``delta`` of the training's DP guarantee, in ``[0, 1)``.
+    beta: the test's level, in ``(0, 1)``.
+
+  Returns:
+    The lower bound; 0 when even ``eps = 0`` is not rejected.
+
+  Raises:
+    ValueError: not ``0 <= correct <= guesses <= canaries``; ``delta`` outside ``[0, 1)``;
+      or ``beta`` outside ``(0, 1)``.
   """
   _check(guesses, correct, canaries, delta, beta)
   if guesses == 0 or binomial_tail(0.0, guesses, correct) > beta:

@@ -20,7 +20,22 @@ import numpy as np
 
 
 def exposures(scores: np.ndarray, included: np.ndarray) -> np.ndarray:
-  """Exposure of each included canary among the excluded ones (higher score: better fit)."""
+  """The exposure of each included canary among the excluded ones.
+
+  Exposure is defined by Carlini et al. 2019, "The Secret Sharer", §4.
+  The exposure of a secret among ``|R|`` candidates is ``log2 |R| - log2 rank``.
+  Its rank is its place when the model orders the candidates by how well it fits them (rank 1:
+  fits it best).
+  The candidates of an included canary are itself and the excluded canaries.
+  Ties get the mid rank.
+
+  Args:
+    scores (array-like): ``[m]``, each canary's score; a higher score is a better fit.
+    included (array-like of bool): ``[m]``, whether each canary was in the training data.
+
+  Returns:
+    The exposures of the included canaries, in their order, each at most ``log2 |R|``.
+  """
   scores, included = np.asarray(scores, float), np.asarray(included, bool)
   reference = np.sort(scores[~included])
   candidates = len(reference) + 1

@@ -38,7 +38,17 @@ class Guesses:
 
 @dataclasses.dataclass(frozen=True)
 class OneRunAudit:
-  """The best try of each score and over all, every bound at confidence ``1 - beta``."""
+  """The one-run audit's tries, every bound at confidence ``1 - beta``.
+
+  Each try is the guesses of one score at one ``(k+, k-)``.
+  The largest bound over the tries holds with probability ``1 - beta``.
+
+  Attributes:
+    tries: every try, with its correct guesses and its epsilon lower bound.
+    beta: one minus the confidence of the bounds.
+    delta: the ``delta`` of the DP guarantee the bounds are computed for.
+    canaries: the number of canaries ``m``.
+  """
 
   tries: tuple[Guesses, ...]
   beta: float
@@ -46,12 +56,21 @@ class OneRunAudit:
   canaries: int
 
   def best(self, score: str | None = None) -> Guesses:
-    """The try of the largest bound (of ``score``, or over all scores)."""
+    """The try of the largest bound.
+
+    Args:
+      score: the name of a score; ``None``, the default, looks over all scores.
+
+    Returns:
+      The try of the largest bound; of two with the same bound, the one with fewer wrong
+        guesses.
+    """
     tries = [t for t in self.tries if score is None or t.score == score]
     return max(tries, key=lambda t: (t.epsilon_lower_bound, t.correct - t.guesses))
 
   @property
   def epsilon_lower_bound(self) -> float:
+    """The largest bound over all tries: the audit's epsilon lower bound."""
     return self.best().epsilon_lower_bound
 
 
@@ -73,7 +92,33 @@ def correct_guesses(scores: np.ndarray, included: np.ndarray, k_plus: int, k_min
 def audit(scores: Mapping[str, np.ndarray], included: np.ndarray, delta: float,
           beta: float = 0.05, tie_seed: int = 0,
           pairs: Sequence[tuple[int, int]] | None = None) -> OneRunAudit:
-  """The one-run audit of ``scores`` (name -> ``[m]``) against the secret ``included`` bits."""
+  """The one-run audit of canary scores against the secret inclusion bits.
+
+  It is the audit of Steinke, Nasr and Jagielski (NeurIPS 2023, §3).
+  The auditor ranks the ``m`` canaries by a score.
+  It guesses *included* for the ``k+`` highest and *excluded* for the ``k-`` lowest, and
+  abstains on the rest.
+  Ties are broken by a public random order from ``tie_seed``, never from the inclusion bits.
+  Every ``(score, k+, k-)`` tried is its own test at ``beta / tries`` (a union bound).
+  So the largest bound over the tries holds with probability ``1 - beta``.
+
+  Args:
+    scores: ``{name: [m] scores}``, a higher score meaning a better fit.
+    included (array-like of bool): ``[m]``, whether each canary was in the training data.
+    delta: the ``delta`` of the training's DP guarantee.
+    beta: one minus the confidence of the bound.
+    tie_seed: the seed of the public random order that breaks ties.
+    pairs: the ``(k+, k-)`` to try. The default is ``k+ = k- = k`` for ``k`` in
+      :data:`K_FRACTIONS` of ``m``, up to ``m / 2`` per side, then ``(k, 0)`` for the two
+      largest.
+
+  Returns:
+    Every try with its bound.
+
+  Raises:
+    ValueError: fewer than 2 canaries, or a score that is not ``m`` finite numbers; or a
+      ``delta`` or ``beta`` out of range.
+  """
   included = np.asarray(included, bool)
   canaries = len(included)
   if canaries < 2:

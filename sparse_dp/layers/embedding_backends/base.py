@@ -29,7 +29,23 @@ from sparse_dp.mechanisms.rows.padding import ordinary_slices
 
 
 class EmbeddingBackend(abc.ABC):
-  """Lookups and the DP update of a model's :class:`~sparse_dp.layers.Embedding` tables."""
+  """Lookups and the DP update of a model's :class:`~sparse_dp.layers.Embedding` tables.
+
+  The DP step records each lookup's rows and vectors, and returns per table the update its
+  mechanisms produced.
+  A backend answers the two questions the step leaves open.
+  :meth:`lookup` reads the rows of a layer's ids.
+  :meth:`apply_gradients` applies that update and the dense weights' gradients.
+  A backend computes no DP quantity.
+
+  Args:
+    tables: the model's :class:`~sparse_dp.layers.Embedding` layers.
+
+  Attributes:
+    name: what the reports print: ``"cpu"``, ``"tpu"``, ``"tpu-api-double"``,
+      ``"tpu-sparsecore-api-double"`` or ``"tpu-engine-double"``.
+    tables: the layers whose tables the backend holds.
+  """
 
   #: What the reports print: ``"cpu"``, ``"tpu"``, ``"tpu-api-double"``,
   #: ``"tpu-sparsecore-api-double"`` or ``"tpu-engine-double"``.
@@ -62,20 +78,51 @@ class EmbeddingBackend(abc.ABC):
 
   @abc.abstractmethod
   def lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:
-    """Rows ``flat_ids`` (int64 ``[n]``) of ``layer``'s table: ``[n, output_dim]``."""
+    """Reads rows of ``layer``'s table.
+
+    Args:
+      layer (sparse_dp.layers.Embedding): one of :attr:`tables`.
+      flat_ids: int64 ``[n]``, the rows to read.
+
+    Returns:
+      ``[n, output_dim]``, the rows.
+    """
 
   def optimizer_variables(self, trainable_variables) -> list:
-    """The variables :meth:`apply_gradients` hands to the model's optimizer (the ones
-    whose slots ``PrivateTraining.create_optimizer_weights`` makes): the dense weights
-    (the tables' updates, and their optimizer slots, are the engine's)."""
+    """The variables :meth:`apply_gradients` hands to the model's optimizer.
+
+    ``PrivateTraining.create_optimizer_weights`` makes their slots.
+    Here they are the dense weights: the tables' updates, and their optimizer slots, are the
+    engine's.
+
+    Args:
+      trainable_variables (list[tf.Variable]): the model's trainable variables.
+
+    Returns:
+      A list of the variables the model's optimizer updates.
+    """
     return [v for v in trainable_variables if v.ref() not in self._by_variable]
 
   @abc.abstractmethod
   def apply_table_updates(self, optimizer, updates: dict) -> list:
-    """Applies ``{layer: update}``; returns the ops (updates of the step's selected rows)."""
+    """Applies the tables' updates of one step.
+
+    Args:
+      optimizer (keras.optimizers.Optimizer): the model's Keras optimizer.
+      updates: ``{layer: update}``, each table's update from the DP step.
+
+    Returns:
+      A list of the ops that update the step's selected rows.
+    """
 
   def apply_gradients(self, optimizer, trainable_variables, gradients: dict) -> None:
-    """Applies the step's ``gradients`` (by variable ref): tables here, others by ``optimizer``."""
+    """Applies the step's gradients: the tables' here, the others by ``optimizer``.
+
+    Args:
+      optimizer (keras.optimizers.Optimizer): the model's Keras optimizer.
+      trainable_variables (list[tf.Variable]): the model's trainable variables.
+      gradients: the step's gradients, by variable ref.
+    """
     tables = {self._by_variable[ref]: g for ref, g in gradients.items()
               if ref in self._by_variable}
     dense = [(gradients[v.ref()], v) for v in self.optimizer_variables(trainable_variables)
@@ -91,9 +138,13 @@ class EmbeddingBackend(abc.ABC):
 class CpuBackend(EmbeddingBackend):
   """The tables are the layers' Keras variables, updated by the model's sparse optimizer.
 
-  One ``optimizer.apply_gradients`` call takes every gradient, tables
-  included, in the order of ``model.trainable_variables``: the step is the one
-  sparse-dp has always taken, to the bit.
+  One ``optimizer.apply_gradients`` call takes every gradient, tables included, in the order
+  of ``model.trainable_variables``.
+  The step is the one sparse-dp has always taken, to the bit.
+  It serves CPUs, GPUs and ordinary TPU variables.
+
+  Args:
+    tables: the model's :class:`~sparse_dp.layers.Embedding` layers.
   """
 
   name = "cpu"

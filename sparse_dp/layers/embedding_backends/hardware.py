@@ -23,11 +23,20 @@ from typing import Optional
 import tensorflow as tf
 
 EmbeddingFeature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
+"""The embedding hardware a TPU reports: ``V1``, ``V2`` (SparseCore) or ``UNSUPPORTED``.
+
+TensorFlow's ``tf.tpu.experimental.HardwareFeature.EmbeddingFeature``.
+"""
 _API = tf.tpu.experimental.embedding
 
-#: ``--embedding``: the engine when the hardware has one (``auto``), the engine
-#: (``tpu``), Keras variables (``cpu``), the engine's pure-TF double (``engine-double``).
 BACKEND_NAMES = ("auto", "tpu", "cpu", "engine-double")
+"""The values of ``--embedding``.
+
+``auto`` is the engine when the hardware has one, else ``cpu``.
+``tpu`` is the engine.
+``cpu`` is Keras variables.
+``engine-double`` is the engine's pure-TF double.
+"""
 
 #: The refusal of Keras ``fit`` (one TPU program per step, one embedding round per program:
 #: :mod:`.live_engine`) for tables in the engine.
@@ -48,26 +57,48 @@ _NO_ENGINE = {
 class BackendChoice:
   """The backend ``--embedding`` resolved to, and why.
 
-  ``name``: ``"tpu"`` (the V1 engine, trained by ``TPUTrainer``),
-  ``"sparsecore"`` (the V2 engine, trained by ``fit``), ``"cpu"`` or
-  ``"engine-double"``.
+  Attributes:
+    name: ``"tpu"`` (the V1 engine, trained by ``TPUTrainer``), ``"sparsecore"`` (the V2
+      engine, trained by ``fit``), ``"cpu"`` or ``"engine-double"``.
+    reason: why this backend, in words.
   """
 
   name: str
   reason: str
 
   def describe(self, requested: str) -> str:
-    """``"embedding auto -> cpu: no TPU strategy"``."""
+    """The choice in one line, e.g. ``"embedding auto -> cpu: no TPU strategy"``.
+
+    Args:
+      requested: the ``--embedding`` value asked for.
+
+    Returns:
+      ``"embedding <requested> -> <name>: <reason>"``.
+    """
     return f"embedding {requested} -> {self.name}: {self.reason}"
 
 
 def on_tpu(strategy: tf.distribute.Strategy) -> bool:
-  """Whether ``strategy`` runs on TPU cores."""
+  """Whether ``strategy`` runs on TPU cores.
+
+  Args:
+    strategy: a ``tf.distribute`` strategy.
+
+  Returns:
+    True for a ``TPUStrategy``.
+  """
   return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
 
 
 def embedding_feature(strategy: tf.distribute.Strategy) -> Optional[EmbeddingFeature]:
-  """The embedding hardware of ``strategy``'s TPU; ``None`` off TPU."""
+  """The embedding hardware of ``strategy``'s TPU.
+
+  Args:
+    strategy: a ``tf.distribute`` strategy.
+
+  Returns:
+    ``strategy.extended.tpu_hardware_feature.embedding_feature``, or ``None`` off TPU.
+  """
   hardware = getattr(strategy.extended, "tpu_hardware_feature", None)
   return None if hardware is None else hardware.embedding_feature
 
@@ -83,12 +114,23 @@ def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
 
 
 def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
-  """The backend of ``--embedding requested`` under ``strategy``; refuses one it cannot run.
+  """Resolves ``--embedding requested`` under ``strategy``; refuses a backend it cannot run.
 
-  ``tpu`` needs an engine: V1, or V2 where TF has ``TPUEmbeddingV2``; off TPU the
-  refusal names ``engine-double`` (tests) and ``cpu``, on a TPU ``cpu`` (ordinary TPU
-  variables).
+  ``tpu`` needs an engine: V1, or V2 where TF has ``TPUEmbeddingV2`` (TF 2.16+).
+  ``auto`` takes the engine where the hardware has one, else ``cpu``.
   ``engine-double`` runs off TPU only, on one replica.
+
+  Args:
+    requested: one of :data:`BACKEND_NAMES`.
+    strategy: the strategy the model trains under.
+
+  Returns:
+    The backend's name and the reason for it.
+
+  Raises:
+    ValueError: an unknown ``requested``; ``engine-double`` on a TPU or on several replicas;
+      or ``tpu`` without an engine. Off TPU the refusal of ``tpu`` names ``engine-double``
+      (tests) and ``cpu``; on a TPU it names ``cpu`` (ordinary TPU variables).
   """
   if requested not in BACKEND_NAMES:
     raise ValueError(f"embedding backend must be one of {', '.join(BACKEND_NAMES)}, "

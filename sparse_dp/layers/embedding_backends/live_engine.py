@@ -89,10 +89,31 @@ class StaticFeatureEngine:
 class LiveEngine(StaticFeatureEngine):
   """Inference and training rounds of a mid-level ``TPUEmbedding`` object.
 
-  ``feature_config``, ``input_bounds``: as :class:`StaticFeatureEngine`.
-  ``api_factory(feature_config, optimizer)`` makes the API object (default
-  ``tf.tpu.experimental.embedding.TPUEmbedding``; create the engine under the
-  ``TPUStrategy``'s scope).
+  It gives :class:`~sparse_dp.layers.embedding_backends.tpu.TPUEmbeddingBackend` the interface
+  of :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`:
+  ``lookup``, ``apply_gradients``, ``slots`` and ``build``.
+  A lookup is an inference round, ``enqueue(ids, training=False)`` then ``dequeue()``.
+  A training round is ``enqueue(ids, training=True)``, ``dequeue()``, then ``apply_gradients``.
+  Each round gives every feature, padded to its static bound.
+  The features a call does not name go as the table's dummy row (its last row), with zero
+  gradients.
+  The activations pass through a zero ``anchor`` so that the DP step's tape records them.
+  It computes no DP quantity.
+
+  Args:
+    feature_config: a flat ``{name: FeatureConfig}`` dict of univalent features.
+    optimizer (Any): the engine optimizer, of ``tf.tpu.experimental.embedding``.
+    input_bounds: ``input_bounds[name]``, the static number of ids feature ``name`` takes per
+      round (per replica).
+    api_factory: ``api_factory(feature_config, optimizer)`` makes the API object. The default
+      is ``tf.tpu.experimental.embedding.TPUEmbedding``; create the engine under the
+      ``TPUStrategy``'s scope.
+
+  Attributes:
+    api: the API object.
+
+  Raises:
+    ValueError: a feature of ``feature_config`` without a bound in ``input_bounds``.
   """
 
   def __init__(self, feature_config: dict, optimizer, input_bounds: dict,
@@ -110,28 +131,60 @@ class LiveEngine(StaticFeatureEngine):
     self.api.build({name: tf.TensorShape([bound]) for name, bound in self.input_bounds.items()})
 
   def enqueue_round(self, features: dict, training: bool, device: Optional[str] = None):
-    """``enqueue`` of ``features`` (the others as the dummy row), padded to the bounds."""
+    """``enqueue`` of ``features`` (the others as the dummy row), padded to the bounds.
+
+    Args:
+      features: ``{feature name: ids}``.
+      training: whether the round is a training round.
+      device: the device the enqueue is placed on, as the API's ``enqueue`` takes it.
+    """
     self.api.enqueue(self._padded_ids(features), training=training, device=device)
 
   def dequeue_round(self, counts: dict) -> dict:
-    """``dequeue``: the first ``counts[name]`` activations of each named feature, on the tape."""
+    """``dequeue``: the first ``counts[name]`` activations of each named feature, on the tape.
+
+    Args:
+      counts: ``{feature name: number of activations}``.
+
+    Returns:
+      ``{feature name: activations}``.
+    """
     activations = self.api.dequeue()
     return {name: activations[name][:count] + self._anchor for name, count in counts.items()}
 
   def send_gradients(self, gradients: dict) -> None:
-    """``apply_gradients``: each feature's gradients padded with zeros to ``[bound, dim]``."""
+    """``apply_gradients``: each feature's gradients padded with zeros to ``[bound, dim]``.
+
+    Args:
+      gradients: ``{feature name: activation gradients}``.
+    """
     self.api.apply_gradients(self._padded_gradients(gradients))
 
   def lookup(self, features: dict) -> dict:
-    """An inference round: the rows of each named feature's ids (changes nothing)."""
+    """An inference round: the rows of each named feature's ids (changes nothing).
+
+    Args:
+      features: ``{feature name: ids}``.
+
+    Returns:
+      ``{feature name: activations}``, one row per id.
+    """
     self.enqueue_round(features, training=False)
     return self.dequeue_round({name: tf.size(ids) for name, ids in features.items()})
 
   def apply_gradients(self, features: dict, gradients: dict) -> tf.Operation:
-    """A training round: ``features`` ids with ``gradients`` (their activation gradients).
+    """A training round: ``features`` ids with their activation ``gradients``.
 
-    The API's ``apply_gradients`` returns nothing; inside ``tf.function`` its
-    send is ordered before later reads by automatic control dependencies.
+    The API's ``apply_gradients`` returns nothing.
+    Inside ``tf.function`` its send is ordered before later reads by automatic control
+    dependencies.
+
+    Args:
+      features: ``{feature name: ids}``.
+      gradients: ``{feature name: activation gradients}``.
+
+    Returns:
+      A no-op.
     """
     self.enqueue_round(features, training=True)
     self.api.dequeue()  # the round's activations: the DP update does not use them

@@ -73,7 +73,7 @@ class SparseCoreEngine(StaticFeatureEngine):
   ``sparse_core_config``: the user's ``SparseCoreEmbeddingConfig``, completed
   by :func:`dp_sparse_core_config`. ``api_factory``:
   default the real ``TPUEmbeddingV2`` (create under the ``TPUStrategy``'s
-  scope); tests pass :class:`~.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
+  scope); tests pass :class:`~.doubles.sparsecore_api_double.TPUEmbeddingV2APIDouble`.
   """
 
   def __init__(self, feature_config: dict, optimizer, input_bounds: dict,
@@ -122,15 +122,35 @@ class SparseCoreEngine(StaticFeatureEngine):
 class SparseCoreBackend(TPUEmbeddingBackend):
   """The tables in a ``TPUEmbeddingV2`` engine, updated inside the DP step ``fit`` runs.
 
-  ``update_bounds[layer]``: the static length ``M`` of the layer's update
-  feature (``sparse_dp.training.wrappers.entry_point.update_bounds``: the most rows one step
-  selects but with probability ``<= 2e-9``; a step past it fails, as on V1).
-  ``input_bounds[layer]``: the most ids the layer looks up per step (its model
-  feature's static length); ``input_ids(x)``: each table's ids in a batch's
-  features, by layer name (:mod:`sparse_dp.training.dp_step.input_ids`).
-  ``sparse_core_config``: a ``SparseCoreEmbeddingConfig`` whose other settings
-  to keep (:func:`dp_sparse_core_config` gives the rules). ``api_factory``: see
-  :class:`SparseCoreEngine`. Create under the strategy's scope.
+  This is the backend of SparseCore (V2) hardware: v5p, v6e.
+  ``TPUEmbeddingV2`` updates the rows of one ``embedding_lookup``, wherever it is placed in a
+  program, so the whole DP step is one program.
+  The step makes one lookup of the batch's ids and runs the mechanisms as on CPU.
+  It then looks up the selected rows padded to ``M``, and applies the noisy rows with that
+  lookup's ``preserved_outputs``.
+  The tables and features are :class:`~.tpu.TPUEmbeddingBackend`'s.
+  The backend computes no DP quantity.
+  Create it under the strategy's scope.
+
+  Args:
+    tables: the model's :class:`~sparse_dp.layers.Embedding` layers.
+    optimizer: the model's sparse Keras optimizer (see :class:`~.tpu.TPUEmbeddingBackend`).
+    update_bounds: ``update_bounds[layer]``, the static length ``M`` of the layer's update
+      feature (``sparse_dp.training.wrappers.entry_point.update_bounds``). It is the most rows
+      one step selects but with probability ``<= 2e-9``; a step past it fails, as on V1.
+    input_bounds: ``input_bounds[layer]``, the most ids the layer looks up per step (its
+      model feature's static length).
+    input_ids: ``input_ids(x)`` gives each table's ids in a batch's features, by layer name
+      (:mod:`sparse_dp.training.dp_step.input_ids`).
+    sum_inside_sqrt: as :class:`~.tpu.TPUEmbeddingBackend`'s.
+    sparse_core_config (tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig | None): a
+      config whose other settings to keep; :func:`dp_sparse_core_config` gives the rules.
+    api_factory: see :class:`SparseCoreEngine`.
+
+  Raises:
+    ValueError: a ``sparse_core_config`` that allows id dropping, or whose bounds are below
+      what one step's lookup may send a SparseCore; or a refusal of
+      :class:`~.tpu.TPUEmbeddingBackend`.
   """
 
   reads_engine_in_step = True  # the lookup training_step makes

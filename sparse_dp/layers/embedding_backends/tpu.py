@@ -126,11 +126,44 @@ def engine_optimizer(optimizer: keras.optimizers.Optimizer, sum_inside_sqrt: boo
 class TPUEmbeddingBackend(EmbeddingBackend):
   """The tables in a TPU embedding engine; off TPU, in :class:`EngineDouble`.
 
-  ``update_bounds[layer]``: the static length ``M`` of the layer's extra
-  feature (the most rows one step may select; ``V`` for DP-SGD).
-  ``engine_factory(feature_config, optimizer)`` makes the engine: an
-  :class:`EngineDouble` (default) or a
-  :class:`~sparse_dp.layers.embedding_backends.live_engine.LiveEngine`.
+  The engine applies its optimizer itself to the activation gradients of each feature's
+  lookups, so a DP step reaches a table only through lookups.
+  Each table gets an engine table of ``V + 1`` rows; row ``V`` is a dummy row that no model id
+  looks up.
+  Each table also gets two features: ``<layer>``, the model's lookups, and
+  ``<layer>/dp_update``, the selected rows padded to ``M`` with the dummy row.
+  The training round masks ``<layer>`` to the dummy row and sends the noisy update on
+  ``<layer>/dp_update``.
+  So the engine's scatter-add gives each selected row exactly
+  ``(sum_i [g_i]_C2 + N(0, sigma2^2 C2^2)) / B``, and no other row moves.
+  DP-SGD sends every row (``M = V``).
+  Adam's bias correction is passed as the engine's learning rate
+  ``lr sqrt(1 - b2^t) / (1 - b1^t)``.
+  The backend computes no DP quantity.
+
+  Args:
+    tables: the model's :class:`~sparse_dp.layers.Embedding` layers.
+    optimizer: the model's sparse Keras optimizer, which the engine's optimizer reproduces:
+      ``SGD`` without momentum, ``Adagrad``, or :class:`~sparse_dp.optimizers.LazyAdam`
+      without weight decay.
+    update_bounds: ``update_bounds[layer]``, the static length ``M`` of the layer's update
+      feature: the most rows one step may select (``V`` for DP-SGD).
+    sum_inside_sqrt: the engine Adam's ``sum_inside_sqrt``, which divides by
+      ``sqrt(v + eps^2)`` in place of ``sqrt(v) + eps``.
+    engine_factory: ``engine_factory(feature_config, optimizer)`` makes the engine: an
+      :class:`EngineDouble` (default) or a
+      :class:`~sparse_dp.layers.embedding_backends.live_engine.LiveEngine`.
+
+  Attributes:
+    engine: the engine, which holds the tables and their optimizer slots.
+    engine_optimizer: the engine's optimizer, equivalent to ``optimizer``.
+    feature_config: ``{feature name: FeatureConfig}``, the two features of each table.
+    update_bounds: ``M`` of each layer.
+
+  Raises:
+    ValueError: an update bound above its layer's vocabulary, or an optimizer the engine has
+      no equivalent for (SGD with momentum, RowwiseAdagrad, LazyAdam with weight decay, any
+      other).
   """
 
   def __init__(self, tables: list, optimizer: keras.optimizers.Optimizer,
@@ -181,12 +214,24 @@ class TPUEmbeddingBackend(EmbeddingBackend):
   reads_engine_in_step = False
 
   def lookup(self, layer, flat_ids):
-    """In a DP step of an engine read in the step (:attr:`reads_engine_in_step`), the rows of
-    its lookup of the batch; else the layer's ``embeddings``.
+    """Reads rows from the engine's lookup of the batch in a DP step, else from ``embeddings``.
 
-    Without one, every step keeps the layer's ``embeddings`` equal to the
-    engine's rows ``[0, V)`` (:meth:`_copy_rows`), and the step reads them:
-    its update still goes through the engine.
+    The engine's lookup is read in a DP step of an engine read in the step
+    (:attr:`reads_engine_in_step`).
+    Without one, every step keeps the layer's ``embeddings`` equal to the engine's rows
+    ``[0, V)`` (:meth:`_copy_rows`), and the step reads them.
+    Its update still goes through the engine.
+
+    Args:
+      layer (sparse_dp.layers.Embedding): one of :attr:`tables`.
+      flat_ids (tf.Tensor): int64 ``[n]``, the rows to read.
+
+    Returns:
+      (tf.Tensor): ``[n, output_dim]``, the rows.
+
+    Raises:
+      RuntimeError: in the DP step of an engine read in the step, with no lookup of the
+        batch (Keras ``fit`` of tables in the V1 engine).
     """
     if self._in_step and self.reads_engine_in_step:
       return self._round_lookup(layer, flat_ids)
@@ -231,7 +276,15 @@ class TPUEmbeddingBackend(EmbeddingBackend):
               for layer in self.tables]
 
   def training_round(self, updates: dict) -> tuple:
-    """``(ids, activation gradients)`` by feature of the round that applies ``updates``."""
+    """The training round that applies the tables' ``updates``.
+
+    Args:
+      updates: ``{layer: update}``, each table's update from the DP step; a table without
+        one gets none.
+
+    Returns:
+      ``(ids, activation gradients)``, each a dict by feature name.
+    """
     features, gradients = {}, {}
     for layer in self.tables:
       dummy, width = layer.vocabulary_size, layer.output_dim
@@ -271,8 +324,11 @@ class TPUEmbeddingBackend(EmbeddingBackend):
   def export_for_serving(self) -> _API.TPUEmbeddingForServing:
     """The trained tables and slots as a ``TPUEmbeddingForServing`` of ``V``-row tables.
 
-    Its checkpoint is what CPU serving restores (``tf.train.Checkpoint(embedding=...)``):
-    table ``<layer>``, slots ``<layer>/<slot>``, each without the dummy row.
+    Its checkpoint is what CPU serving restores (``tf.train.Checkpoint(embedding=...)``).
+    It holds table ``<layer>`` and slots ``<layer>/<slot>``, each without the dummy row.
+
+    Returns:
+      The built ``TPUEmbeddingForServing``, its variables assigned.
     """
     configs = {}
     for layer in self.tables:

@@ -31,10 +31,29 @@ from sparse_dp.layers.embedding_backends.tpu import (
 class TwoProgramBackend(TPUEmbeddingBackend):
   """Tables in a :class:`LiveEngine`, updated by a program after the DP step's program.
 
-  ``input_bounds[layer]``: the most ids the layer looks up per step (its model
-  feature's static length); ``update_bounds[layer]``: its update feature's.
-  ``api_factory``: the API object (default the real ``TPUEmbedding``; off TPU
-  :class:`~.api_double.TPUEmbeddingAPIDouble`). Create under the strategy's scope.
+  The API allows one round per TPU program.
+  A DP-AdaFEST step needs an inference round for its forward pass, then a training round on
+  the rows it selected.
+  :class:`sparse_dp.training.tpu_loop.TPUTrainer` runs the two programs.
+  Program A runs the model's DP ``train_step`` inside :meth:`inference_round`.
+  It holds the table update in :attr:`pending`, with the step's engine learning rate.
+  Program B (:meth:`training_update`) dequeues the training round the host enqueued with those
+  ids, and sends the gradients.
+  Create it under the strategy's scope.
+
+  Args:
+    tables: the model's :class:`~sparse_dp.layers.Embedding` layers.
+    optimizer (keras.optimizers.Optimizer): the model's sparse Keras optimizer (see
+      :class:`~.tpu.TPUEmbeddingBackend`).
+    update_bounds: ``update_bounds[layer]``, the static length of the layer's update feature.
+    input_bounds: ``input_bounds[layer]``, the most ids the layer looks up per step (its
+      model feature's static length).
+    api_factory: makes the API object. The default is the real ``TPUEmbedding``; off TPU,
+      :class:`~.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
+    sum_inside_sqrt: as :class:`~.tpu.TPUEmbeddingBackend`'s.
+
+  Raises:
+    ValueError: a refusal of :class:`~.tpu.TPUEmbeddingBackend`.
   """
 
   reads_engine_in_step = True  # the round inference_round dequeues
@@ -57,12 +76,15 @@ class TwoProgramBackend(TPUEmbeddingBackend):
 
   @contextlib.contextmanager
   def inference_round(self, ids: dict):
-    """Program A's scope: lookups read the round the host enqueued for ``ids`` (by layer name).
+    """Program A's scope: lookups read the round the host enqueued for ``ids``.
 
-    The program's one dequeue happens here, before the DP step's per-example
-    forward passes (:mod:`sparse_dp.training.dp_step.per_example`): each example's
-    lookup then reads its rows from the dequeued activations of the batch's
-    ids, which are the engine's rows, the same whichever example asked.
+    The program's one dequeue happens here, before the DP step's per-example forward passes
+    (:mod:`sparse_dp.training.dp_step.per_example`).
+    Each example's lookup then reads its rows from the dequeued activations of the batch's ids.
+    Those are the engine's rows, the same whichever example asked.
+
+    Args:
+      ids: the batch's ids of each table, by layer name.
     """
     activations = self.engine.dequeue_round(
         {table.name: self.engine.input_bounds[table.name] for table in self.tables})
@@ -85,7 +107,11 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     return [self._round_rate.assign(step_learning_rate(optimizer)())]
 
   def training_update(self, gradients: dict) -> None:
-    """Program B: dequeues the training round and applies its activation ``gradients``."""
+    """Program B: dequeues the training round and applies its activation ``gradients``.
+
+    Args:
+      gradients: ``{feature name: activation gradients}``, from :attr:`pending`.
+    """
     self.engine.dequeue_round({})  # its activations are not used
     self.engine.send_gradients(gradients)
 

@@ -57,14 +57,14 @@ def add_dense_noise(clipped: tf.IndexedSlices, shape: Sequence[int], stddev, see
   Args:
     clipped: the table's clipped sum; its indices may repeat (they are summed).
     shape: the table's static shape ``[V, d]``.
-    stddev: the noise's standard deviation, ``sigma C2``.
+    stddev (float | tf.Tensor): the noise's standard deviation, ``sigma C2``.
     seed: shape ``[2]`` integer seed.
     after: tensors or ops that the noise is drawn after.
 
   Returns:
     The noisy sum and the noise's squared norm.
-    The sum is dense ``[V, d]`` for a table of at most :data:`CHUNK_ROWS` rows, and
-    ``tf.IndexedSlices`` over every row for a larger one.
+      The sum is dense ``[V, d]`` for a table of at most :data:`CHUNK_ROWS` rows, and
+      ``tf.IndexedSlices`` over every row for a larger one.
   """
   rows, width = (int(n) for n in shape)
   if rows <= CHUNK_ROWS:

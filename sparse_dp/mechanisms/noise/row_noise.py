@@ -59,8 +59,8 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
 
   Returns:
     ``tf.IndexedSlices`` with one slice per entry of ``selected_rows``, in its
-    order; the padding keeps its ``PAD`` index and has zero values (an embedding
-    backend maps it to a row the update leaves alone).
+      order; the padding keeps its ``PAD`` index and has zero values (an embedding
+      backend maps it to a row the update leaves alone).
   """
   kept = sum_on_rows(clipped_sum, selected_rows)
   return tf.IndexedSlices(kept + row_sparse_noise(selected_rows, kept, noise_stddev, seed),
@@ -79,7 +79,7 @@ def row_sparse_noise(selected_rows: tf.Tensor, kept: tf.Tensor, noise_stddev: fl
 
   Returns:
     ``[m, d]`` of ``kept``'s dtype: ``N(0, noise_stddev^2)`` on the rows of
-    ``selected_rows``, zero on its padding.
+      ``selected_rows``, zero on its padding.
   """
   noise = standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev
   return padding.mask_rows(noise, padding.is_valid(selected_rows))

@@ -35,9 +35,9 @@ def standard_normal(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
   See docs/reference/mechanisms.md ("How the draws are made").
 
   Args:
-    shape: the samples' shape, an int vector.
+    shape (Sequence[int] | tf.Tensor): the samples' shape, an int vector.
     seed: shape ``[2]`` stateless seed.
-    dtype: the samples' dtype; they are computed in float32.
+    dtype (tf.DType): the samples' dtype; they are computed in float32.
 
   Returns:
     A tensor of ``shape`` and ``dtype``.

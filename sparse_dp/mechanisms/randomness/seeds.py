@@ -54,7 +54,7 @@ def fold_in(seed: tf.Tensor, data) -> tf.Tensor:
 
   Args:
     seed: int ``[2]`` stateless seed.
-    data: an int scalar, e.g. a step number.
+    data (int | tf.Tensor): an int scalar, e.g. a step number.
 
   Returns:
     An int64 ``[2]`` seed.

@@ -94,9 +94,9 @@ def distinct_pairs(example: tf.Tensor, row: tf.Tensor,
 
   Returns:
     ``(example, row, index)``, each of the inputs' length ``n``.
-    ``example`` and ``row`` hold the distinct pairs sorted by key, then padding (row ``PAD``,
-    example 0).
-    ``index[i]`` is the position of input pair ``i`` among them.
+      ``example`` and ``row`` hold the distinct pairs sorted by key, then padding (row ``PAD``,
+      example 0).
+      ``index[i]`` is the position of input pair ``i`` among them.
   """
   stride = tf.maximum(tf.cast(batch_size, tf.int64), 1)
   keys = tf.where(padding.is_valid(row), row * stride + example, padding.PAD)

@@ -61,9 +61,9 @@ def padded_unique(values: tf.Tensor) -> PaddedUnique:
 
   Returns:
     ``PaddedUnique(values, slot, count)``.
-    ``values`` (int64 ``[n]``) holds the distinct values, sorted, then ``PAD``.
-    ``slot`` (int64 ``[n]``) places each input: input ``i`` is ``values[slot[i]]``.
-    ``count`` (int64 scalar) is the number of distinct values, ``PAD`` not counted.
+      ``values`` (int64 ``[n]``) holds the distinct values, sorted, then ``PAD``.
+      ``slot`` (int64 ``[n]``) places each input: input ``i`` is ``values[slot[i]]``.
+      ``count`` (int64 scalar) is the number of distinct values, ``PAD`` not counted.
   """
   values = tf.cast(values, tf.int64)
   size = tf.size(values, out_type=tf.int64)

@@ -24,7 +24,7 @@ class BucketRemapping(tf.Module):
   Calling it maps dense, ``tf.RaggedTensor`` or ``tf.SparseTensor`` ids, keeping their dtype.
 
   Args:
-    kept_buckets: the ``k`` kept bucket ids, distinct, in any order.
+    kept_buckets (array-like of int): the ``k`` kept bucket ids, distinct, in any order.
     name: the ``tf.Module``'s name.
 
   Attributes:

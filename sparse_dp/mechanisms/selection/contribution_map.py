@@ -74,7 +74,7 @@ def contribution_maps(ids_per_table: Sequence[Ids],
     clip_norm: ``C1``.
 
   Returns:
-    One :class:`ContributionMap` per table.
+    A list with one :class:`ContributionMap` per table.
 
   Raises:
     ValueError: ``ids_per_table`` is empty, or ids of a layout that is not supported.
@@ -93,7 +93,8 @@ def clipped_contribution_maps(per_table: Sequence[Activations],
     clip_norm: ``C1``.
 
   Returns:
-    One :class:`ContributionMap` per table, as long as the table's activated pairs.
+    A list with one :class:`ContributionMap` per table, as long as the table's activated
+      pairs.
   """
   weights = contribution_clip_weights(per_table, clip_norm)
   return [_sum_by_row(a.row, padding.mask_rows(tf.gather(weights, a.example),

@@ -225,9 +225,9 @@ def sample_zero_rows(excluded_rows: tf.Tensor, vocabulary_size: int, probability
 
   Returns:
     ``(rows, over_capacity)``.
-    ``rows`` holds the kept rows as a padded row list of ``capacity`` entries.
-    ``over_capacity`` tells whether there were more than ``capacity``; the list then holds the
-    first ones.
+      ``rows`` holds the kept rows as a padded row list of ``capacity`` entries.
+      ``over_capacity`` tells whether there were more than ``capacity``; the list then holds the
+      first ones.
 
   Raises:
     ValueError: ``probability`` outside ``[0, 1]``, or a sample too large to hold (see
@@ -264,9 +264,9 @@ def padded_bernoulli_positions(length: tf.Tensor, probability: float, capacity: 
 
   Returns:
     ``(positions, over_capacity)``.
-    ``positions`` is int64 ``[capacity]``: the positions below ``length``, then ``PAD``.
-    ``over_capacity`` tells whether the batch ended inside ``[0, length)``, so that more
-    positions may follow.
+      ``positions`` is int64 ``[capacity]``: the positions below ``length``, then ``PAD``.
+      ``over_capacity`` tells whether the batch ended inside ``[0, length)``, so that more
+      positions may follow.
 
   Raises:
     ValueError: ``probability`` outside ``[0, 1]``, or a sample too large to hold (see

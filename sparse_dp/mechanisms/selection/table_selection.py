@@ -61,9 +61,9 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
     seed: shape ``[2]`` integer seed of the stateless random ops.
 
   Returns:
-    One :class:`RowSelection` per table, in its own row numbering; its
-    ``rows`` hold as many entries as the table's ``pairs`` plus
-    ``false_positive_capacity(c_t, p)``.
+    A list with one :class:`RowSelection` per table, in its own row numbering; its
+      ``rows`` hold as many entries as the table's ``pairs`` plus
+      ``false_positive_capacity(c_t, p)``.
 
   Raises:
     ValueError: ``pairs`` is empty or not one per table; ``threshold <= 0``;

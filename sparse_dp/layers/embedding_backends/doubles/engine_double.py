@@ -24,8 +24,24 @@ _API = tf.tpu.experimental.embedding
 class EngineDouble(_API.TPUEmbeddingForServing):
   """Tables and slots as the TPU embedding engine holds them, updated by its rules.
 
-  ``feature_config``: a flat ``{name: FeatureConfig}`` dict of univalent
-  features (dense int ids of any shape; one activation per id).
+  A pure-TensorFlow stand-in for the engine, for tests and runs without a TPU.
+  It is a ``TPUEmbeddingForServing`` (the API's variables, slots and checkpoint keys) with the
+  engine's two operations added: a lookup and a training round.
+  A training round sums the activation gradients of every id per row,
+  ``g_j = sum_{ids = j} dL/da``.
+  It then applies the optimizer to the rows in the round only (lazy).
+  SGD is ``w_j <- w_j - lr g_j``, Adagrad has no epsilon, and Adam has no bias correction.
+
+  Args:
+    feature_config: a flat ``{name: FeatureConfig}`` dict of univalent features (dense int ids
+      of any shape; one activation per id).
+    optimizer (Any): the engine optimizer, ``tf.tpu.experimental.embedding`` ``SGD``,
+      ``Adagrad`` or ``Adam`` with ``lazy_adam=True``, with gradient accumulation on and no
+      limits.
+
+  Raises:
+    ValueError: an optimizer or setting the double does not model: clipping limits, weight
+      decay, ``use_gradient_accumulation=False``, non-lazy Adam, or another optimizer (FTRL).
   """
 
   backend_name = "tpu-engine-double"
@@ -48,10 +64,16 @@ class EngineDouble(_API.TPUEmbeddingForServing):
   def lookup(self, features: dict) -> dict:
     """The engine's forward pass: the rows of each feature's ids (changes nothing).
 
-    The tables are trainable variables of their own (``TPUEmbeddingForServing``
-    makes them so), never a Keras model's: a gradient tape watches them, so the
-    DP step differentiates the loss with respect to these activations, as it
-    does with the activations the engine dequeues on a TPU.
+    The tables are trainable variables of their own (``TPUEmbeddingForServing`` makes them so),
+    never a Keras model's.
+    A gradient tape watches them, so the DP step differentiates the loss with respect to these
+    activations, as it does with the activations the engine dequeues on a TPU.
+
+    Args:
+      features: ``{feature name: ids}``.
+
+    Returns:
+      ``{feature name: activations}``, one row per id.
     """
     self._maybe_build()
     return {name: tf.gather(self.slots(self._feature_config[name].table.name)["parameters"],
@@ -59,10 +81,18 @@ class EngineDouble(_API.TPUEmbeddingForServing):
             for name, ids in features.items()}
 
   def apply_gradients(self, features: dict, gradients: dict) -> tf.Operation:
-    """One training round: ``features`` ids with ``gradients`` (their activation gradients).
+    """One training round: ``features`` ids with their activation ``gradients``.
 
-    Every feature of the engine must be given (as an enqueue must give them),
-    each with a gradient of its activations' shape.
+    Args:
+      features: ``{feature name: ids}``, every feature of the engine, as an enqueue must give
+        them.
+      gradients: ``{feature name: activation gradients}``, each of its activations' shape.
+
+    Returns:
+      The op that updates the rows in the round.
+
+    Raises:
+      ValueError: a feature of the engine is missing.
     """
     self._maybe_build()
     missing = sorted(set(self._feature_config) - set(features))
