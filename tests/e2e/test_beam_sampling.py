@@ -16,152 +16,17 @@ from scipy import stats
 
 from sparse_dp.cli import main
 from sparse_dp.data.vocabulary import Vocabulary
-from sparse_dp.jobs.sample import pipeline
-from sparse_dp.jobs.sample.draws import SecretSeed, example_key
 
-from support.criteo_lines import HAND_WRITTEN, write
+from support.beam_samples import (
+  SEED_BYTES,
+  copy_sample,
+  read_batches,
+  shared_examples,
+  write_days,
+  write_small_sample,
+)
 from support.ports import free_ports
 from support.stacks import ALPHA, one_stack
-
-SEED_BYTES = b"test seed: not a secret, 32 byte"
-SEED = SecretSeed(SEED_BYTES)
-SALT = "5a17" * 8
-KEY = SEED.for_sample(SALT)
-
-
-def _lines(first: int, count: int) -> list[str]:
-  """Valid Criteo lines made unique by their int_1 (the example's global number)."""
-  head, rest = HAND_WRITTEN[0].split("\t", 2)[0], HAND_WRITTEN[0].split("\t", 2)[2]
-  return [f"{head}\t{first + i}\t{rest}" for i in range(count)]
-
-
-def _write_files(folder: pathlib.Path, counts) -> list[str]:
-  folder.mkdir()
-  first, paths = 0, []
-  for day, count in enumerate(counts):
-    paths.append(str(write(folder / f"day_{day}", _lines(first, count))))
-    first += count
-  return paths
-
-
-def _sample(paths, out, seed=SEED, salt=SALT, **spec) -> dict:
-  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(out), salt=salt, **spec)
-  pipeline.run(spec, seed)
-  return json.loads((pathlib.Path(out) / "manifest.json").read_text())
-
-
-def _batches(out) -> list[list[str]]:
-  """The lines of each step's batch, in step order, read from the shards."""
-  import tensorflow as tf
-  manifest = json.loads((pathlib.Path(out) / "manifest.json").read_text())
-  batches = []
-  for shard in manifest["shards"]:
-    for record in tf.data.TFRecordDataset(str(pathlib.Path(out) / shard["file"])):
-      example = tf.train.Example.FromString(record.numpy())
-      assert example.features.feature["step"].int64_list.value[0] == len(batches)
-      batches.append([v.decode() for v in example.features.feature["lines"].bytes_list.value])
-  assert [len(b) for b in batches] == [s for sh in manifest["shards"] for s in sh["batch_sizes"]]
-  return batches
-
-
-def _chi_square_p(counts: np.ndarray, probabilities: np.ndarray) -> float:
-  """P-value of observed ``counts`` against ``probabilities``, bins pooled to expected >= 5."""
-  expected = probabilities / probabilities.sum() * counts.sum()
-  pooled_obs, pooled_exp, obs, exp = [], [], 0.0, 0.0
-  for o, e in zip(counts, expected):
-    obs, exp = obs + o, exp + e
-    if exp >= 5:
-      pooled_obs.append(obs)
-      pooled_exp.append(exp)
-      obs, exp = 0.0, 0.0
-  pooled_obs[-1] += obs
-  pooled_exp[-1] += exp
-  statistic = sum((o - e) ** 2 / e for o, e in zip(pooled_obs, pooled_exp))
-  return float(stats.chi2.sf(statistic, len(pooled_obs) - 1))
-
-
-def _check_binomial_laws(inclusions: np.ndarray, rate: float) -> None:
-  """``inclusions[example, step]``: batch sizes ~ Binomial(N, q), counts ~ Binomial(T, q)."""
-  num_examples, steps = inclusions.shape
-  sizes = inclusions.sum(axis=0)
-  # Dispersion: sum (x - Nq)^2 / (Nq(1-q)) ~ chi2(T) (normal approximation, Nq >= 50).
-  dispersion = float(np.sum((sizes - num_examples * rate) ** 2)
-                     / (num_examples * rate * (1 - rate)))
-  p_sizes = min(stats.chi2.sf(dispersion, steps), stats.chi2.cdf(dispersion, steps))
-  assert p_sizes > ALPHA / 4, (sizes, dispersion)  # a fixed-size sampler: dispersion 0
-  counts = np.bincount(inclusions.sum(axis=1), minlength=steps + 1)
-  law = stats.binom.pmf(np.arange(steps + 1), steps, rate)
-  # Without replacement (each example at most once per epoch), no count would exceed 1.
-  assert _chi_square_p(counts, law) > ALPHA / 4, counts[:6]
-
-
-def test_keyed_draws_match_binomial_laws_and_skip_correctly():
-  num_examples, steps, rate = 40_000, 100, 0.02
-  inclusions = np.zeros((num_examples, steps), np.int64)
-  for example in range(num_examples):
-    inclusions[example, KEY.inclusion_steps(example_key("day_0", example), rate, steps)] = 1
-  _check_binomial_laws(inclusions, rate)
-  # Geometric skips are Bernoulli draws: consecutive steps are joined independently.
-  both = int(np.sum(inclusions[:, :-1] * inclusions[:, 1:]))
-  pairs = num_examples * (steps - 1)
-  assert stats.binomtest(both, pairs, rate**2).pvalue > ALPHA / 4
-  assert KEY.inclusion_steps(b"x", rate, steps) == KEY.inclusion_steps(b"x", rate, steps)
-
-
-def test_pipeline_batches_are_poisson_samples_of_every_file(tmp_path):
-  paths = _write_files(tmp_path / "data", [2500, 1500, 2000])
-  steps, batch_size = 48, 60  # q = 0.01 of 6,000 examples
-  manifest = _sample(paths, tmp_path / "out", batch_size=batch_size, steps=steps,
-                     batches_per_shard=10)
-  assert (manifest["num_examples"], manifest["sampling_rate"]) == (6000, 0.01)
-  assert [s["file"] for s in manifest["shards"]] == [
-      f"batches-{i:05d}-of-00005.tfrecord" for i in range(5)]
-  index = {line: i for i, line in enumerate(_lines(0, 6000))}
-  inclusions = np.zeros((6000, steps), np.int64)
-  for step, batch in enumerate(_batches(tmp_path / "out")):
-    inclusions[[index[line] for line in batch], step] = 1  # each line is one example
-  _check_binomial_laws(inclusions, 0.01)
-  assert manifest["salt"] == SALT and "seed" not in json.dumps(manifest["inputs"])
-  assert SEED._key.hex() not in json.dumps(manifest) and KEY._key.hex() not in json.dumps(manifest)
-
-
-def _shared(first: list[list[str]], second: list[list[str]]) -> int:
-  """Examples in both samples' batch of the same step, over all steps."""
-  return sum(len(set(a) & set(b)) for a, b in zip(first, second))
-
-
-def test_same_seed_and_salt_same_batches_whatever_the_order_or_sharding(tmp_path):
-  paths = _write_files(tmp_path / "data", [400, 300, 300])
-  spec = dict(batch_size=30, steps=12)
-  _sample(paths, tmp_path / "a", batches_per_shard=5, **spec)
-  _sample(paths[::-1], tmp_path / "b", batches_per_shard=2, num_examples=1000, **spec)
-  _sample(paths, tmp_path / "c", seed=SecretSeed(b"another seed, 32 bytes long...."),
-          batches_per_shard=5, **spec)
-  _sample(paths, tmp_path / "d", batches_per_shard=5, max_batch_size=28, **spec)
-  _sample(paths, tmp_path / "e", salt="5a18" * 8, batches_per_shard=5, **spec)
-  first, again, other, cut, salted = (_batches(tmp_path / name) for name in "abcde")
-  assert first == again
-  assert len(first) == len(other) == len(salted) == 12
-  # Another seed, or the same seed with another salt: independent batches, in whose batch
-  # of one step an example is twice with probability q^2 (10.8 expected of 1000 x 12).
-  for independent in (other, salted):
-    assert stats.binom.sf(_shared(first, independent) - 1, 1000 * 12, 0.03**2) > ALPHA / 4
-  # Truncation keeps a subset of at most M of the same batch (same seed).
-  assert any(len(whole) > 28 for whole in first)
-  for whole, kept in zip(first, cut):
-    assert len(kept) == min(len(whole), 28) and set(kept) <= set(whole)
-
-
-def test_a_wrong_number_of_examples_is_refused_before_the_manifest_is_written(tmp_path):
-  paths = _write_files(tmp_path / "data", [600, 400])
-  with pytest.raises(ValueError, match="--num-examples 999 but the files hold 1,000"):
-    _sample(paths, tmp_path / "out", batch_size=20, steps=2, num_examples=999)
-  assert not (tmp_path / "out" / "manifest.json").exists()
-  # N counted by the first pass, another N read by the draw pass: the files changed.
-  spec = pipeline.SampleSpec(paths=tuple(paths), out=str(tmp_path / "out"), batch_size=20,
-                             steps=2, salt=SALT)
-  with pytest.raises(ValueError, match="1,000 valid examples when counted but 999 when drawn"):
-    pipeline._write_manifest([], spec, [{"examples": 600}, {"examples": 399}], 1000, SEED)
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +82,7 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
 
 @pytest.fixture(scope="module")
 def small_sample(tmp_path_factory):
-  folder = tmp_path_factory.mktemp("small")
-  paths = _write_files(folder / "data", [600, 400])
-  _sample(paths, folder / "sample", batch_size=20, steps=5, batches_per_shard=2)
-  (folder / "seed").write_bytes(SEED_BYTES)
-  return folder
+  return write_small_sample(tmp_path_factory.mktemp("small"))
 
 
 def _error(capsys, argv) -> str:
@@ -294,53 +155,12 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   assert "MAC does not match --seed-file" in _error(
       capsys, base[:-1] + [str(other_seed), "--data", str(sample)])
   # N and q edited consistently (a smaller q, a smaller epsilon): the MAC refuses it.
-  edited = _copy(sample, tmp_path / "edited")
+  edited = copy_sample(sample, tmp_path / "edited")
   manifest = json.loads((edited / "manifest.json").read_text())
   manifest.update(num_examples=2 * manifest["num_examples"],
                   sampling_rate=manifest["batch_size"] / (2 * manifest["num_examples"]))
   (edited / "manifest.json").write_text(json.dumps(manifest))
   assert "MAC does not match --seed-file" in _error(capsys, base + ["--data", str(edited)])
-
-
-def _copy(sample: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
-  to.mkdir()
-  for path in sample.glob("*.*"):
-    (to / path.name).write_bytes(path.read_bytes())
-  return to
-
-
-def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path):
-  from sparse_dp.jobs.sample import step_claims
-  from sparse_dp.jobs.sample.batches import SampledBatches
-  from sparse_dp.models.pctr_data import hashed_vocabulary
-  sample = str(_copy(small_sample / "sample", tmp_path / "sample"))
-  batches = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)
-  later_run = SampledBatches.open(sample, hashed_vocabulary(0.01), SEED)  # another process's
-  sizes = [int(y.shape[0]) for _, y in batches.dataset(3)]
-  assert sizes == batches.manifest.batch_sizes[:3]
-  # The later run starts after the steps the first one claimed, not at step 0.
-  assert later_run.batches_left == 2
-  assert [int(y.shape[0]) for _, y in later_run.dataset(1)] == [batches.manifest.batch_sizes[3]]
-  rest = batches.dataset(1)
-  assert [int(y.shape[0]) for _, y in rest] == [batches.manifest.batch_sizes[4]]
-  assert not list(rest) and not list(rest.repeat(3))  # never again
-  assert [(c.first, c.end) for c in step_claims.claims(sample)] == [(0, 3), (3, 4), (4, 5)]
-  with pytest.raises(ValueError, match="0 unread batches of 5 .5 taken by this or earlier"):
-    SampledBatches.open(sample, hashed_vocabulary(0.01), SEED).dataset(1)
-  # Two runs that read the claims at once want the same first step: the second is refused.
-  with pytest.raises(ValueError, match="claimed the sample's batches from step 4 at the same"):
-    step_claims.claim(sample, 4, 5)
-  assert sorted(p.name for p in (tmp_path / "sample" / step_claims.CLAIMS).iterdir()) == [
-      "from-000000000.json", "from-000000003.json", "from-000000004.json"]  # no partial file
-  damaged = _copy(small_sample / "sample", tmp_path / "damaged")
-  (damaged / step_claims.CLAIMS).mkdir()
-  (damaged / step_claims.CLAIMS / "from-000000000.json").write_text('{"first": 0')
-  with pytest.raises(ValueError, match="from-000000000.json is not readable"):
-    SampledBatches.open(str(damaged), hashed_vocabulary(0.01), SEED)
-  unwritable = _copy(small_sample / "sample", tmp_path / "unwritable")
-  (unwritable / step_claims.CLAIMS).write_text("a file where the claims folder goes")
-  with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
-    SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
 
 
 @pytest.mark.slow
@@ -356,7 +176,8 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   Vocabulary.hashed([50] * 26).save(vocabulary)
 
   def train(sample: pathlib.Path, out: pathlib.Path, strategy: str) -> list[str]:
-    return ["train", "--reader", "batches", "--data", str(_copy(small_sample / "sample", sample)),
+    return ["train", "--reader", "batches", "--data",
+            str(copy_sample(small_sample / "sample", sample)),
             "--eval-data", str(small_sample / "data" / "day_0"), "--algorithm", "dpsgd",
             "--categorical-features", "2",
             "--hidden-units", "4", "--vocabulary", str(vocabulary), "--seed-file",
@@ -408,7 +229,7 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
 
 def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_path, capsys):
   from sparse_dp.jobs.sample import sample_ledger, step_claims
-  _write_files(tmp_path / "data", [600, 400])
+  write_days(tmp_path / "data", [600, 400])
   seed_file = tmp_path / "secret" / "seed"
   seed_file.parent.mkdir()
   seed_file.write_bytes(SEED_BYTES)
@@ -417,11 +238,11 @@ def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_p
   for name in "ab":
     assert main(argv + ["--out", str(tmp_path / name)]) == 0
   salts = [json.loads(line)["salt"] for line in capsys.readouterr().out.splitlines()]
-  first, second = _batches(tmp_path / "a"), _batches(tmp_path / "b")
+  first, second = read_batches(tmp_path / "a"), read_batches(tmp_path / "b")
   # Two samples with one seed file: fresh salts, independent batches (each example is in
   # both batches of a step with probability q^2: 2.4 expected of 1000 x 6).
   assert len(set(salts)) == 2 and len(first) == len(second) == 6
-  assert stats.binom.sf(_shared(first, second) - 1, 1000 * 6, 0.02**2) > ALPHA / 4
+  assert stats.binom.sf(shared_examples(first, second) - 1, 1000 * 6, 0.02**2) > ALPHA / 4
   assert sorted(p.name for p in (tmp_path / "secret" / "seed.samples").iterdir()) == sorted(
       f"{salt}.json" for salt in salts)
   with pytest.raises(ValueError, match="was drawn before"):
@@ -437,7 +258,7 @@ def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_p
   assert lost.read_bytes() == written and (sample / "manifest.json").read_text() == manifest
   assert step_claims.steps_taken(str(sample)) == 2
   # Nowhere else: a copy would hold the batches without the claims.
-  copy = _copy(sample, tmp_path / "copy")
+  copy = copy_sample(sample, tmp_path / "copy")
   assert "was drawn into" in _error(capsys, ["sample", "--reproduce", str(copy),
                                              "--seed-file", str(seed_file)])
   assert "leave out --steps" in _error(capsys, ["sample", "--reproduce", str(sample),
@@ -448,26 +269,3 @@ def test_samples_of_one_seed_file_never_repeat_and_reproduce_only_in_place(tmp_p
   assert "input files changed since: day_1" in _error(
       capsys, ["sample", "--reproduce", str(sample), "--seed-file", str(seed_file)])
   assert (sample / "manifest.json").read_text() == manifest
-
-
-_TRUNCATION = pytest.importorskip("dp_accounting")
-HAS_TRUNCATED_EVENT = hasattr(_TRUNCATION, "TruncatedSubsampledGaussianDpEvent")
-
-
-@pytest.mark.skipif(not HAS_TRUNCATED_EVENT, reason="dp-accounting < 0.5.1 (the 3.11 stack)")
-def test_truncated_epsilon_matches_untruncated_far_above_and_grows_below():
-  from sparse_dp.accounting import PrivacyAccountant, Truncation
-  num_examples, batch_size, steps, sigma = 100_000, 1_000, 10, 1.0
-  q, delta = batch_size / num_examples, 1e-5
-  plain = PrivacyAccountant().step(sigma, q, steps).get_epsilon(delta)
-  far = PrivacyAccountant().step(sigma, q, steps, Truncation(num_examples, 2 * batch_size))
-  assert far.get_epsilon(delta) == pytest.approx(plain, rel=1e-6)
-  tight = PrivacyAccountant().step(sigma, q, steps, Truncation(num_examples, batch_size))
-  assert tight.get_epsilon(delta) > plain * 1.01
-
-
-@pytest.mark.skipif(HAS_TRUNCATED_EVENT, reason="dp-accounting >= 0.5.1 accounts truncation")
-def test_truncation_is_refused_where_it_cannot_be_accounted():
-  from sparse_dp.accounting import Truncation
-  with pytest.raises(ValueError, match="dp-accounting >= 0.5.1"):
-    Truncation(100_000, 2_000)

@@ -1,7 +1,6 @@
 """``sparse-dp distill --method dp-teacher / rona``: sizes, epsilon and refusals.
 
-Each test runs tiny models on a few hundred synthetic examples; statistical
-tests fail a correct implementation with probability at most conftest.ALPHA.
+Each test runs tiny models on a few hundred synthetic examples.
 """
 
 import json
@@ -11,15 +10,11 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import pld
-from scipy import stats
 
 from sparse_dp.cli import main
-from sparse_dp.jobs.distill import dp_teacher
-from sparse_dp.jobs.distill.rona import privacy as rona_privacy
-from sparse_dp.jobs.distill.rona.answers import NoisyAnswers, clip_rows
-from sparse_dp.jobs.distill.rona.query_selection import bernoulli_kl, select_queries
 
-from support.stacks import ALPHA, one_stack
+from support.gaussian_composition import gaussians_epsilon
+from support.stacks import one_stack
 
 # Teacher: 96-unit tower on two tables; student: a tenth of the rows, 8-unit tower.
 TINY = ["--categorical-features", "2", "--synthetic-scale", "0.01", "--max-examples", "300",
@@ -32,11 +27,6 @@ TINY_TEACHER = TINY[2:-2]
 
 def _count(model) -> int:
   return int(sum(np.prod(w.shape) for w in model.trainable_weights))
-
-
-def _gaussians_epsilon(multiplier: float, count: int, delta: float) -> float:
-  event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(multiplier), count)
-  return pld.PLDAccountant().compose(event).get_epsilon(delta)
 
 
 @pytest.fixture(scope="module")
@@ -133,65 +123,13 @@ def test_rona_epsilon_is_the_composition_of_its_answered_batches(tmp_path, capsy
   # N_q = 150 of 300 public samples: 3 batches of 50 per epoch, (T_h + R T_d) = 2 epochs.
   assert report["answered_batches"] == 6 and report["queries_per_epoch"] == 150
   assert report["mean_clip"] == {"hint": 2.0, "logit": 1.0}
-  honest = _gaussians_epsilon(40 / (2 * math.sqrt(50)), 6, report["delta"])
+  honest = gaussians_epsilon(40 / (2 * math.sqrt(50)), 6, report["delta"])
   assert report["epsilon"] == pytest.approx(honest, rel=1e-9)
   assert report["rona_claimed_epsilon"] == pytest.approx(
-      _gaussians_epsilon(40 / math.sqrt(50), 6, report["delta"]), rel=1e-9)
+      gaussians_epsilon(40 / math.sqrt(50), 6, report["delta"]), rel=1e-9)
   assert report["rona_claimed_epsilon"] < report["epsilon"]
   assert report["compression_ratio"] > 5 and report["student_parameters"] > 0
   assert "teacher_auc" in report["not_covered_by_epsilon"]
-
-
-def test_rona_epsilon_grows_with_the_queries():
-  class Args:  # the flags RonaSchedule reads
-    query_batch_size, hint_epochs, rounds, distill_epochs, self_epochs = 50, 1, 2, 1, 1
-  few, more = Args(), Args()
-  few.query_share, more.query_share = 0.5, 1.0
-  schedules = [rona_privacy.RonaSchedule.from_args(a, 300) for a in (few, more)]
-  assert [s.answered_batches for s in schedules] == [9, 18]
-  epsilons = [rona_privacy.rona_epsilon(40.0, [50] * s.answered_batches, 1e-5)
-              for s in schedules]
-  assert epsilons[0] == pytest.approx(_gaussians_epsilon(40 / (2 * math.sqrt(50)), 9, 1e-5))
-  assert epsilons[1] == pytest.approx(_gaussians_epsilon(40 / (2 * math.sqrt(50)), 18, 1e-5))
-  assert epsilons[1] > 1.2 * epsilons[0]
-  sigma = rona_privacy.calibrate_sigma(3.0, 1e-5, 50, 18)
-  assert 2.95 < rona_privacy.rona_epsilon(sigma, [50] * 18, 1e-5) <= 3.0
-
-
-def test_teacher_answers_are_clipped_and_noised_at_sigma_c():
-  """The noise is N(0, (sigma C)^2) per coordinate, independent of the answers."""
-  rng = np.random.default_rng(0)
-  values = rng.normal(0, 5, (400, 50))  # norms ~35, far above the clip
-  sigma, clip = 3.0, 2.0
-  answers = NoisyAnswers(sigma, noise_seed=11)
-  noisy = answers.answer(values, clip)
-  clipped = clip_rows(values, clip)
-  assert np.allclose(np.linalg.norm(clipped, axis=1), clip)
-  small = rng.normal(0, 0.01, (4, 50))
-  assert np.array_equal(clip_rows(small, clip), small)
-  standardized = ((noisy - clipped) / (sigma * clip)).ravel()  # 20,000 draws
-  # Two-sided tests, each at ALPHA / 2: the variance (chi-square) and the shape (KS).
-  chi2 = float(np.sum(standardized ** 2))
-  n = standardized.size
-  assert stats.chi2.ppf(ALPHA / 4, n) < chi2 < stats.chi2.ppf(1 - ALPHA / 4, n)
-  assert stats.kstest(standardized, "norm").pvalue > ALPHA / 2
-  assert answers.batch_sizes == [400] and answers.clips == [clip]
-  # A noise 10% too small fails the variance test (its power at this size is ~1).
-  assert np.sum((standardized * 0.9) ** 2) < stats.chi2.ppf(ALPHA / 4, n)
-
-
-def test_query_selection_is_algorithm_3():
-  """Greedy farthest-point by KL of the student's outputs, as a direct O(N^2) reading."""
-  p = np.random.default_rng(1).beta(2, 5, 60)
-  chosen = select_queries(p, 12, np.random.default_rng(7))
-  order = np.random.default_rng(7).permutation(60)
-  expected = [order[0]]
-  for _ in range(11):
-    rest = [i for i in order if i not in expected]
-    expected.append(max(rest, key=lambda i: min(bernoulli_kl(p[i:i + 1], p[j])[0]
-                                                for j in expected)))
-  assert list(chosen) == expected
-  assert np.argmin(p) in chosen and np.argmax(p) in chosen
 
 
 def test_refusals(tmp_path, capsys):
@@ -211,12 +149,6 @@ def test_refusals(tmp_path, capsys):
                "--out", str(tmp_path / "r.json")]) == 2
   assert "is not a 'sparse-dp train' output folder" in capsys.readouterr().err
   assert not (tmp_path / "r.json").exists()
-
-
-def test_a_teacher_without_dp_record_is_refused():
-  from sparse_dp.models.pctr import build_pctr_model
-  with pytest.raises(ValueError, match="the teacher has no DP record"):
-    dp_teacher.teacher_privacy(build_pctr_model([5] * 26, (4,)))
 
 
 def test_declared_public_features_are_reported(tmp_path):

@@ -86,3 +86,11 @@ def assert_figure_matches_report(json_path: pathlib.Path, png_path: pathlib.Path
   for bar in bars:
     assert any(bar == pytest.approx(e, rel=1e-9, abs=1e-12) for e in expected), bar
   plots._pyplot().close(figure)
+
+
+def report_point(algorithm, auc, reduction, label=None, std=0.01, epsilon=1.0):
+  """A point of a study report, as a sweep writes it."""
+  return {"algorithm": algorithm, "label": label or algorithm, "auc": [auc - std, auc + std],
+          "auc_mean": auc, "auc_std": std, "epsilon": epsilon, "epsilon_spent": epsilon,
+          "gradient_size_reduction": reduction, "gradient_size_reduction_std": reduction / 10,
+          "examples_per_second": 100.0, "fest_k": None, "tau_sigmas": None, "sigma_ratio": None}

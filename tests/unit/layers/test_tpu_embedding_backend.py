@@ -79,6 +79,7 @@ def test_dpsgd_dense_noise_goes_through_every_row():
   assert all(len(c) == VOCAB for c in rows.changed)
 
 
+@pytest.mark.slow
 def test_checkpoints_restore_across_backends(tmp_path):
   tpu, private, _ = _train("engine-double", OPTIMIZERS["adam"][0], steps=3)
   backend, layer = private.embedding_backend, tpu.get_layer("ids")

@@ -88,6 +88,7 @@ def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
   assert all(VOCAB not in c for c in rows.changed)  # the dummy row never moves
 
 
+@pytest.mark.slow
 def test_one_compiled_step_holds_the_lookups_and_the_update():
   """``jit_compile=True``, as a TPU compiles the step: the same tables as the CPU backend's."""
   optimizer, tolerance = OPTIMIZERS["sgd"]
@@ -261,6 +262,7 @@ def test_each_devices_initial_rows_are_tfs_conversion_of_the_tables_rows(devices
     tables[0].initializer((8, 8), tf.float32, ShardInfo([8, 8], [0, 0]))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_the_engine_restores_into_tpu_embedding_for_serving(tmp_path):
   """TF's own SparseCore -> CPU path (the layouts saved with the tables, undone on restore)
   gives the backend's host copy after DP steps, and so does ``export_for_serving``
@@ -284,6 +286,7 @@ def test_a_checkpoint_of_the_engine_restores_into_tpu_embedding_for_serving(tmp_
   assert set(exported) == {"parameters", "momenta", "velocities"}
 
 
+@pytest.mark.slow
 def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypatch):
   """V2 hardware is a double of ``tpu_hardware_feature.embedding_feature``, and the API
   ``TPUEmbeddingV2``'s double (no TPU here): ``auto`` takes the SparseCore backend, and

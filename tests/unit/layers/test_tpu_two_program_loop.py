@@ -118,6 +118,7 @@ def test_the_real_engine_is_refused_off_tpu_naming_the_alternatives():
     TPUTrainer(private)  # the real TPUEmbedding: a TPU with the V1 engine only
 
 
+@pytest.mark.slow
 def test_auto_on_v1_hardware_keeps_the_tables_in_the_engine_and_refuses_fit(monkeypatch):
   """The V1 hardware is a double of ``tpu_hardware_feature.embedding_feature`` (no TPU here)."""
   ids, labels = synthetic_data()
@@ -154,6 +155,7 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   assert trainer.jit_compile and trainer._program_a.experimental_get_tracing_count() == traced
 
 
+@pytest.mark.slow
 def test_the_pctr_jobs_tables_train_in_the_loop_by_their_input_columns():
   """``--strategy tpu`` on V1 hardware trains the pCTR job by this loop, each table's ids
   being a column of one model input (``pctr.table_ids``; a layer looking up ids the host
