@@ -8,7 +8,7 @@ Usage (the committed result, ``benchmarks/results/vocabulary_scale.{json,png}``)
 The model and step are ``sparse-dp train``'s: :func:`sparse_dp.models.pctr.build_pctr_model`
 (26 tables of Table 3's vocabularies times the scale, dims ``int(2 V^0.25)``, four
 ReLU layers of 598), compiled with ``--optimizer`` and made private with the job's
-calibration (:func:`sparse_dp.jobs.train.fitting.dp_config`: epsilon 1, one epoch of
+calibration (:func:`sparse_dp.jobs.train.fitting._dp_config`: epsilon 1, one epoch of
 ``--examples`` at batch 2,048), fed the job's Poisson batches
 (``PrivateTraining.poisson_dataset``; also for ``none``) through ``model.fit``
 with the DP callback. The examples are a day of

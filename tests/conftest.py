@@ -7,6 +7,7 @@ helpers tests share are in ``tests/support/``.
 """
 
 import os
+import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -14,7 +15,7 @@ import pytest  # noqa: E402
 
 import sparse_dp  # noqa: E402,F401
 
-from support.stacks import NO_TF_PRIVACY, STACKS, skip_elsewhere  # noqa: E402
+from support.stacks import STACKS, skip_elsewhere  # noqa: E402
 
 
 def pytest_configure(config):
@@ -22,24 +23,26 @@ def pytest_configure(config):
       "markers", "stack(name): run this slow test on that stack only (support.stacks.one_stack)")
 
 
+def stack_of(nodeid: str) -> str:
+  """The stack a slow test runs on: a hash of its id, the same whatever a stack collects."""
+  return STACKS[zlib.crc32(nodeid.encode()) % 2]
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so a test keeps its stack
 def pytest_collection_modifyitems(items):
   """Places each slow test on one stack: CI runs the fast tier on both, the slow tier once.
 
-  A ``stack`` mark pins a test; a test that needs TF Privacy runs on its stack;
-  every other ``slow`` test takes the next stack in collection order.
+  A ``stack`` mark pins a test; a slow test with a ``skipif`` of its own (TF Privacy,
+  Keras 3) already runs where it can; every other slow test runs on :func:`stack_of`.
   """
-  unpinned = 0
   for item in items:
     pinned = item.get_closest_marker("stack")
     if pinned is not None:
       stack = pinned.args[0]
-    elif any(mark.kwargs.get("reason") == NO_TF_PRIVACY for mark in item.iter_markers("skipif")):
+    elif item.get_closest_marker("slow") is None or any(item.iter_markers("skipif")):
       continue
-    elif item.get_closest_marker("slow") is not None:
-      stack, unpinned = STACKS[unpinned % 2], unpinned + 1
     else:
-      continue
+      stack = stack_of(item.nodeid)
     item.add_marker(skip_elsewhere(stack))
 
 

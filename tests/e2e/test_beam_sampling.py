@@ -119,13 +119,17 @@ def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
       capsys, base + ["--out", str(tmp_path / "o3"), "--seed-file", str(tmp_path / "short")])
 
 
-@pytest.mark.slow
-@one_stack("tf2.21")  # an end-to-end run; its library code has unit tests on both stacks
-def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small_sample):
-  sample = small_sample / "sample"
-  base = ["train", "--reader", "batches", "--eval-data", str(small_sample / "data" / "day_0"),
+def _train_on_sample(small_sample, tmp_path) -> list:
+  """``sparse-dp train --reader batches`` on the small sample, less its ``--data``."""
+  return ["train", "--reader", "batches", "--eval-data", str(small_sample / "data" / "day_0"),
           "--hidden-units", "4", "--out", str(tmp_path / "m"),
           "--seed-file", str(small_sample / "seed")]
+
+
+def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small_sample):
+  """Each refusal comes before the first step (both stacks, the fast tier)."""
+  sample = small_sample / "sample"
+  base = _train_on_sample(small_sample, tmp_path)
   assert "contradicts the sample's batch size 20" in _error(
       capsys, base + ["--data", str(sample), "--batch-size", "32"])
   assert "not a Poisson sample" in _error(capsys, base + ["--data", str(sample), "--epochs", "1"])
@@ -134,17 +138,7 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
   assert "trains one model per sample" in _error(capsys, base + ["--data", str(sample),
                                                                 "--compare", "dpsgd,adafest"])
   assert "no manifest.json" in _error(capsys, base + ["--data", str(small_sample / "data")])
-  changed, missing = tmp_path / "changed", tmp_path / "missing"
-  for copy in (changed, missing):
-    copy.mkdir()
-    for path in sample.iterdir():
-      (copy / path.name).write_bytes(path.read_bytes())
-  shard = sorted(changed.glob("*.tfrecord"))[1]
-  shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
-  # Each shard is checked as it is opened: the run stops at the changed one, in one line.
-  assert main(base + ["--data", str(changed)]) == 2
-  assert "sparse-dp train: error: sparse-dp: a sample shard does not match the manifest" in (
-      capsys.readouterr().err.strip().splitlines()[-1])
+  missing = copy_sample(sample, tmp_path / "missing")
   sorted(missing.glob("*.tfrecord"))[0].unlink()
   assert "shard(s) of the manifest are missing" in _error(capsys, base + ["--data", str(missing)])
   assert "needs --seed-file" in _error(capsys, base[:-2] + ["--data", str(sample)])
@@ -161,6 +155,18 @@ def test_train_refuses_what_would_make_the_epsilon_wrong(tmp_path, capsys, small
                   sampling_rate=manifest["batch_size"] / (2 * manifest["num_examples"]))
   (edited / "manifest.json").write_text(json.dumps(manifest))
   assert "MAC does not match --seed-file" in _error(capsys, base + ["--data", str(edited)])
+
+
+@pytest.mark.slow
+@one_stack("tf2.21")  # trains until the changed shard is read
+def test_a_changed_shard_stops_training_in_one_line(tmp_path, capsys, small_sample):
+  changed = copy_sample(small_sample / "sample", tmp_path / "changed")
+  shard = sorted(changed.glob("*.tfrecord"))[1]
+  shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+  # Each shard is checked as it is opened: the run stops at the changed one, in one line.
+  assert main(_train_on_sample(small_sample, tmp_path) + ["--data", str(changed)]) == 2
+  assert "sparse-dp train: error: sparse-dp: a sample shard does not match the manifest" in (
+      capsys.readouterr().err.strip().splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""One job at a time on a stream state (issue 9, item 7), through ``sparse-dp stream``."""
+"""One job at a time on a stream state, through ``sparse-dp stream``."""
 
 import json
 import os

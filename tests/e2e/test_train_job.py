@@ -69,7 +69,7 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
   # fest trains through this job in test_tfdata_reader_... (and its step in test_xla.py):
   # one algorithm without and one with a top-k preselection cover what --compare does.
   # Uncalibrated (--calibration-share 0): the epsilon Keras logs is then the run's whole
-  # (tests/test_platt_scaling.py covers the calibration's share).
+  # (tests/unit/mechanisms/test_platt_scaling.py covers the calibration's share).
   assert main(["train", "--compare", "none,adafest+", "--categorical-features", "2",
                "--max-examples", "2500",
                "--batch-size", "256", "--hidden-units", "32", "--fest-k", "40",
@@ -98,7 +98,7 @@ def test_compare_trains_each_algorithm_on_the_same_split(tmp_path, capsys):
 @pytest.mark.slow
 def test_train_takes_an_optimizer_a_vocabulary_scale_and_an_embedding_dim(tmp_path, capsys):
   out = tmp_path / "run"
-  # Non-private: the DP steps with RowwiseAdagrad are tests/test_rowwise_adagrad.py's.
+  # Non-private: the DP steps with RowwiseAdagrad are tests/unit/training/test_rowwise_adagrad.py's.
   assert main(["train", "--algorithm", "none", "--optimizer", "rowwise-adagrad",
                "--categorical-features", "2",
                "--learning-rate", "0.03", "--vocabulary-scale", "0.02", "--embedding-dim", "4",

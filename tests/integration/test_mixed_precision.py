@@ -1,4 +1,4 @@
-"""Mixed precision trains privately (issue 21, item 6): 16-bit compute, float32 clipping and
+"""Mixed precision trains privately: 16-bit compute, float32 clipping and
 noise, a fixed loss scale divided out before clipping; all under ``jit_compile=True``."""
 
 import contextlib
@@ -18,6 +18,7 @@ from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 from support.keras_models import N, synthetic_data
+from support.tiers import first_case_fast
 
 VOCAB, B = 50, 12
 NOISE = {"dpsgd": dict(noise_multiplier=0.8),
@@ -135,8 +136,7 @@ def test_an_example_is_clipped_in_float32_under_bfloat16():
     assert norm == pytest.approx(clip, rel=1e-6)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sparse", [False, True], ids=["dpsgd", "adafest"])
+@pytest.mark.parametrize("sparse", first_case_fast([True, False], ids=["adafest", "dpsgd"]))
 def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   # Noise sigma C2 = 5e5 drawn in float32 from the seed whatever the layers
   # compute in: the bfloat16 and float32 steps differ by their clipped sums
@@ -151,8 +151,7 @@ def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   assert apart <= 2 * B * 0.5 + 2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("microbatch_size", [None, 5])
+@pytest.mark.parametrize("microbatch_size", first_case_fast([None, 5]))
 def test_the_loss_scale_is_divided_out_of_each_example_before_clipping(microbatch_size):
   # float16, no noise, C2 at the median example norm: half the examples are
   # clipped, half not. With the scale divided out before clipping the step is
@@ -219,7 +218,7 @@ def test_a_dynamic_loss_scale_is_refused_naming_a_fixed_one():
 
 def test_the_probe_still_finds_a_batch_mean_in_a_bfloat16_model():
   # The probe runs the layers in float32: 16-bit rounding is not refused
-  # (tests/test_refusal_messages.py), and a real coupling still is.
+  # (tests/unit/training/test_refusal_messages.py), and a real coupling still is.
   with global_policy("mixed_bfloat16"):
     ids = keras.Input(shape=(), dtype=tf.int64)
     centred = keras.layers.Lambda(lambda h: h - tf.reduce_mean(h, axis=0), name="centre")(

@@ -1,4 +1,4 @@
-"""Two worker processes under MultiWorkerMirroredStrategy equal one process (issue 13)."""
+"""Two worker processes under MultiWorkerMirroredStrategy equal one process."""
 
 import json
 import os

@@ -14,9 +14,6 @@ from sparse_dp.jobs.bench import step_time_benchmark
 
 from support.stacks import TF_PRIVACY_STACK
 
-# Subprocesses and clusters: the slow tier (conftest.py gives it one stack).
-pytestmark = pytest.mark.slow
-
 KERAS3_STACK = tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 16)
 needs_keras3 = pytest.mark.skipif(not KERAS3_STACK,
                                   reason=f"TensorFlow {tf.__version__} has no Keras 3")
@@ -36,6 +33,7 @@ def test_sparse_dp_keras_is_keras_2():
   assert keras.layers.Layer.__module__.endswith("src.engine.base_layer")
 
 
+@pytest.mark.slow
 def test_tf_keras_and_tfrs_are_keras_2_when_sparse_dp_comes_before_tf_keras(tmp_path):
   out = run_python("""
       import tensorflow as tf
@@ -49,6 +47,7 @@ def test_tf_keras_and_tfrs_are_keras_2_when_sparse_dp_comes_before_tf_keras(tmp_
   assert "src.engine.base_layer" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(KERAS3_STACK, reason="a TF 2.15 regression: only there is tf_keras a second "
                     "Keras beside tf.keras, imported by TensorFlow's SavedModel loader")
 def test_a_keras_file_loads_after_a_savedmodel_of_a_private_model(tmp_path):
@@ -83,6 +82,7 @@ def test_a_keras_file_loads_after_a_savedmodel_of_a_private_model(tmp_path):
   assert out.split() == ["LazyAdam", "Embedding"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_import", [
     "from sparse_dp import keras", "import sparse_dp._keras", "import sparse_dp.layers.embedding",
     "import sparse_dp.optimizers", "import sparse_dp.training", "import sparse_dp.mechanisms",
@@ -98,6 +98,7 @@ def test_any_first_import_loads_and_registers_the_keras_objects(first_import, tm
   assert "sparse_dp.layers.embedding.Embedding" in out and "sparse_dp.optimizers.LazyAdam" in out
 
 
+@pytest.mark.slow
 @needs_keras3
 def test_tfrs_after_keras_3_was_used_fails_naming_the_fix(tmp_path):
   """Once tf.keras is Keras 3, nothing switches it back; TFRS says what to set."""

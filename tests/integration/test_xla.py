@@ -160,7 +160,6 @@ def compiled_private(budget=None, microbatch_size=None, noise=None):
   return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
 
 
-@pytest.mark.slow
 def test_a_compiled_step_past_the_budget_is_refused_on_the_host():
   # XLA compiles the step's own assert to nothing: the host refuses the step.
   ids, labels = synthetic_data()
@@ -172,7 +171,6 @@ def test_a_compiled_step_past_the_budget_is_refused_on_the_host():
   assert private.accountant.steps == limit
 
 
-@pytest.mark.slow
 def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
   ids, labels = synthetic_data()
   model, private = compiled_private()
@@ -186,8 +184,7 @@ def test_a_compiled_step_refuses_a_non_poisson_batch_too_large_for_the_rate():
   assert private.accountant.steps == 0
 
 
-@pytest.mark.slow  # uncompiled: test_embedding_layer.py, test_table_selection.py (unit/)
-@pytest.mark.parametrize("microbatch_size", [None, 100])
+@pytest.mark.parametrize("microbatch_size", [None, pytest.param(100, marks=pytest.mark.slow)])
 def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(microbatch_size):
   ids, labels = synthetic_data()
   # tau = 10 sigma1 C1: no false positives (Psi(10) < 1e-23 a row), and only rows many
@@ -263,6 +260,7 @@ def test_false_positives_past_their_room_are_refused(monkeypatch, jit_compile):
     model.fit(private.poisson_dataset(ids, labels).take(2), verbose=0)
 
 
+@pytest.mark.slow
 def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
   # A compile-time constant that depends on the batch's values (as an assert's data
   # inside the per-example vectorized_map once did) would compile every step anew.
@@ -276,7 +274,6 @@ def test_a_compiled_fit_compiles_the_step_once_for_all_its_batches():
   assert 1 <= compilations <= 2, done.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_a_padded_batch_behind_a_map_is_checked_by_its_sampled_examples():
   # Not Poisson any more (a map), so its size is checked on the host: by the mask's
   # count, not by the capacity, which exceeds the largest plausible batch.

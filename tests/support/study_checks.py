@@ -1,5 +1,5 @@
-"""Checks that a study's figure shows what its JSON report holds (tests/test_study.py,
-tests/test_notebooks.py)."""
+"""Checks that a study's figure shows what its JSON report holds (the study and
+notebook tests)."""
 
 import hashlib
 import itertools

@@ -1,4 +1,4 @@
-"""Counts XLA compilations of a compiled private fit (run by tests/test_xla.py in a subprocess).
+"""Counts XLA compilations of a compiled private fit (run by test_xla.py in a subprocess).
 
 TensorFlow logs each compilation of an XLA executable (``device_compiler``,
 verbose level 1); the count shows whether XLA compiled the step once or again

@@ -10,7 +10,7 @@ examples' features), unless
 the user declares their features public (``dp-teacher --features-are-public``);
 then :attr:`DistillationData.saw_private_features` says so and the epsilon
 covers only the labels (replacement of one label,
-:func:`sparse_dp.jobs.distill.dp_teacher.label_replacement`).
+:func:`sparse_dp.jobs.distill.privacy_fields.label_replacement`).
 """
 
 from __future__ import annotations

@@ -157,6 +157,7 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
     raise ValueError(f"{state_folder} has an unfinished job with other settings "
                      f"({', '.join(changed)}); rerun it with its flags to resume it")
   if job is None:
+    _check_model_shape(state, settings, state_folder)
     periods = [train_days[i:i + args.streaming_period]
                for i in range(0, len(train_days), args.streaming_period)]
     selects = [kind.uses_top_k_selection and (
@@ -171,6 +172,22 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
     run_period(state, job, plan, data, held_out, args, first_day)
   state.finish(job)
   return _summary(state)
+
+
+# Settings that shape the model a new job warm-starts from the last period's weights.
+_MODEL_SHAPE = ("categorical_features", "hidden_units", "embedding_dim", "synthetic_scale")
+
+
+def _check_model_shape(state, settings: dict, state_folder) -> None:
+  """Refuses a new job whose model the last job's weights cannot warm-start, before any spend."""
+  if not state.jobs:
+    return
+  last = {**_SETTINGS_BEFORE_RECORDED, **state.jobs[-1]["settings"]}
+  changed = [k for k in _MODEL_SHAPE if settings[k] != last.get(k)]
+  if changed:
+    raise ValueError(f"{state_folder}'s models have other {', '.join(changed)}; a new job "
+                     "warm-starts from the last period's weights: keep them, or give another "
+                     "--state")
 
 
 def _summary(state) -> dict:

@@ -36,6 +36,7 @@ def test_a_row_is_a_canarys_own_only_if_nobody_else_looks_it_up():
                                 [[True, False], [True, False], [True, False]])
 
 
+@pytest.mark.slow
 def test_step_alignment_reads_each_steps_update_along_each_canarys_gradient():
   canaries = Canaries.draw(8, [5, 7], seed=2)
   assert 0 < canaries.included.sum() < 8

@@ -42,3 +42,42 @@ def test_batches_are_read_once_in_step_order_by_every_run(small_sample, tmp_path
   (unwritable / step_claims.CLAIMS).write_text("a file where the claims folder goes")
   with pytest.raises(ValueError, match="cannot record which batches this run trains on"):
     SampledBatches.open(str(unwritable), hashed_vocabulary(0.01), SEED).dataset(1)
+
+
+@pytest.mark.parametrize("epochs", [None, 0.05])
+def test_a_run_on_a_sample_is_accounted_at_the_manifests_q_for_the_steps_it_trains(
+    small_sample, tmp_path, epochs):
+  """The train job's DP config on ``--reader batches``: q, N and the steps are the
+  manifest's (the MAC-checked sample), and the
+  accountant's epsilon over those steps is within the target (the fit is not run)."""
+  from sparse_dp.accounting import (
+    Algorithm,
+    BatchSchedule,
+    PrivacyReport,
+    PrivacySpec,
+    steps_for_epochs,
+  )
+  from sparse_dp.cli import build_parser
+  from sparse_dp.jobs.sample import sample_job
+  from sparse_dp.jobs.train import fitting, job_flags
+  sample = copy_sample(small_sample / "sample", tmp_path / "sample")
+  args = build_parser().parse_args(
+      ["train", "--reader", "batches", "--data", str(sample), "--algorithm", "dpsgd",
+       "--eval-data", str(small_sample / "data" / "day_0"),
+       "--seed-file", str(small_sample / "seed"),
+       *(["--epochs", str(epochs)] if epochs else [])])
+  batches, _, _, _ = sample_job.sampled_inputs(args, ["dpsgd"], True)
+  manifest = batches.manifest
+  settings = job_flags.fit_settings(args, epsilon=args.epsilon)
+  q = settings.batch_size / batches.num_examples
+  assert (settings.batch_size, batches.num_examples) == (manifest.batch_size, 1_000)
+  assert q == pytest.approx(manifest.sampling_rate) == pytest.approx(0.02)
+  steps = steps_for_epochs(settings.epochs, q)
+  assert steps == (5 if epochs is None else 3)  # every unclaimed batch, or ceil(E / q)
+  # An untruncated sample (no --max-batch-size) gives the step no bound below its own.
+  assert manifest.max_batch_size is None or manifest.max_batch_size >= max(manifest.batch_sizes)
+  config = fitting._dp_config(Algorithm.DPSGD, settings, batches.num_examples,
+                              settings.batch_size)
+  spec = PrivacySpec("dpsgd", BatchSchedule.constant(q, steps),
+                     noise_multiplier=config.noise_multiplier)
+  assert 0.9 < PrivacyReport.compute(spec, 1 / 1_000).epsilon <= 1.0 + 1e-9

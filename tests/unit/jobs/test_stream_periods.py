@@ -39,7 +39,8 @@ class StubTrainer:
 
   def __call__(self, algorithm, settings, train, held_out, sizes, preselection=None,
                initial_weights=None):
-    self.calls.append({"epsilon": settings.epsilon, "warm": initial_weights is not None})
+    self.calls.append({"epsilon": settings.epsilon, "warm": initial_weights is not None,
+                       "noise_seed": settings.noise_seed})
     if len(self.calls) == self.crash_at:
       raise KeyboardInterrupt("killed in the middle of the period's fit")
     inputs = keras.Input(shape=(1,))
@@ -69,9 +70,9 @@ def test_a_crashed_period_resumes_with_the_spends_of_an_uninterrupted_run(tmp_pa
   assert spends(whole) == [(1, "selection", pytest.approx(0.1)),
                            (1, "training", pytest.approx(0.9)),
                            (2, "training", pytest.approx(1.0))]
-  crashed = tmp_path / "crashed"
+  crashed, killed = tmp_path / "crashed", StubTrainer(crash_at=2)
   with pytest.raises(KeyboardInterrupt):
-    run(crashed, monkeypatch, StubTrainer(crash_at=2))
+    run(crashed, monkeypatch, killed)
   # Period 2's spend is recorded before its fit; its model is not published.
   assert spends(crashed) == spends(whole)
   assert not (crashed / "periods" / "2").exists()
@@ -79,7 +80,9 @@ def test_a_crashed_period_resumes_with_the_spends_of_an_uninterrupted_run(tmp_pa
   # The rerun trains period 2 only, warm-started from period 1, and charges nothing again.
   resumed = StubTrainer()
   summary = run(crashed, monkeypatch, resumed)
-  assert resumed.calls == [{"epsilon": pytest.approx(1.0), "warm": True}]
+  # The rerun draws the crashed attempt's noise (its seed is the state's, per period).
+  assert resumed.calls == [{"epsilon": pytest.approx(1.0), "warm": True,
+                            "noise_seed": killed.calls[1]["noise_seed"]}]
   assert spends(crashed) == spends(whole)
   assert [p["epsilon_spent"] for p in summary["periods"]] == pytest.approx([1, 2])
 
@@ -99,6 +102,9 @@ def test_a_job_past_the_budget_or_with_other_settings_is_refused_and_spends_noth
     run(crashed, monkeypatch, trainer, "--learning-rate", "0.01")
   with pytest.raises(ValueError, match=r"other settings \(categorical_features\)"):
     run(crashed, monkeypatch, trainer, "--categorical-features", "2")
+  # A new job on a finished state whose model its weights cannot warm-start: refused.
+  with pytest.raises(ValueError, match=r"other categorical_features; a new job warm-starts"):
+    run(state, monkeypatch, trainer, "--categorical-features", "2")
   assert trainer.calls == []
   assert (state / "ledger.jsonl").read_bytes() == before
 

@@ -1,4 +1,4 @@
-"""A stream state's budget: delta split like epsilon across jobs (issue 9, item 7), and spent."""
+"""A stream state's budget: delta split like epsilon across jobs, and spent."""
 
 import pytest
 

@@ -14,12 +14,16 @@ import pytest
 from sparse_dp.accounting import (
   Algorithm,
   BatchSchedule,
+  PrivacyAccountant,
   PrivacyReport,
   PrivacySpec,
+  calibrate_after,
+  effective_noise_multiplier,
   steps_for_epochs,
 )
 from sparse_dp.jobs.train import fitting
 from sparse_dp.jobs.train.job_flags import FitSettings
+from sparse_dp.mechanisms.platt_scaling import DEFAULT_STEPS
 
 N, BATCH, SIZES = 2_500, 256, [30, 40]
 
@@ -86,3 +90,23 @@ def test_a_calibration_share_comes_out_of_the_same_target(monkeypatch):
   assert settings.epsilon + settings.selection_epsilon == pytest.approx(0.95)
   config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH)
   assert accounted_epsilon(config, dataclasses.replace(settings)) <= 0.95 + 1e-9
+
+
+def test_the_calibration_after_a_top_k_and_training_brings_the_whole_run_to_the_target(
+    monkeypatch):
+  """The three spends composed by the accountant the job's record holds: the top-k's pure
+  epsilon, the training's Poisson Gaussians, then the Platt scaling calibrated to the rest."""
+  target, delta = 1.0, 1.0 / N
+  monkeypatch.setattr(fitting, "_calibrate", lambda *args: None)  # the spend is checked here
+  settings, preselection = trained_settings(
+      monkeypatch, "adafest+", FitSettings(epsilon=target, batch_size=BATCH, noise_seed=3),
+      selection_share=0.1, calibration_share=0.05)
+  config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH)
+  q = BATCH / N
+  spent = PrivacyAccountant().spend_pure(preselection.epsilon).step_schedule(
+      effective_noise_multiplier(config.sigma1, config.sigma2),
+      BatchSchedule.constant(q, steps_for_epochs(1.0, q)))
+  assert spent.get_epsilon(delta) <= 0.95 + 1e-9
+  sigma = calibrate_after(spent, target, delta, DEFAULT_STEPS)
+  whole = spent.step(sigma, 1.0, DEFAULT_STEPS).get_epsilon(delta)
+  assert 0.99 * target <= whole <= target * (1 + 1e-3)

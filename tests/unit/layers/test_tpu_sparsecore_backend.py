@@ -39,8 +39,12 @@ from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
 from sparse_dp.training.wrappers.entry_point import update_bounds  # noqa: E402
 
 from support.keras_models import VOCAB, N, functional_model, synthetic_data  # noqa: E402
+from support.stacks import one_stack  # noqa: E402
 from support.tiers import first_case_fast  # noqa: E402
 from support.tpu_engine import ADAFEST, OPTIMIZERS, EngineRows, variables_used  # noqa: E402
+
+# Collected on the TF 2.21 stack only: its slow tests run there.
+pytestmark = one_stack("tf2.21")
 
 API = tf.tpu.experimental.embedding
 D = 4

@@ -86,9 +86,11 @@ OPTIMIZERS = {
     "rowwise-adagrad": lambda: RowwiseAdagrad(0.3),
     "lazy-adam": lambda: LazyAdam(0.03, weight_decay=0.1),
 }
+FAST_FIRST = ["sgd", "lazy-adam", "sgd-momentum", "adagrad", "rowwise-adagrad"]
 
 
-@pytest.mark.parametrize("name", first_case_fast(list(OPTIMIZERS), list(OPTIMIZERS)))
+# SGD, and LazyAdam (what a DP run's Adam becomes), in the fast tier.
+@pytest.mark.parametrize("name", first_case_fast(FAST_FIRST, FAST_FIRST, fast=2))
 def test_a_large_table_takes_the_update_of_its_dense_noisy_gradient(monkeypatch, name):
   """DP-SGD steps on a table of 200 rows in chunks of 16: the optimizer given the update over
   every row (IndexedSlices) ends at the weights it reaches given the same update dense."""

@@ -4,7 +4,7 @@ A loop that applies its own gradients through the private model's optimizer
 would train without DP while ``epsilon()`` counts none of it: refused. A loop
 that calls ``model.train_step`` (or the function ``make_train_function``
 returns) takes DP steps, each example computed alone
-(tests/test_per_example.py), counted and accounted as ``fit``'s.
+(test_per_example.py), counted and accounted as ``fit``'s.
 """
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Models DP training refuses name the input and the fix (issue 20, item 7).
+"""Models DP training refuses name the input and the fix.
 
 Each case is a tiny model a recommender engineer would write; the refusal
 comes before (or at) the first step and names what to change.
@@ -105,7 +105,7 @@ def test_layer_normalization_names_its_weightless_form():
 
 def test_a_float16_layer_is_not_taken_for_mixing_examples_and_trains():
   # The probe compared float16-rounded losses to 1e-4 and refused this model as
-  # "mixes examples"; it now runs the layers in float32 (tests/test_mixed_precision.py).
+  # "mixes examples"; it now runs the layers in float32 (tests/integration/test_mixed_precision.py).
   model = _functional(lambda ids: keras.layers.Dense(1, dtype="float32")(
       keras.layers.Dense(4, dtype="mixed_float16", name="half")(Embedding(VOCAB, 4)(ids))))
   half = model.get_layer("half")

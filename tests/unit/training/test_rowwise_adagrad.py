@@ -125,7 +125,7 @@ def _private_model():
 
 
 def test_adafest_fit_moves_only_selected_rows_and_guards_the_optimizer():
-  """(Under XLA: tests/test_xla.py, compiled against graph steps.)"""
+  """(Under XLA: tests/integration/test_xla.py, compiled against graph steps.)"""
   model = _private_model()
   private = sparse_dp.make_private(
       model, sparse_dp.DPConfig("adafest", sigma1=0.5, sigma2=0.5, threshold=2.0, noise_seed=3),
