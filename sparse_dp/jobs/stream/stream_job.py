@@ -150,8 +150,7 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   state = StreamState.open(state_folder, total, delta_total)
   settings = _settings_record(args, train_days, eval_days)
   job = state.unfinished_job()
-  # A job recorded before a setting existed ran with that setting's value then.
-  recorded = {**_SETTINGS_BEFORE_RECORDED, **job["settings"]} if job is not None else None
+  recorded = _recorded_settings(job) if job is not None else None
   if job is not None and recorded != settings:
     changed = sorted(k for k in settings if settings[k] != recorded.get(k))
     raise ValueError(f"{state_folder} has an unfinished job with other settings "
@@ -174,6 +173,11 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   return _summary(state)
 
 
+def _recorded_settings(job: dict) -> dict:
+  """A job's settings; one recorded before a setting existed ran with that setting's value then."""
+  return {**_SETTINGS_BEFORE_RECORDED, **job["settings"]}
+
+
 # Settings that shape the model a new job warm-starts from the last period's weights.
 _MODEL_SHAPE = ("categorical_features", "hidden_units", "embedding_dim", "synthetic_scale")
 
@@ -182,7 +186,7 @@ def _check_model_shape(state, settings: dict, state_folder) -> None:
   """Refuses a new job whose model the last job's weights cannot warm-start, before any spend."""
   if not state.jobs:
     return
-  last = {**_SETTINGS_BEFORE_RECORDED, **state.jobs[-1]["settings"]}
+  last = _recorded_settings(state.jobs[-1])
   changed = [k for k in _MODEL_SHAPE if settings[k] != last.get(k)]
   if changed:
     raise ValueError(f"{state_folder}'s models have other {', '.join(changed)}; a new job "
