@@ -7,9 +7,12 @@ helpers tests share are in ``tests/support/``.
 """
 
 import os
+import tempfile
 import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Keys of the jobs' keyed training-example records: never the user's ~/.sparse_dp/keys.
+os.environ.setdefault("SPARSE_DP_SECRETS_DIR", tempfile.mkdtemp(prefix="sparse-dp-test-keys-"))
 
 import pytest  # noqa: E402
 

@@ -36,6 +36,24 @@ def gather_rows(table, ids: tf.Tensor) -> tf.Tensor:
   return tf.nn.embedding_lookup(table, ids) if sharded else tf.gather(table, ids)
 
 
+def out_of_vocabulary_message(layer: str, vocabulary_size: int) -> str:
+  """Why a lookup of ids outside ``[0, vocabulary_size)`` fails, and the fix.
+
+  It names the layer and the vocabulary, never an id (the private data) nor how many
+  (an un-noised statistic of it).
+
+  Args:
+    layer: the Embedding layer's name.
+    vocabulary_size: its table's rows.
+
+  Returns:
+    The message.
+  """
+  return (f"Embedding layer {layer}: ids outside its vocabulary [0, {vocabulary_size}) "
+          "(not printed: ids are private data); map the ids into [0, vocabulary_size) "
+          "before the layer (hash or bucket them, or give the layer a larger vocabulary_size)")
+
+
 def leading_dimension(tensor: tf.Tensor) -> tf.Tensor:
   """``tensor``'s first dimension as an int64 scalar, a constant when it is static."""
   static = tensor.shape[0]
@@ -92,8 +110,8 @@ class Embedding(keras.layers.Layer):
   Call the same layer on several features, or on every token of a sequence, to share one table
   among them.
 
-  Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer, the id and the
-  vocabulary size, also inside ``tf.function``.
+  Ids outside ``[0, vocabulary_size)`` fail with an error naming the layer and the
+  vocabulary size (never the id, which is private data), also inside ``tf.function``.
   Nothing is clamped.
   The forward pass uses only ``tf.gather`` and segment sums, so an exported SavedModel serves
   with plain TensorFlow.
@@ -230,15 +248,15 @@ class Embedding(keras.layers.Layer):
     return tf.repeat(tf.range(batch), width), tf.reshape(ids, [-1]), batch
 
   def _checked(self, flat_ids):
+    """``flat_ids`` as int64, after an assert that they are in the vocabulary.
+
+    The error names the layer, the vocabulary and the fix, never an id (the private data)
+    nor how many are outside (an un-noised statistic of it).
+    """
     flat_ids = tf.cast(flat_ids, tf.int64)
     outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
-    # The first id outside; a sentinel at the end keeps argmax defined on no ids.
-    first_bad = tf.gather(tf.concat([flat_ids, [-1]], 0),
-                          tf.argmax(tf.concat([tf.cast(outside, tf.int32), [1]], 0)))
-    check = tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(outside)),
-        [f"Embedding layer {self.name}: id outside the vocabulary [0, {self.vocabulary_size}):",
-         first_bad], summarize=1)
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(outside)),
+                                [out_of_vocabulary_message(self.name, self.vocabulary_size)])
     with tf.control_dependencies([check]):
       return tf.identity(flat_ids)
 

@@ -32,7 +32,8 @@ def _count(model) -> int:
 @pytest.fixture(scope="module")
 def dp_teacher_folder(tmp_path_factory):
   """A DP teacher as 'sparse-dp train --noise-seed 1' writes it (model/, vocabulary.json,
-  training_examples.npy, metrics.json), made cheaply: DP-SGD, two Poisson steps on the
+  the keyed record of its training examples, metrics.json; the record's key in its own
+  secrets folder), made cheaply: DP-SGD, two Poisson steps on the
   first 90% of the 300 synthetic day-1 examples TINY's --data reads (the trained-here
   DP-AdaFEST path costs minutes of tracing; benchmarks/results/distill/dp_teacher.json
   runs it)."""
@@ -55,9 +56,10 @@ def dp_teacher_folder(tmp_path_factory):
   model.fit(private.poisson_dataset(x, y, epochs=1.0), verbose=0)
   model.save(folder / "model")
   vocabulary.save(folder / "vocabulary.json")
-  training_examples.save(split.train, folder)
+  keys = tmp_path_factory.mktemp("keys")
+  training_examples.save(split.train, folder, keys)
   (folder / "metrics.json").write_text(json.dumps({"noise_seed": 1}))
-  return folder, private.epsilon()
+  return folder, private.epsilon(), keys
 
 
 @pytest.mark.slow
@@ -66,14 +68,14 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
                                                                    capsys):
   from sparse_dp._keras import keras
   from sparse_dp.training.dp_state import dp_record
-  folder, trained_epsilon = dp_teacher_folder
+  folder, trained_epsilon, keys = dp_teacher_folder
   out, saved = tmp_path / "r.json", tmp_path / "models"
   # --noise-seed fixes nothing of a loaded teacher: refused.
   assert main(["distill", "--method", "dp-teacher", *TINY[2:], "--teacher", str(folder),
-               "--out", str(out)]) == 2
+               "--secrets-dir", str(keys), "--out", str(out)]) == 2
   assert "drop --noise-seed" in capsys.readouterr().err
   assert main(["distill", "--method", "dp-teacher", *TINY_TEACHER, "--teacher", str(folder),
-               "--save", str(saved), "--out", str(out)]) == 0
+               "--secrets-dir", str(keys), "--save", str(saved), "--out", str(out)]) == 0
   report = json.loads(out.read_text())
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
   teacher = keras.models.load_model(folder / "model")
@@ -97,6 +99,7 @@ def test_dp_teacher_student_inherits_the_teachers_recorded_epsilon(dp_teacher_fo
   assert report["adjacency"] == "add or remove one example"
   assert report["post_processing"] is True and "post-processing" in report["epsilon_covers"]
   assert report["distillation_inputs"]["saw_private_features"] is False
+  assert "read with its key" in report["distillation_inputs"]["teacher_data_check"]
   # The teacher was trained with a fixed noise seed (its metrics.json): the caveat, at the top.
   assert list(report)[:2] == ["method", "caveats"]
   (caveat,) = report["caveats"]

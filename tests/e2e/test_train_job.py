@@ -33,9 +33,9 @@ KEYS = {"algorithm", "auc", "logloss", "base_rate_logloss", "ece", "epsilon", "d
 @pytest.mark.parametrize("algorithm", [
     "none", pytest.param("adafest", marks=one_stack("tf2.15"))])
 def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algorithm):
-  out = tmp_path / algorithm
+  out, keys = tmp_path / algorithm, tmp_path / "keys"
   assert main(["train", "--algorithm", algorithm, "--categorical-features", "3",
-               "--max-examples", "3000", "--batch-size", "256",
+               "--max-examples", "3000", "--batch-size", "256", "--secrets-dir", str(keys),
                "--hidden-units", "8", "--out", str(out), "--noise-seed", "1", "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
   assert KEYS <= set(metrics) and metrics["algorithm"] == algorithm
@@ -49,11 +49,13 @@ def test_train_writes_model_vocabulary_metrics_and_plot(tmp_path, capsys, algori
   assert metrics["observed_rate"] == pytest.approx(split.held_out["label"].mean())
   assert metrics["base_rate_logloss"] == pytest.approx(base_rate_log_loss(split.held_out["label"]))
   assert 0 <= metrics["ece"] <= 1 and metrics["ece_bins"] == 10
-  # The training examples by content (what distill --teacher refuses as public data).
+  # The training examples by content (what distill --teacher refuses as public data), keyed
+  # with a key written outside --out: no unkeyed hash of an example is in the folder.
   assert metrics["noise_seed"] == 1
-  assert np.array_equal(training_examples.load(out),
-                        np.unique(training_examples.feature_hashes(split.train)))
-  assert len(training_examples.load(out)) == 2700
+  record = training_examples.load(out, keys)
+  assert len(record.hashes) == 2700 and record.count_in(split.train) == 2700
+  assert not (out / training_examples.LEGACY_FILE).exists()
+  assert not np.isin(training_examples.feature_hashes(split.train), record.hashes).any()
   if algorithm == "adafest":
     assert 0 < metrics["epsilon"] <= 1.0 and metrics["gradient_size_reduction"] > 1
     # Calibrated by default: 0.05 of the epsilon on a private Platt scaling, in the total.

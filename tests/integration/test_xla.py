@@ -198,10 +198,25 @@ def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(mic
   model.fit(private.poisson_dataset(ids, labels, epochs=1).take(1), verbose=0)
   ids[:50] = VOCAB + 7
   before = model.get_layer("ids").embeddings.numpy()
-  with pytest.raises(ValueError, match=r"outside the vocabulary .*layer\(s\) ids \(\d+ ids\)"):
+  with pytest.raises(ValueError,
+                     match=r"outside the vocabulary .*layer\(s\) ids\. Under jit_compile"):
     model.fit(private.poisson_dataset(ids, labels, epochs=1).take(2), verbose=0)
   after = model.get_layer("ids").embeddings.numpy()
   assert np.isfinite(after).all() and np.array_equal(after[-1], before[-1])
+
+
+def test_train_on_batch_under_xla_refuses_ids_outside_and_returns_no_flag():
+  """The step's flags are an un-noised bit of the batch: never in what train_on_batch returns."""
+  ids, labels = synthetic_data()
+  model, _ = compiled_private()
+  model.train_on_batch(ids[:8], labels[:8])  # the probe (not compiled) passes clean ids
+  logs = model.train_on_batch(ids[8:16], labels[8:16], return_dict=True)
+  assert not any(key.startswith("sparse_dp_") for key in logs)
+  bad = ids[16:24].copy()
+  bad[0] = VOCAB + 987654
+  with pytest.raises(ValueError, match=r"outside the vocabulary") as refusal:
+    model.train_on_batch(bad, labels[16:24])
+  assert "987654" not in str(refusal.value) and "1 ids" not in str(refusal.value)
 
 
 class _History(keras.Model):

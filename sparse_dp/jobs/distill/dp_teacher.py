@@ -11,7 +11,10 @@ accountant), never recomputed from flags. Distilled on the teacher's own
 training examples (their features declared public, ``--features-are-public``),
 the student protects only their labels: changing one label is a replacement,
 covered at ``(2 epsilon, (1 + e^epsilon) delta)``
-(:func:`~sparse_dp.jobs.distill.privacy_fields.label_replacement`).
+(:func:`~sparse_dp.jobs.distill.privacy_fields.label_replacement`). A loaded teacher's
+record of training examples is keyed, its key in the user's secrets folder
+(``--secrets-dir``); without it the job refuses, or, with ``--skip-teacher-data-check``,
+distils unchecked and says so in the report's caveats.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import pathlib
 import tempfile
+from typing import Optional
 
 from sparse_dp._keras import keras
 from sparse_dp.data import training_examples
@@ -40,6 +44,18 @@ FEATURES_DECLARED_PUBLIC = (
     "covers at (2 epsilon, (1 + e^epsilon) delta) by group privacy (teacher.epsilon and "
     "teacher.delta are the add/remove pair); the features are not protected and the student "
     "may reveal them")
+POST_PROCESSING_UNCHECKED = (
+    "only if --public-data holds none of the teacher's training examples (NOT checked: "
+    "--skip-teacher-data-check), the student is post-processing of the DP teacher: (epsilon, "
+    "delta) is then the teacher's, read from its dp_record, for adding or removing one "
+    "private training example; it covers the student's weights and everything this report "
+    "prints except the held-out AUC/log-loss of both models, computed on the held-out 10% of "
+    "--data")
+CHECK_SKIPPED = (
+    "UNCHECKED: --public-data was not compared with the teacher's training examples "
+    "(--skip-teacher-data-check, without the key of the teacher's record): the student is "
+    "post-processing of the DP teacher, and (epsilon, delta) covers it, only if --public-data "
+    "holds none of the teacher's training examples, which nothing here verified")
 
 
 def teacher_privacy(teacher: keras.Model) -> dict:
@@ -64,12 +80,16 @@ def teacher_privacy(teacher: keras.Model) -> dict:
           "teacher_steps": record.steps_taken, "caveats": caveats}
 
 
-def privacy_report(privacy: dict, private_examples_in_public: int) -> dict:
+def privacy_report(privacy: dict, private_examples_in_public: Optional[int]) -> dict:
   """The report's privacy fields from :func:`teacher_privacy`: the student's (epsilon,
   delta) for the adjacency it has (add/remove, or label replacement when it was distilled on
-  private examples with public features), the teacher's, and every caveat."""
+  private examples with public features), the teacher's, and every caveat.
+  ``private_examples_in_public`` ``None``: not checked (the caveat :data:`CHECK_SKIPPED`,
+  ``post_processing`` ``None``: unknown)."""
   privacy = dict(privacy)
   caveats, proved = privacy.pop("caveats"), privacy.pop("proved")
+  if private_examples_in_public is None:
+    caveats = [CHECK_SKIPPED] + caveats
   epsilon, delta = privacy.pop("epsilon"), privacy.pop("delta")
   teacher = {"adjacency": privacy_fields.ADD_REMOVE,
              **privacy_fields.epsilon_fields(epsilon, delta, proved), **privacy}
@@ -80,13 +100,19 @@ def privacy_report(privacy: dict, private_examples_in_public: int) -> dict:
         f"{private_examples_in_public:,} of the teacher's private training examples "
         "(--features-are-public); their features are not protected, and epsilon covers "
         "changing one label (epsilon_covers)"]
+  if private_examples_in_public is None:
+    covers, post_processing = POST_PROCESSING_UNCHECKED, None  # unknown: not checked
+  elif private_examples_in_public:
+    covers = FEATURES_DECLARED_PUBLIC.format(count=private_examples_in_public)
+    post_processing = False
+  else:
+    covers, post_processing = POST_PROCESSING, True
   return {
       **privacy_fields.epsilon_fields(epsilon, delta, proved),
       "adjacency": (privacy_fields.LABEL_REPLACEMENT if private_examples_in_public
                     else privacy_fields.ADD_REMOVE),
-      "epsilon_covers": (FEATURES_DECLARED_PUBLIC.format(count=private_examples_in_public)
-                         if private_examples_in_public else POST_PROCESSING),
-      "post_processing": not private_examples_in_public,
+      "epsilon_covers": covers,
+      "post_processing": post_processing,
       "caveats": caveats, "teacher": teacher}
 
 
@@ -97,12 +123,25 @@ def run(args) -> dict:
         raise ValueError("--noise-seed fixes the DP noise of a teacher trained here; a "
                          "--teacher's noise was drawn when it was trained (its metrics.json "
                          "says whether from a fixed seed): drop --noise-seed")
+      if args.skip_teacher_data_check and args.features_are_public:
+        raise ValueError(
+            "--skip-teacher-data-check with --features-are-public: without the check the "
+            "student's adjacency (label replacement for the teacher's training examples in "
+            "--public-data) is unknown; give the record's key (--secrets-dir) or drop "
+            "--features-are-public")
       teacher_folder = pathlib.Path(args.teacher)
+      _check_teacher_folder(teacher_folder)
+      recorded = (None if args.skip_teacher_data_check else training_examples.load(
+          teacher_folder, training_examples.secrets_dir(args.secrets_dir)))
       teacher, vocabulary, noise_seed = _load_teacher(teacher_folder)
       data = pctr_inputs.load(args, pathlib.Path(folder), vocabulary, args.features_are_public,
-                              training_examples.load(teacher_folder))
+                              recorded, skip_check=args.skip_teacher_data_check)
       trained = f"loaded from {args.teacher}"
     else:
+      if args.skip_teacher_data_check:
+        raise ValueError("--skip-teacher-data-check skips the check of a loaded --teacher's "
+                         "record; a teacher trained here is checked against its own data: "
+                         "drop the flag")
       data = pctr_inputs.load(args, pathlib.Path(folder),
                               features_are_public=args.features_are_public)
       teacher, noise_seed = _train_teacher(args, data), args.noise_seed
@@ -131,7 +170,8 @@ def run(args) -> dict:
                               "examples": int(len(data.public[1])),
                               "labels": "the teacher's logits (public labels unused)",
                               "private_training_examples": data.private_examples_in_public,
-                              "saw_private_features": data.saw_private_features},
+                              "saw_private_features": data.saw_private_features,
+                              "teacher_data_check": data.teacher_data_check},
   }
 
 
@@ -142,9 +182,8 @@ def _train_teacher(args, data) -> keras.Model:
                                   data.vocabulary_sizes).model
 
 
-def _load_teacher(folder: pathlib.Path):
-  """The model, its vocabulary and the noise seed it was trained with (``None``: secret)."""
-  from sparse_dp.data.vocabulary import Vocabulary
+def _check_teacher_folder(folder: pathlib.Path) -> None:
+  """Refuses a folder that is not a ``sparse-dp train`` output of a teacher this job takes."""
   if not (folder / "model").is_dir() or not (folder / "vocabulary.json").is_file():
     raise ValueError(f"--teacher {str(folder)!r} is not a 'sparse-dp train' output folder "
                      "(model/ and vocabulary.json); give the --out of 'sparse-dp train'")
@@ -152,6 +191,11 @@ def _load_teacher(folder: pathlib.Path):
     raise ValueError(f"--teacher {str(folder)!r} was trained on preselected buckets (DP-FEST "
                      "/ DP-AdaFEST+), whose ids this command does not remap; give a dpsgd or "
                      "adafest teacher")
+
+
+def _load_teacher(folder: pathlib.Path):
+  """The model, its vocabulary and the noise seed it was trained with (``None``: secret)."""
+  from sparse_dp.data.vocabulary import Vocabulary
   metrics = folder / "metrics.json"
   noise_seed = json.loads(metrics.read_text()).get("noise_seed") if metrics.is_file() else None
   return (keras.models.load_model(folder / "model"),

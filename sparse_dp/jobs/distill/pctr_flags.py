@@ -21,11 +21,22 @@ def add_dp_teacher_arguments(group) -> None:
                           "to (unless --noise-multiplier)")
   group.add_argument("--teacher",
                      help="dp-teacher: a 'sparse-dp train' output folder (model/, "
-                          "vocabulary.json, training_examples.npy) to distil instead of "
-                          "training a teacher here; its epsilon is read from the model's "
+                          "vocabulary.json, training_examples_keyed.npy) to distil instead "
+                          "of training a teacher here; its epsilon is read from the model's "
                           "dp_record; --public-data examples whose features hash into its "
-                          "training_examples.npy are refused (by content, whatever the "
-                          "path); --data gives the held-out examples")
+                          "keyed record of training examples are refused (by content, "
+                          "whatever the path; the key from --secrets-dir); --data gives the "
+                          "held-out examples")
+  group.add_argument("--secrets-dir", metavar="DIR",
+                     help="dp-teacher --teacher: the folder holding the key of the "
+                          "teacher's record of training examples, which 'sparse-dp train' "
+                          "wrote there (default $SPARSE_DP_SECRETS_DIR, else "
+                          "~/.sparse_dp/keys)")
+  group.add_argument("--skip-teacher-data-check", action="store_true",
+                     help="dp-teacher --teacher without the key of its record: distil "
+                          "without checking that --public-data holds none of the teacher's "
+                          "training examples; the report says the check was skipped and "
+                          "that the epsilon holds only if it holds none")
   group.add_argument("--features-are-public", action="store_true",
                      help="dp-teacher: declare that the features of the teacher's training "
                           "examples are public, so the student may be distilled on them "

@@ -3,14 +3,16 @@
 The teacher trains on the first 90% of ``--data`` and both models are evaluated
 on the last 10% (as ``sparse-dp train``). The student learns from ``--public-data``:
 examples other than the teacher's training data. Inputs with the features of
-the teacher's training examples (compared by content hash,
-:mod:`sparse_dp.data.training_examples`) are refused (distilling on them is not
+the teacher's training examples (compared by content hash, keyed for a loaded
+teacher, :mod:`sparse_dp.data.training_examples`) are refused (distilling on them is not
 post-processing: the student would fit, and could give away, the private
 examples' features), unless
 the user declares their features public (``dp-teacher --features-are-public``);
 then :attr:`DistillationData.saw_private_features` says so and the epsilon
 covers only the labels (replacement of one label,
-:func:`sparse_dp.jobs.distill.privacy_fields.label_replacement`).
+:func:`sparse_dp.jobs.distill.privacy_fields.label_replacement`). A loaded teacher's
+check can be skipped (``--skip-teacher-data-check``, without the record's key): then
+:attr:`DistillationData.private_examples_in_public` is ``None`` (unknown).
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import glob
 import pathlib
 from typing import Optional
 
-import numpy as np
-
 from sparse_dp.data import training_examples
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.jobs.train import job_flags
 from sparse_dp.models import pctr_data
 
 _PRIVATE_DAY = 1
+SKIPPED = ("skipped (--skip-teacher-data-check): --public-data was not compared with the "
+           "teacher's training examples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +41,15 @@ class DistillationData:
   public: tuple
   vocabulary: object  # sparse_dp.data.vocabulary.Vocabulary of the teacher's tables
   public_source: str
-  private_examples_in_public: int  # public examples with a private training example's features
+  # public examples with a private training example's features; None: not checked
+  private_examples_in_public: Optional[int]
+  teacher_data_check: str  # how --public-data was checked against the training examples
 
   @property
-  def saw_private_features(self) -> bool:
+  def saw_private_features(self) -> Optional[bool]:
+    """Whether the student saw private features; ``None``: unknown (the check was skipped)."""
+    if self.private_examples_in_public is None:
+      return None
     return self.private_examples_in_public > 0
 
   @property
@@ -51,16 +58,18 @@ class DistillationData:
 
 
 def load(args, folder: pathlib.Path, vocabulary=None, features_are_public: bool = False,
-         recorded: Optional[np.ndarray] = None) -> DistillationData:
+         recorded: Optional[training_examples.Record] = None,
+         skip_check: bool = False) -> DistillationData:
   """Reads (or writes, for synthetic data) the three parts into ``folder``.
 
   ``vocabulary``: the teacher's (a loaded teacher's); default: hashed into
   Table 3's sizes times the data's scale (data-independent). ``recorded``: the
-  feature hashes of the teacher's training examples (a loaded teacher's
-  :mod:`~sparse_dp.data.training_examples` record); default: those of the
-  private training split read here. Public examples that hash into them are
+  keyed hashes of the teacher's training examples (a loaded teacher's
+  :class:`~sparse_dp.data.training_examples.Record`, with its key); default: those of
+  the private training split read here. Public examples that hash into them are
   refused (unless ``features_are_public``), by content: a copy, a link or
   another path of the training data is refused like the same path.
+  ``skip_check``: compare nothing (a loaded teacher whose key is not at hand).
   """
   features = job_flags.categorical_features(args)
   if vocabulary is not None and features is not None:
@@ -72,11 +81,17 @@ def load(args, folder: pathlib.Path, vocabulary=None, features_are_public: bool 
   split = pctr_data.CriteoSplit.read(private_paths, args.max_examples, args.on_bad_line)
   public = CriteoReader(public_paths, on_bad_line=args.on_bad_line).read_all(
       args.max_public_examples)
-  if recorded is None:
-    recorded, where = training_examples.feature_hashes(split.train), "the first 90% of --data"
+  if skip_check:
+    shared, check = None, SKIPPED
   else:
-    where = f"the record of --teacher {args.teacher!r}"
-  shared = training_examples.count_recorded(public, recorded)
+    if recorded is None:
+      recorded, where = training_examples.Record.of(split.train), "the first 90% of --data"
+      check = "compared by content with the teacher's training examples (the first 90% of --data)"
+    else:
+      where = f"the keyed record of --teacher {args.teacher!r}"
+      check = (f"compared by content with the teacher's training examples ({where}, "
+               "read with its key)")
+    shared = recorded.count_in(public)
   if shared and not features_are_public:
     raise ValueError(
         f"--public-data {args.public_data!r}: {shared:,} of its {len(public):,} examples have "
@@ -95,7 +110,8 @@ def load(args, folder: pathlib.Path, vocabulary=None, features_are_public: bool 
       public=pctr_data.model_inputs(public, vocabulary),
       vocabulary=vocabulary,
       public_source=", ".join(map(str, public_paths)),
-      private_examples_in_public=shared)
+      private_examples_in_public=shared,
+      teacher_data_check=check)
 
 
 def _paths(args, data: str, day: int, max_examples: int,

@@ -10,8 +10,9 @@ predictor's, expected calibration error over 10 equal-width bins,
 the SavedModel, ``vocabulary.json``, ``metrics.json``, ``training.png`` and
 ``reliability.png`` (the held-out reliability diagram)
 (and ``preselection.json`` for DP-FEST / DP-AdaFEST+; with ``--reader pandas``,
-``training_examples.npy``: the training examples' content hashes,
-:mod:`sparse_dp.data.training_examples`, which ``distill --teacher`` checks).
+``training_examples_keyed.npy`` and ``.json``: a keyed hash of each training example,
+:mod:`sparse_dp.data.training_examples`, which ``distill --teacher`` checks; its key goes
+to ``--secrets-dir``, never under ``--out``).
 With ``--compare A,B`` every algorithm trains on the same examples and split at
 the same epsilon, in ``--out/<algorithm>/``, and ``compare.json``,
 ``compare.md`` and ``compare.png`` (AUC against gradient-size reduction)
@@ -73,6 +74,10 @@ def add_parser(commands) -> None:
                            "(docs/calibration.md; default 0.05 for a DP run with --reader "
                            "pandas on one machine, else 0; 0: off)")
   parser.add_argument("--out", default="sparse-dp-train", help="output folder")
+  parser.add_argument("--secrets-dir", metavar="DIR",
+                      help="where the key of the training examples' record is written "
+                           "(--reader pandas; 'distill --teacher' needs it), outside --out: "
+                           "default $SPARSE_DP_SECRETS_DIR, else ~/.sparse_dp/keys")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 
@@ -184,6 +189,9 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   fitting.check_hardware(settings)
   check_memory(args, algorithms, settings)
   out = roles.output_folder(pathlib.Path(args.out))  # the chief's is --out
+  secrets = training_examples.secrets_dir(args.secrets_dir)
+  if args.reader == "pandas":  # before any work: the record's key stays out of --out
+    training_examples.refuse_secrets_inside(secrets, out, "--out")
   out.mkdir(parents=True, exist_ok=True)
   recorded = None  # the training examples, when held in memory (--reader pandas)
   if args.reader == "batches":
@@ -220,8 +228,14 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
                "noise_seed": args.noise_seed}
     fit.model.save(folder / "model")
     vocabulary.save(folder / "vocabulary.json")
+    stale = training_examples.remove_stale(folder)  # an earlier run's, of other data
+    if stale and (recorded is None or training_examples.LEGACY_FILE in stale):
+      print(f"sparse-dp train: removed {', '.join(stale)} of an earlier run from {folder}",
+            flush=True)
     if recorded is not None:
-      training_examples.save(recorded, folder)
+      key = training_examples.save(recorded, folder, secrets)
+      print(f"sparse-dp train: the key of the training examples' record is {key} (keep it "
+            "out of what you release; 'distill --teacher' needs it)", flush=True)
     if preselection is not None:
       (folder / "preselection.json").write_text(json.dumps(
           {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))

@@ -73,7 +73,12 @@ def activations(ids: Ids) -> Activations:
   example = tf.cast(example, tf.int64)
   row = tf.cast(row, tf.int64)
   batch = tf.cast(batch, tf.int64)
-  tf.debugging.assert_non_negative(row, message="categorical ids must be >= 0")
+  # The message only, never the ids (private data).
+  check = tf.debugging.Assert(tf.reduce_all(row >= 0), [
+      "categorical ids must be >= 0 (not printed: ids are private data); map them into "
+      "[0, vocabulary_size) first (hash or bucket them)"])
+  with tf.control_dependencies([check]):
+    row = tf.identity(row)
   example, row, _ = distinct_pairs(example, row, batch)
   return Activations(example, row, batch)
 

@@ -42,8 +42,13 @@ def bucket_counts(ids: Ids, vocabulary_size: int) -> tf.Tensor:
   """
   rows = activations(ids).row
   valid, rows = padding.is_valid(rows), padding.safe_rows(rows)
-  tf.debugging.assert_less(rows, tf.cast(vocabulary_size, tf.int64),
-                           message="bucket id outside the vocabulary")
+  # The message only, never the ids (private data): the assert runs before the sum,
+  # whose own error would print the id.
+  check = tf.debugging.Assert(tf.reduce_all(rows < tf.cast(vocabulary_size, tf.int64)), [
+      f"bucket ids outside the vocabulary [0, {vocabulary_size}) (not printed: ids are "
+      "private data); map them into [0, vocabulary_size) first (hash or bucket them)"])
+  with tf.control_dependencies([check]):
+    rows = tf.identity(rows)
   return tf.math.unsorted_segment_sum(tf.cast(valid, tf.float32), rows, vocabulary_size)
 
 

@@ -41,7 +41,9 @@ from sparse_dp.training.dp_step.per_example import (
 
 # The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
 # refuse outside the compiled program.
-# Log key prefix of a compiled step's count of ids outside a table's vocabulary.
+# Log key prefix of a compiled step's flag (1.0) that some id of a table's lookups was
+# outside its vocabulary: a flag, not the count, and for the host guards only, which
+# refuse the step and must pop it from the logs (it is an un-noised statistic of the batch).
 IDS_OUTSIDE = "sparse_dp_ids_outside_vocabulary"
 # Log key of a compiled step's count of tables whose rows a false-positive overflow cut
 # (mechanisms.selection.table_selection).
@@ -129,7 +131,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     if selections:
       stats[OVER_CAPACITY] = tf.add_n([tf.cast(s.over_capacity, tf.float32)
                                        for s in selections.values()])
-    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count, tf.float32)
+    stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count > 0, tf.float32)
                   for layer, count in ids_outside.items()})
   return gradients, losses, stats
 

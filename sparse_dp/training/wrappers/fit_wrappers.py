@@ -325,7 +325,8 @@ def _private_train_on_batch(training: PrivateTraining):
   engine's tables are copied into the Keras tables after it (``sync_tables``)."""
   train_on_batch = type(training.model).train_on_batch
 
-  def private_train_on_batch(self, x, y=None, sample_weight=None, *args, **kwargs):
+  def private_train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                             reset_metrics=True, return_dict=False):
     parameter_servers.refuse_keras_fit(self)
     _refuse_engine_tables(training)
     if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
@@ -335,9 +336,17 @@ def _private_train_on_batch(training: PrivateTraining):
     training.check_separable(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
     training.create_optimizer_weights()
     try:
-      return train_on_batch(self, x, y, sample_weight, *args, **kwargs)
+      logs = train_on_batch(self, x, y, sample_weight, class_weight, reset_metrics,
+                            return_dict=True)
     finally:
       training.embedding_backend.sync_tables()
+    host_guards.refuse_compiled_step_flags(logs)  # the step's flags never reach the user
+    if return_dict:
+      return logs
+    names = self.metrics_names
+    values = ([logs[name] for name in names if name in logs]
+              + [logs[key] for key in sorted(logs) if key not in names])
+    return values[0] if len(values) == 1 else values
 
   return private_train_on_batch
 

@@ -5,7 +5,7 @@ non-Poisson batch larger than the declared rate allows; XLA (``jit_compile=True`
 program) compiles an ``Assert`` to nothing. The step keeps its asserts, and these checks run
 outside the compiled program, before each step of a compiled model: the budget, by a callback
 ``fit`` gets (:class:`HostGuards`); ids outside a table's vocabulary (read as NaN rows, their
-examples' gradients zeroed, their count logged and refused by the same callback); a table's
+examples' gradients zeroed, flagged and refused by the same callback); a table's
 false positives past their room (probability ``<= 1e-18`` per table and step, refused after
 that step); and the batch size of an input that is not this run's Poisson batches, in its
 ``tf.data`` pipeline, by ``batch_size`` or by ``train_on_batch``'s batch. See docs/tpu.md
@@ -84,13 +84,13 @@ def _refuse_over_capacity(tables: float) -> None:
 
 
 def _refuse_ids_outside(logs) -> None:
-  """Raises if a compiled step saw ids outside a vocabulary; removes the counts from ``logs``."""
-  counts = {key: logs.pop(key) for key in [k for k in (logs or {}) if k.startswith(IDS_OUTSIDE)]}
-  bad = {key.split("/", 1)[1]: int(value) for key, value in counts.items() if value}
+  """Raises if a compiled step saw ids outside a vocabulary; removes the flags from ``logs``."""
+  flags = {key: logs.pop(key) for key in [k for k in (logs or {}) if k.startswith(IDS_OUTSIDE)]}
+  bad = [key.split("/", 1)[1] for key, value in flags.items() if value]
   if bad:
     raise ValueError(
         "sparse-dp: ids outside the vocabulary were looked up in Embedding layer(s) "
-        + ", ".join(f"{name} ({count} ids)" for name, count in bad.items())
+        + ", ".join(bad)
         + ". Under jit_compile=True the step zeroed those examples' gradients instead of "
         "stopping; map the ids into [0, vocabulary_size) (hash or bucket them) before training")
 

@@ -61,6 +61,17 @@ def test_labels_only_coverage_is_reported_as_replacement():
   assert "270 of the teacher's private training examples" in caveat
 
 
+def test_a_skipped_teacher_data_check_is_a_caveat_and_claims_no_post_processing():
+  privacy = dp_teacher.teacher_privacy(_teacher())
+  fields = dp_teacher.privacy_report(privacy, private_examples_in_public=None)
+  assert fields["epsilon"] == privacy["epsilon"]
+  assert fields["adjacency"] == privacy_fields.ADD_REMOVE
+  assert fields["post_processing"] is None  # unknown: nothing compared the inputs
+  assert fields["caveats"] == [dp_teacher.CHECK_SKIPPED]
+  assert "--skip-teacher-data-check" in fields["caveats"][0]
+  assert fields["epsilon_covers"].startswith("only if --public-data holds none")
+
+
 def test_a_non_poisson_teacher_prints_no_bare_epsilon_and_keeps_every_caveat():
   privacy = dp_teacher.teacher_privacy(_teacher(non_poisson_steps=4, debug_metrics=True))
   fields = dp_teacher.privacy_report(privacy, private_examples_in_public=5)

@@ -74,8 +74,14 @@ def test_per_feature_budget_sets_the_scale(seed):
 def test_bucket_counts_count_examples_not_occurrences():
   ids = tf.ragged.constant([[1, 1, 1, 3], [3], []], tf.int64)
   np.testing.assert_array_equal(bucket_counts(ids, 5).numpy(), [0, 1, 0, 2, 0])
-  with pytest.raises(tf.errors.InvalidArgumentError, match="outside the vocabulary"):
-    bucket_counts(tf.constant([5], tf.int64), 5)
+  for run in (bucket_counts, tf.function(bucket_counts)):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"outside the vocabulary \[0, 5\)"
+                       ) as error:
+      run(tf.constant([987654], tf.int64), 5)
+    assert "987654" not in str(error.value)  # the ids are the private data
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be >= 0") as error:
+      run(tf.constant([-987654], tf.int64), 5)
+    assert "987654" not in str(error.value)
 
 
 def test_remapping_sends_kept_buckets_to_dense_ids_and_the_rest_to_oov(tmp_path):
