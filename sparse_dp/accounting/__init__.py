@@ -17,13 +17,13 @@ from sparse_dp.accounting.noise_calibration import (
                                              calibrate_after,
                                              calibrate_noise_multiplier,
 )
-from sparse_dp.accounting.report import PrivacyReport
+from sparse_dp.accounting.report import Epsilon, PrivacyReport
 from sparse_dp.accounting.schedule import BatchPhase, BatchSchedule, steps_for_epochs
 from sparse_dp.accounting.selection import TopKSelectionCost
 from sparse_dp.accounting.spec import PrivacySpec
 
 __all__ = [
-    "AccountantKind", "Algorithm", "BatchPhase", "BatchSchedule", "PrivacyAccountant",
+    "AccountantKind", "Algorithm", "BatchPhase", "BatchSchedule", "Epsilon", "PrivacyAccountant",
     "PrivacyReport", "PrivacySpec", "TopKSelectionCost", "Truncation", "UnreachableTargetError",
     "calibrate", "calibrate_after", "calibrate_noise_multiplier", "effective_noise_multiplier",
     "gaussian_steps_event", "split_noise_multiplier", "steps_for_epochs",

@@ -32,9 +32,49 @@ DEBUG_METRICS_CAVEAT = (
     "ratio) were logged; they are NOT covered by this epsilon.")
 
 
+FIXED_NOISE_SEED = ("the noise was drawn from a fixed noise_seed: the guarantee holds only "
+                    "while that seed stays secret (anyone who knows it can subtract the noise)")
+
+
 def epsilon_caveat(poisson_sampling: bool) -> str:
   """What to print right after an epsilon: nothing, or that it is not proved."""
   return "" if poisson_sampling else f" ({NOT_POISSON})"
+
+
+class Epsilon(float):
+  """An epsilon that carries what it does not cover, wherever it is printed.
+
+  A ``float`` (arithmetic, comparisons and JSON give the number); ``str``, ``repr`` and
+  ``format`` add the caveats, so a user who prints the number reads them with it.
+
+  Args:
+    value: the epsilon.
+    caveats: why it is not proved, or what it assumes (empty: none).
+  """
+
+  caveats: tuple[str, ...]
+
+  def __new__(cls, value: float, caveats=()) -> "Epsilon":
+    epsilon = super().__new__(cls, value)
+    epsilon.caveats = tuple(caveats)
+    return epsilon
+
+  @property
+  def proved(self) -> bool:
+    """Whether the number is a proved epsilon: every batch was Poisson-sampled."""
+    return NOT_POISSON not in self.caveats
+
+  def _with_caveats(self, number: str) -> str:
+    return number + "".join(f" ({caveat})" for caveat in self.caveats)
+
+  def __repr__(self) -> str:
+    return self._with_caveats(float.__repr__(self))
+
+  def __str__(self) -> str:
+    return self._with_caveats(float.__repr__(self))
+
+  def __format__(self, spec: str) -> str:
+    return self._with_caveats(float.__format__(self, spec))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +107,12 @@ class PrivacyReport:
   poisson_sampling: bool = True
   debug_metrics: bool = False
   earlier_steps: int = 0
+  fixed_noise_seed: bool = False
 
   @classmethod
   def compute(cls, spec: PrivacySpec, delta: float, accountant: str = "pld", *,
               num_examples: Optional[int] = None, poisson_sampling: bool = True,
-              debug_metrics: bool = False,
+              debug_metrics: bool = False, fixed_noise_seed: bool = False,
               ledger: Optional[PrivacyAccountant] = None) -> "PrivacyReport":
     """The report of ``spec`` at ``delta``.
 
@@ -82,6 +123,7 @@ class PrivacyReport:
       num_examples: ``N``, to state batch sizes and epochs.
       poisson_sampling: whether every step was fed Poisson batches.
       debug_metrics: whether un-noised statistics were logged.
+      fixed_noise_seed: whether the noise came from a seed the user fixed.
       ledger: every spend, when earlier runs precede ``spec``'s; default: ``spec``'s
         own spends.
 
@@ -96,7 +138,8 @@ class PrivacyReport:
                training_epsilon=ledger.get_training_epsilon(delta),
                accountant=ledger.kind.value, num_examples=num_examples,
                poisson_sampling=poisson_sampling, debug_metrics=debug_metrics,
-               earlier_steps=ledger.steps - spec.schedule.total_steps)
+               earlier_steps=ledger.steps - spec.schedule.total_steps,
+               fixed_noise_seed=fixed_noise_seed)
 
   def to_dict(self) -> dict[str, Any]:
     """The report as JSON-ready numbers.
@@ -122,6 +165,8 @@ class PrivacyReport:
     }
     if self.debug_metrics:
       out["debug_metrics"] = True  # un-noised statistics were logged
+    if self.fixed_noise_seed:
+      out["fixed_noise_seed"] = True  # the guarantee needs the seed kept secret
     if self.earlier_steps:
       out["earlier_steps"] = self.earlier_steps
     if self.num_examples is not None:
@@ -141,7 +186,7 @@ class PrivacyReport:
     Returns:
       Lines of text: the algorithm and accountant, each phase's steps and sampling
         rate, the noise, the selection, the ``(epsilon, delta)`` guarantee, and the
-        caveats (Poisson sampling, debug metrics).
+        caveats (Poisson sampling, debug metrics, a fixed noise seed).
     """
     spec = self.spec
     steps = spec.schedule.total_steps
@@ -178,6 +223,8 @@ class PrivacyReport:
                  "WARNING: batches were NOT Poisson-sampled; " + POISSON_CAVEAT)
     if self.debug_metrics:
       lines.append(DEBUG_METRICS_CAVEAT)
+    if self.fixed_noise_seed:
+      lines.append(f"WARNING: {FIXED_NOISE_SEED}.")
     return "\n".join(lines)
 
 

@@ -7,8 +7,8 @@ from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
 from sparse_dp.training.poisson.poisson_sampling import poisson_batches
 from sparse_dp.training.wrappers.callbacks import BudgetExhaustedError, PrivacyCallback
 from sparse_dp.training.wrappers.entry_point import make_private
-from sparse_dp.training.wrappers.private_training import PrivateTraining
+from sparse_dp.training.wrappers.private_training import PrivateTraining, StepsRefusedError
 
 __all__ = ["BudgetExhaustedError", "DPConfig", "PrivacyCallback", "PrivateTraining",
-           "UnsupportedLayerError", "UpdateOutsideDPStepError", "WeightsMovedOutsideDPError",
-           "make_private", "poisson_batches"]
+           "StepsRefusedError", "UnsupportedLayerError", "UpdateOutsideDPStepError",
+           "WeightsMovedOutsideDPError", "make_private", "poisson_batches"]

@@ -27,6 +27,7 @@ from typing import Optional
 from sparse_dp._keras import keras
 from sparse_dp.data import training_examples
 from sparse_dp.jobs.distill import distill_report, pctr_inputs, privacy_fields, student
+from sparse_dp.training.dp_state.provenance import refuse_undescribed
 from sparse_dp.training.dp_state.state import attach
 
 POST_PROCESSING = (
@@ -67,6 +68,7 @@ def teacher_privacy(teacher: keras.Model) -> dict:
     raise ValueError("the teacher has no DP record: it was not trained by a private "
                      "algorithm; dp-teacher distils a DP teacher (train one with "
                      "'sparse-dp train --algorithm adafest', or use --method rona)")
+  refuse_undescribed(teacher, state)  # its record must describe the weights distilled
   delta = max(run.delta for run in record.runs)
   caveats = []
   if record.non_poisson_steps:

@@ -25,6 +25,7 @@ from sparse_dp.jobs.train import fitting, job_flags
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
 from sparse_dp.models import pctr_data
+from sparse_dp.training.dp_state.provenance import rebound_record
 
 _DAY_NUMBER = re.compile(r"day_(\d+)")
 
@@ -178,13 +179,20 @@ def _warm_start(previous: pathlib.Path, old: Preselection | None, new: Preselect
   def load(model) -> None:
     saved = np.load(previous / WEIGHTS_FILE)
     for layer in model.layers:
+      values = [saved[f"{layer.name}/{i}"] for i in range(len(layer.weights))]
+      carried = list(values)
       for i, variable in enumerate(layer.weights):
-        value = saved[f"{layer.name}/{i}"]
         if variable is getattr(layer, "embeddings", None) and new is not None:
           table = int(layer.name.split("_")[1])
-          value = _carry_rows(value, old.kept_buckets[table] if old else None,
-                              new.kept_buckets[table])
-        variable.assign(value)
+          carried[i] = _carry_rows(values[i], old.kept_buckets[table] if old else None,
+                                   new.kept_buckets[table])
+      for i, variable in enumerate(layer.weights):
+        trained = [j for j, v in enumerate(layer.weights) if v.trainable]
+        if (variable is getattr(layer, "dp_record", None)
+            and any(carried[j] is not values[j] for j in trained)):  # bound to carried rows
+          carried[i] = rebound_record(values[i], layer.name, [values[j] for j in trained],
+                                      [carried[j] for j in trained])
+        variable.assign(carried[i])
   return load
 
 

@@ -28,6 +28,7 @@ from sparse_dp.accounting import calibrate_after
 from sparse_dp.mechanisms.platt_scaling import DEFAULT_STEPS, PlattMechanism, PlattScaling
 from sparse_dp.models.calibration import calibration_metrics
 from sparse_dp.training.dp_state.state import Run, attach
+from sparse_dp.training.dp_state.weight_fingerprint import WeightsMovedOutsideDPError
 
 PLATT_RUN = "platt"
 
@@ -86,6 +87,10 @@ def recalibrate(model, x_train, y_train, job_epsilon: float, delta: float,
   denominator). The noise is keyed by ``noise_seed`` (a secret one if ``None``).
   """
   state = attach(model)
+  if state.weights_moved():
+    raise WeightsMovedOutsideDPError(
+        f"sparse-dp: the weights of model '{model.name}' moved outside its DP steps; no "
+        "epsilon covers them, so they are not calibrated")
   spent = state.accountant()
   mechanism = PlattMechanism(calibrate_after(spent, job_epsilon, delta, DEFAULT_STEPS))
   logits = model.predict(x_train, batch_size=8192, verbose=0)
@@ -95,6 +100,7 @@ def recalibrate(model, x_train, y_train, job_epsilon: float, delta: float,
   state.record_release(Run(algorithm=PLATT_RUN, noise_multiplier=mechanism.noise_multiplier,
                            sampling_rate=1.0, first_step=0, num_examples=len(y_train),
                            delta=delta), mechanism.steps)
+  state.rebind()  # the record describes the calibrated weights
   epsilon = state.accountant().get_epsilon(delta)
   return Recalibration(scaling, mechanism, epsilon, epsilon - spent.get_epsilon(delta))
 

@@ -6,8 +6,10 @@ A :class:`Record` is the history of the DP runs that trained some weights: each
 (:func:`sparse_dp.layers.embedding.add_dp_record`), so every Keras format carries it. Layout:
 ``[steps_taken, non_poisson_steps, datasets_made, json_bytes, json...]``, three counters (the
 DP step adds to the first two in the graph), then the runs as UTF-8 JSON packed eight bytes
-to a word (zeros: no record). Records merge by run: a run present in several records counts
-the most steps any of them saw, runs of different histories are all composed. See
+to a word (zeros: no record); the last ``BINDING_WORDS`` bind the record to the weights it
+describes (:class:`Binding`). Records merge by run: a run present
+in several records counts the most steps any of them saw, runs of different histories are
+all composed. See
 docs/epsilon.md ("The DP state and the weight fingerprint").
 """
 
@@ -24,7 +26,39 @@ from sparse_dp.accounting import Truncation
 from sparse_dp.layers.embedding import DP_RECORD_WORDS
 
 _HEADER = 4  # steps_taken, non_poisson_steps, datasets_made, the JSON's length in bytes
-_CAPACITY = (DP_RECORD_WORDS - _HEADER) * 8  # bytes of JSON a record holds
+BINDING_WORDS = 16  # the last words: mark, model's and layer's fingerprints, variable indices
+_CAPACITY = (DP_RECORD_WORDS - _HEADER - BINDING_WORDS) * 8  # bytes of JSON a record holds
+BINDING_START = DP_RECORD_WORDS - BINDING_WORDS
+MODEL_WORD, LAYER_WORD = BINDING_START + 1, BINDING_START + 2  # float64 bits of each
+_INDICES = BINDING_START + 4
+MAX_LAYER_VARIABLES = DP_RECORD_WORDS - _INDICES
+_MARK = 0x5D9F_1B6E_0A3C_7E41  # the record is bound to weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """The weights a record describes, by their fingerprints
+  (:mod:`sparse_dp.training.dp_state.weight_fingerprint`).
+
+  Attributes:
+    model: ``s(w)`` of every weight of the model that wrote the record.
+    layer: the part of ``model`` from the variables of the layer that holds the record.
+    indices: those variables' places in that model's fingerprint.
+  """
+
+  model: float
+  layer: float
+  indices: tuple[int, ...]
+
+  def words(self) -> np.ndarray:
+    """The binding as the last ``BINDING_WORDS`` of a ``dp_record`` weight."""
+    if len(self.indices) > MAX_LAYER_VARIABLES:
+      raise ValueError(f"sparse-dp: a layer holding a DP record has {len(self.indices)} "
+                       f"trainable variables; at most {MAX_LAYER_VARIABLES} are bound")
+    words = np.zeros(BINDING_WORDS, np.int64)
+    words[:4] = (_MARK, _bits(self.model), _bits(self.layer), len(self.indices))
+    words[4:4 + len(self.indices)] = self.indices
+    return words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +189,16 @@ def merge(records: Iterable[Record], floor: Optional[Mapping[str, int]] = None) 
                 sum(r.datasets_made for r in distinct))
 
 
-def encode(record: Record) -> np.ndarray:
-  """``record`` as the ``int64`` words of a ``dp_record`` weight."""
+def encode(record: Record, binding: Optional[Binding] = None) -> np.ndarray:
+  """``record`` as the ``int64`` words of a ``dp_record`` weight.
+
+  Args:
+    record: the runs and counters.
+    binding: the weights the record describes; ``None``: not bound.
+
+  Returns:
+    ``DP_RECORD_WORDS`` int64 words.
+  """
   payload = record.runs_json().encode() if record.runs else b""
   if len(payload) > _CAPACITY:
     raise ValueError(
@@ -168,7 +210,25 @@ def encode(record: Record) -> np.ndarray:
                      len(payload))
   padded = payload + b"\0" * (-len(payload) % 8)
   words[_HEADER:_HEADER + len(padded) // 8] = np.frombuffer(padded, "<i8")
+  if binding is not None:
+    words[BINDING_START:] = binding.words()
   return words
+
+
+def decode_binding(words: np.ndarray) -> Optional[Binding]:
+  """The :class:`Binding` of a ``dp_record`` weight's record; ``None`` if it is not bound."""
+  words = np.asarray(words, np.int64)[BINDING_START:]
+  if words[0] != _MARK or not 0 <= words[3] <= MAX_LAYER_VARIABLES:
+    return None
+  return Binding(_float(words[1]), _float(words[2]), tuple(int(i) for i in words[4:4 + words[3]]))
+
+
+def _bits(value: float) -> int:
+  return int(np.array(value, np.float64).view(np.int64))
+
+
+def _float(bits) -> float:
+  return float(np.array(bits, np.int64).view(np.float64))
 
 
 def decode(words: np.ndarray) -> Record:
@@ -181,6 +241,6 @@ def decode(words: np.ndarray) -> Record:
   if not 0 <= length <= _CAPACITY:
     raise ValueError("sparse-dp: this dp_record weight is corrupt (its JSON length is "
                      f"{length}); it was not written by sparse-dp")
-  payload = words[_HEADER:].astype("<i8").tobytes()[:length].decode()
+  payload = words[_HEADER:BINDING_START].astype("<i8").tobytes()[:length].decode()
   return Record.from_json(payload or "[]", steps, non_poisson, datasets)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from typing import Optional
 
 import tensorflow as tf
 
@@ -25,9 +26,20 @@ from sparse_dp._keras import keras
 from sparse_dp.accounting import PrivacyAccountant
 from sparse_dp.distribute import workers
 from sparse_dp.layers.embedding import DP_RECORD_WORDS, add_dp_record
-from sparse_dp.training.dp_state.dp_record import Record, Run, decode, encode, merge
+from sparse_dp.training.dp_state.dp_record import (
+  BINDING_START,
+  LAYER_WORD,
+  MODEL_WORD,
+  Binding,
+  Record,
+  Run,
+  decode,
+  decode_binding,
+  encode,
+  merge,
+)
 
-__all__ = ["DPState", "Run", "attach", "record_weights", "saved_state"]
+__all__ = ["DPState", "Run", "attach", "record_holders", "saved_state"]
 
 STATE_ATTRIBUTE = "dp_state"
 
@@ -39,11 +51,18 @@ _FIRST_REPLICA = dict(trainable=False, synchronization=tf.VariableSynchronizatio
 
 
 class _Untracked:
-  """What a :class:`DPState` uses but must not save: its layers' weights, its active run."""
+  """What a :class:`DPState` uses but must not save: its layers, its active run, its binding."""
 
-  def __init__(self, weights: list[tf.Variable]):
-    self.weights = weights
+  def __init__(self, holders: list):
+    self.holders = holders  # the layers that hold a dp_record weight
     self.active_run = None  # run_id of the run the DP step counts for
+    self.places: Optional[list] = None  # bound: per holder, its variables' fingerprint indices
+    self.fingerprint = None  # the Fingerprint the record is bound through
+    self.arrived: list = []  # (holder, Binding or None) of the non-empty records when attached
+
+  @property
+  def weights(self) -> list:
+    return [layer.dp_record for layer in self.holders]
 
 
 class DPState(tf.__internal__.tracking.AutoTrackable):
@@ -54,11 +73,11 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
 
   Args:
     strategy: the model's distribution strategy; the counters are made in its scope.
-    weights: the ``dp_record`` weights of the model's layers, kept in step with the
-      state (:func:`record_weights`).
+    holders: the model's layers whose ``dp_record`` weights are kept in step with the
+      state (:func:`record_holders`).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, weights: list[tf.Variable]):
+  def __init__(self, strategy: tf.distribute.Strategy, holders: list):
     self._strategy = strategy
     with strategy.scope():  # assigned in the replicated train_step
       self.steps_taken = tf.Variable(0, dtype=tf.int64, name="steps_taken", **_FIRST_REPLICA)
@@ -70,7 +89,7 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
                                             **_FIRST_REPLICA)
     self.runs_json = workers.worker_local_variable(strategy, "[]", dtype=tf.string,
                                                    trainable=False, name="runs")
-    self._untracked = _Untracked(weights)
+    self._untracked = _Untracked(holders)
 
   @property
   def record(self) -> Record:
@@ -99,17 +118,89 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     for variable, value in zip(self._counters(), (record.steps_taken, record.non_poisson_steps,
                                                   record.datasets_made)):
       variable.assign(value)
-    words = encode(record)
     for weight in self._untracked.weights:
-      weight.assign(words)
+      binding = decode_binding(weight.numpy())  # the weights it describes stay the same...
+      if binding is not None and self._untracked.places is not None:  # ...but the model's now
+        binding = dataclasses.replace(binding, model=float(self.weight_fingerprint.numpy()))
+      weight.assign(encode(record, binding))
 
-  def use_weights(self, weights: list[tf.Variable]) -> None:
-    """Makes ``weights`` the ones kept in step.
+  def use_holders(self, holders: list) -> None:
+    """Makes ``holders``' ``dp_record`` weights the ones kept in step.
 
     Args:
-      weights: the model's ``dp_record`` weights now.
+      holders: the model's layers that hold one now.
     """
-    self._untracked.weights = weights
+    self._untracked.holders = holders
+
+  def recorded_bindings(self) -> list:
+    """``(layer, Binding or None)`` of each layer whose ``dp_record`` holds a record now.
+
+    Returns:
+      For each such layer (for example just loaded), the weights its record describes
+        (:class:`~sparse_dp.training.dp_state.dp_record.Binding`; ``None``: not bound).
+    """
+    words = [(layer, layer.dp_record.numpy()) for layer in self._untracked.holders]
+    return [(layer, decode_binding(w)) for layer, w in words if not decode(w).empty]
+
+  @property
+  def arrived_bindings(self) -> list:
+    """:meth:`recorded_bindings` as the weights arrived at the last :func:`attach`."""
+    return list(self._untracked.arrived)
+
+  def bind(self, fingerprint) -> None:
+    """Binds the record to the weights ``fingerprint`` reads now, in every layer's record.
+
+    Args:
+      fingerprint (Fingerprint): of the weights the DP step updates
+        (:mod:`~sparse_dp.training.dp_state.weight_fingerprint`).
+    """
+    self.absorb_layers()  # records that came with the weights count first
+    parts, _ = fingerprint.compute_each()
+    index = {id(variable): i for i, variable in enumerate(fingerprint.variables)}
+    places = [tuple(index[id(v)] for v in layer.trainable_weights if id(v) in index)
+              for layer in self._untracked.holders]
+    self.weight_fingerprint.assign(sum(parts))
+    for layer, place in zip(self._untracked.holders, places):
+      words = layer.dp_record.numpy()
+      words[BINDING_START:] = Binding(sum(parts), sum(parts[i] for i in place), place).words()
+      layer.dp_record.assign(words)
+    self._untracked.places = places
+    self._untracked.fingerprint = fingerprint
+
+  def weights_moved(self) -> bool:
+    """Whether the weights moved since the DP step (or a recorded release) last left them;
+    ``False`` when the record is not bound (no fingerprint kept)."""
+    fingerprint = self._untracked.fingerprint
+    return fingerprint is not None and fingerprint.moved()
+
+  def rebind(self) -> None:
+    """Binds the record to the weights now, after a recorded release changed them (private
+    Platt scaling folded into the logit layer, :meth:`record_release`)."""
+    if self._untracked.fingerprint is not None:
+      self.bind(self._untracked.fingerprint)
+
+  def bind_in_step(self, deltas: dict) -> list:
+    """In the DP step, after its update: every layer's binding moved with the weights.
+
+    Args:
+      deltas: each updated variable's change of ``s``, by its fingerprint index
+        (:meth:`~sparse_dp.training.dp_state.weight_fingerprint.Fingerprint.after_update`).
+
+    Returns:
+      The assign ops (none unless :meth:`bind` was called).
+    """
+    if self._untracked.places is None:
+      return []
+    model = tf.bitcast(tf.convert_to_tensor(self.weight_fingerprint), tf.int64)
+    indices = tf.constant([[MODEL_WORD], [LAYER_WORD]], tf.int64)
+    ops = []
+    for weight, place in zip(self._untracked.weights, self._untracked.places):
+      words = tf.convert_to_tensor(weight)
+      layer = tf.bitcast(words[LAYER_WORD], tf.float64)
+      layer += tf.add_n([deltas[i] for i in place if i in deltas] + [tf.zeros([], tf.float64)])
+      ops.append(weight.assign(tf.tensor_scatter_nd_update(
+          words, indices, tf.stack([model, tf.bitcast(layer, tf.int64)]))))
+    return ops
 
   def absorb_layers(self) -> None:
     """Merges the records the layers hold (restored or shared weights) into the state."""
@@ -157,15 +248,18 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     self.set_record(dataclasses.replace(record, runs=record.runs + (run,),
                                         steps_taken=record.steps_taken + steps))
 
-  def count_step(self, poisson: tf.Tensor) -> None:
+  def count_step(self, poisson: tf.Tensor, counted=True) -> None:
     """In the DP step, after its batch is read: one more step, in every record.
 
     Args:
       poisson: a boolean tensor, whether the batch was one of this run's Poisson
         samples.
+      counted: a boolean (tensor): false for a refused step, which used no data and
+        counts nothing.
     """
-    self.steps_taken.assign_add(1)
-    self._count_in_records(tf.cast(tf.logical_not(poisson), tf.int64))
+    step = tf.cast(counted, tf.int64)
+    self.steps_taken.assign_add(step)
+    self._count_in_records(step * tf.cast(tf.logical_not(poisson), tf.int64), step)
 
   def number_step(self) -> tf.Tensor:
     """Counts one Poisson step before it runs and returns its number (the steps before it).
@@ -184,18 +278,18 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     """
     numbers = self._strategy.extended.update(self.steps_taken, _fetch_and_increment)
     number = self._strategy.experimental_local_results(numbers)[0]
-    with tf.control_dependencies(self._count_in_records(tf.constant(0, tf.int64))):
+    one = tf.constant(1, tf.int64)
+    with tf.control_dependencies(self._count_in_records(tf.constant(0, tf.int64), one)):
       return tf.identity(number)
 
-  def _count_in_records(self, non_poisson: tf.Tensor) -> list:
-    """Counts one step (``non_poisson``: 1 if its batch was not a Poisson sample) in
-    every record but ``steps_taken``; returns the count ops."""
+  def _count_in_records(self, non_poisson: tf.Tensor, step: tf.Tensor) -> list:
+    """Counts ``step`` (1, or 0 for a refused step) steps, ``non_poisson`` of them not
+    fed a Poisson sample, in every record but ``steps_taken``; returns the count ops."""
     counts = [self.non_poisson_steps.assign_add(non_poisson),
-              _STEPS_RUN_HERE[self._untracked.active_run].assign_add(1)]
+              _STEPS_RUN_HERE[self._untracked.active_run].assign_add(step)]
     # Each record counts on from what it holds (a record restored since the last
     # merge stays consistent; the next merge charges it and ours both).
-    increment = tf.pad(tf.stack([tf.constant(1, tf.int64), non_poisson]),
-                       [[0, DP_RECORD_WORDS - 2]])
+    increment = tf.pad(tf.stack([step, non_poisson]), [[0, DP_RECORD_WORDS - 2]])
     return counts + [weight.assign_add(increment) for weight in self._untracked.weights]
 
   def _steps_run_here(self, record: Record) -> dict[str, int]:
@@ -248,8 +342,8 @@ def _fetch_and_increment(counter: tf.Variable) -> tf.Tensor:
   return tf.raw_ops.ResourceCountUpTo(resource=counter.handle, limit=tf.int64.max, T=tf.int64)
 
 
-def record_weights(model: keras.Model) -> list[tf.Variable]:
-  """The ``dp_record`` weights of ``model``'s layers, added where a model has none.
+def record_holders(model: keras.Model) -> list:
+  """The layers of ``model`` that hold a ``dp_record`` weight, one added where a model has none.
 
   Every ``sparse_dp.layers.Embedding`` has one from its ``build``. A model with
   none gets one on each trainable ``Dense`` (so a fresh copy of it must go
@@ -260,18 +354,18 @@ def record_weights(model: keras.Model) -> list[tf.Variable]:
     model: the model whose layers hold the trained weights.
 
   Returns:
-    The distinct ``dp_record`` weights, one per layer that holds one.
+    The layers, one per distinct ``dp_record`` weight.
   """
   layers = list(model._flatten_layers(include_self=True))
-  weights = list({id(layer.dp_record): layer.dp_record for layer in layers
+  holders = list({id(layer.dp_record): layer for layer in layers
                   if isinstance(getattr(layer, "dp_record", None), tf.Variable)}.values())
-  if weights:
-    return weights
+  if holders:
+    return holders
   dense = [layer for layer in layers if isinstance(layer, keras.layers.Dense) and layer.trainable]
   with model.distribute_strategy.scope():
     for layer in dense:
       layer.dp_record = add_dp_record(layer)
-  return [layer.dp_record for layer in dense]
+  return dense
 
 
 def attach(model: keras.Model) -> DPState:
@@ -289,17 +383,18 @@ def attach(model: keras.Model) -> DPState:
   Returns:
     ``model.dp_state``.
   """
-  weights = record_weights(model)
+  holders = record_holders(model)
   loaded = getattr(model, STATE_ATTRIBUTE, None)
   if isinstance(loaded, DPState):
-    loaded.use_weights(weights)
+    loaded.use_holders(holders)
   else:
-    state = DPState(model.distribute_strategy, weights)
+    state = DPState(model.distribute_strategy, holders)
     if loaded is not None:
       for name in _VARIABLES:
         getattr(state, name).assign(getattr(loaded, name))
     setattr(model, STATE_ATTRIBUTE, state)
   state = getattr(model, STATE_ATTRIBUTE)
+  state._untracked.arrived = state.recorded_bindings()
   state.absorb_layers()
   return state
 

@@ -1,14 +1,15 @@
 """A fingerprint of the private weights that only the DP step's updates keep current.
 
-``s(w) = sum_v sum_{i,j} r_v(i, j) w_v[i, j]`` (float64), with signs ``r_v(i, j) = +-1`` from
-an integer hash of (variable, row, column). The DP step keeps ``s`` current at the cost of its
-update: it reads the rows it updates before and after and adds ``sum r (w_after - w_before)``;
-under XLA the update's values are made to depend on the sums read before it (``+ 0 * sum``),
-so that the read runs before the in-place scatter instead of XLA copying the table. Querying
-the epsilon recomputes ``s`` from the weights and compares within float64 rounding (``1e-10``
-of ``sum |w|``): a move of the weights outside the DP step is refused. ``s`` is saved with the
-model's DP state; ``load_weights`` and ``set_weights`` of a private model set it anew. Not
-fingerprinted: engine-held tables, the tables of DP-SGD and DP-FEST, models on
+``s(w) = sum_v sum_{i,j} a_v(i) b_v(j) w_v[i, j] = sum_v a_v^T W_v b_v`` (float64): each
+variable ``v`` as rows ``W_v`` (a vector or scalar is one row), with coefficients
+``+-(1 + h / 2^31)`` from an integer hash ``h`` of (variable, row) and of (variable, column).
+The coefficients are distinct reals, so a move of the weights (an update, rows or columns
+swapped, a table replaced) changes ``s`` unless it lies in one hyperplane; ``s`` of a table is a
+matrix-vector product, read ``_CHUNK_ROWS`` rows at a time. The DP step keeps ``s`` current at
+the cost of its update: it reads the rows it updates (every row of a variable updated densely,
+such as a DP-SGD table) before and after and adds the difference; under XLA the update's values
+are made to depend on the sums read before it (``+ 0 * sum``), so that the read runs before the
+in-place update. Not fingerprinted: engine-held tables and models on
 ``ParameterServerStrategy``. See docs/epsilon.md ("The DP state and the weight fingerprint").
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.rows.padding import is_valid, mask_rows, padded_unique, safe_rows
+from sparse_dp.mechanisms.rows.padding import PAD, is_valid, mask_rows, padded_unique, safe_rows
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
@@ -28,60 +29,32 @@ RELATIVE_TOLERANCE = 1e-10
 class WeightsMovedOutsideDPError(RuntimeError):
   """The private weights changed outside the DP step: no epsilon covers them.
 
-  Raised by :meth:`~sparse_dp.training.PrivateTraining.epsilon` and
-  :meth:`~sparse_dp.training.PrivateTraining.report` when the weights' fingerprint no
-  longer matches the DP step's (another model's ``fit``, a layer shared with a model
-  trained without DP, a custom loop's optimizer, an assign). Restore saved weights with
-  ``load_weights`` or ``set_weights``, which set the fingerprint anew.
+  Raised where an epsilon is read or released (``epsilon()``, ``report()``, a save,
+  ``make_private`` on a trained model) when the weights' fingerprint no longer matches
+  the DP step's (another model's ``fit``, a layer shared with a model trained without DP,
+  a custom loop's optimizer, an assign, weights loaded from a model without a matching
+  DP record).
   """
 
 
-def _signs(index: int, rows: tf.Tensor, width: int) -> tf.Tensor:
-  """``r(i, j)`` for rows ``rows`` (int64 ``[n]``) and every column: ``[n, width]`` float64.
+def _coefficients(index, positions: tf.Tensor, stride: int) -> tf.Tensor:
+  """``+-(1 + h / 2^31)`` (float64) of each position (row or column) of variable ``index``.
 
-  The definition, as the DP step computes it on the rows it updates:
-  ``h = ((i R + j C + v V) mod M) K + 1) mod M``, ``r = 1 - 2 ((h // 7) mod 2)``,
-  ``M = 2^31 - 1`` (no int64 overflow: ``i mod M < 2^31`` and ``R < 2^31``). A full
-  read of a table computes the same integers by :func:`_signs_of_terms`.
+  ``h = ((((p mod M) S + v V) mod M) K + 1) mod M``, ``M = 2^31 - 1``, sign ``-`` where bit 7
+  of ``h`` is set; every product stays below ``2^62`` and ``h / 2^31`` is exact.
   """
-  rows = tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS)
-  columns = tf.range(width, dtype=tf.int64)
-  h = tf.math.floormod(rows[:, None] * _ROW + columns[None, :] * _COLUMN + index * _VARIABLE,
-                       _MODULUS)
+  h = tf.math.floormod(tf.math.floormod(tf.cast(positions, tf.int64), _MODULUS) * stride
+                       + tf.cast(index, tf.int64) * _VARIABLE, _MODULUS)
   h = tf.math.floormod(h * _MIX + 1, _MODULUS)
-  return 1.0 - 2.0 * tf.cast(tf.math.floormod(h // 7, 2), tf.float64)
+  sign = 1.0 - 2.0 * tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(h, 7), 1), tf.float64)
+  return sign * (1.0 + tf.cast(h, tf.float64) * 2.0**-31)
 
 
-def _row_terms(rows: tf.Tensor) -> tf.Tensor:
-  """``i R mod M`` of each row ``i``."""
-  return tf.math.floormod(tf.math.floormod(tf.cast(rows, tf.int64), _MODULUS) * _ROW, _MODULUS)
-
-
-def _column_terms(index, width: int) -> tf.Tensor:
-  """``(j C + v V) mod M`` of each column ``j`` of variable ``v``."""
-  return tf.math.floormod(tf.range(width, dtype=tf.int64) * _COLUMN + tf.cast(index, tf.int64)
-                          * _VARIABLE, _MODULUS)
-
-
-def _signs_of_terms(row_terms: tf.Tensor, column_terms: tf.Tensor) -> tf.Tensor:
-  """:func:`_signs` from its row and column terms, without an integer division per weight
-  (a full read of a 100x Table-3 model signs 3e9 weights; the DP step, a few thousand rows):
-  the terms' sum less ``M`` once if it reaches ``M``; the second reduction by ``M``'s
-  Mersenne form (``x mod M`` is ``(x & M) + (x >> 31)``, less ``M`` once if it reaches ``M``,
-  exact for ``0 <= x < 2^62``); ``h // 7`` as ``floor(h / 7)`` in float64, exact for
-  ``h < 2^53``. The same integers as :func:`_signs`
-  (``tests/unit/training/test_weight_fingerprint.py``).
-  """
-  h = _below_modulus(row_terms[:, None] + column_terms[None, :])
-  h = h * _MIX + 1
-  h = _below_modulus(tf.bitwise.bitwise_and(h, _MODULUS) + tf.bitwise.right_shift(h, 31))
-  quotient = tf.cast(tf.math.floor(tf.cast(h, tf.float64) / 7.0), tf.int64)
-  return 1.0 - 2.0 * tf.cast(tf.bitwise.bitwise_and(quotient, 1), tf.float64)
-
-
-def _below_modulus(h: tf.Tensor) -> tf.Tensor:
-  """``h mod M`` for ``0 <= h < 2 M``."""
-  return tf.where(h >= _MODULUS, h - _MODULUS, h)
+def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """``sum_i a(i) (w_i . b)`` over rows ``rows`` (int64 ``[n]``) of values ``[n, width]``."""
+  values = tf.cast(values, tf.float64)
+  columns = _coefficients(index, tf.range(values.shape[-1], dtype=tf.int64), _COLUMN)
+  return tf.reduce_sum(_coefficients(index, rows, _ROW) * tf.linalg.matvec(values, columns))
 
 
 def _as_rows(values: tf.Tensor) -> tf.Tensor:
@@ -95,18 +68,65 @@ def _rows_of(variable, rows: tf.Tensor) -> tf.Tensor:
   return mask_rows(tf.gather(variable, safe_rows(rows)), is_valid(rows))
 
 
-def _partial(index: int, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-  """``sum r w`` over the given rows of variable ``index``."""
-  values = tf.cast(values, tf.float64)
-  return tf.reduce_sum(_signs(index, rows, values.shape[-1]) * values)
+def variable_sum(index, variable) -> tf.Tensor:
+  """``s`` of one whole variable in the DP step, a table ``_CHUNK_ROWS`` rows at a time
+  (static shapes, a ``tf.while_loop``).
+
+  A table is read by ``tf.gather`` of a chunk, never whole: a variable that sparse updates
+  have touched copies itself on every dense read (``copy_on_read_mode`` in TensorFlow's
+  ``core/framework/resource_var.h``), a transient the size of the table.
+
+  Args:
+    index: the variable's place in the fingerprint's order.
+    variable: the variable (or a tensor).
+
+  Returns:
+    ``s`` of the variable, float64.
+  """
+  if variable.shape.rank != 2 or variable.shape[0] <= _CHUNK_ROWS:
+    values = _as_rows(tf.convert_to_tensor(variable))
+    return _rows_sum(index, tf.range(tf.shape(values, out_type=tf.int64)[0]), values)
+  num_rows = int(variable.shape[0])
+  chunks = -(-num_rows // _CHUNK_ROWS)
+
+  def body(chunk, total):
+    rows = chunk * _CHUNK_ROWS + tf.range(_CHUNK_ROWS, dtype=tf.int64)
+    padded = tf.where(rows < num_rows, rows, PAD)
+    return chunk + 1, total + _rows_sum(index, rows, _rows_of(variable, padded))
+
+  return tf.while_loop(lambda chunk, _: chunk < chunks, body,
+                       (tf.constant(0, tf.int64), tf.constant(0.0, tf.float64)),
+                       maximum_iterations=chunks)[1]
 
 
 @tf.function(jit_compile=True)
-def _compiled_partial(row_terms: tf.Tensor, column_terms: tf.Tensor, values: tf.Tensor):
-  """``sum r w`` of one chunk of a large table in one pass fused by XLA (TensorFlow's
-  kernels would write each ``[rows, width]`` intermediate); the terms come in computed,
-  since XLA would recompute them, divisions included, for every weight."""
-  return tf.reduce_sum(_signs_of_terms(row_terms, column_terms) * tf.cast(values, tf.float64))
+def _compiled_parts(index, rows, values):
+  """``(s, sum |w|)`` of one chunk of a table, fused by XLA (TensorFlow's kernels would
+  write the float64 copy of the chunk)."""
+  return _rows_sum(index, rows, values), tf.reduce_sum(tf.abs(tf.cast(values, tf.float64)))
+
+
+def read_sum(index: int, variable) -> tuple[float, float]:
+  """``(s, sum |w|)`` of one variable now (eager; a table a chunk at a time, by XLA).
+
+  Args:
+    index: the variable's place in the fingerprint's order.
+    variable: the variable.
+
+  Returns:
+    Its ``s`` and the scale of the tolerance, as floats.
+  """
+  if variable.shape.rank != 2 or variable.shape[0] < _CHUNK_ROWS:
+    values = _as_rows(tf.convert_to_tensor(variable))
+    rows = tf.range(tf.shape(values, out_type=tf.int64)[0])
+    return (float(_rows_sum(index, rows, values)),
+            float(tf.reduce_sum(tf.abs(tf.cast(values, tf.float64)))))
+  total, magnitude, num_rows = 0.0, 0.0, int(variable.shape[0])
+  for start in range(0, num_rows, _CHUNK_ROWS):
+    rows = tf.range(start, min(start + _CHUNK_ROWS, num_rows), dtype=tf.int64)
+    part, size = _compiled_parts(tf.constant(index, tf.int64), rows, tf.gather(variable, rows))
+    total, magnitude = total + float(part), magnitude + float(size)
+  return total, magnitude
 
 
 class Fingerprint:
@@ -116,77 +136,88 @@ class Fingerprint:
     self.variables = list(variables)
     self.value = state_variable
 
-  def compute(self) -> tuple[float, float]:
-    """``(s(w), sum |w|)`` of the weights now, in chunks of rows (eager; a table of a
-    chunk or more through :func:`_compiled_partial`; ``sum |w|``, the tolerance's scale,
-    summed in float32).
-
-    A table is read ``_CHUNK_ROWS`` rows at a time (``tf.gather`` of the
-    variable): reading it whole would copy it, since a variable that sparse
-    updates have touched copies itself on every dense read
-    (``copy_on_read_mode`` in TensorFlow's ``core/framework/resource_var.h``): a
-    transient the size of the largest table at each epsilon query.
-    """
-    total, magnitude = 0.0, 0.0
+  def compute_each(self) -> tuple[list[float], float]:
+    """``([s of each variable], sum |w|)`` of the weights now (eager, a table a chunk at a
+    time)."""
+    parts, magnitude = [], 0.0
     for index, variable in enumerate(self.variables):
-      values = None if variable.shape.rank == 2 else _as_rows(tf.convert_to_tensor(variable))
-      num_rows = int(variable.shape[0]) if values is None else int(values.shape[0])
-      compiled = num_rows >= _CHUNK_ROWS  # XLA: one compile per width (and last chunk's rows)
-      if compiled:
-        columns = _column_terms(index, int((variable if values is None else values).shape[-1]))
-      for start in range(0, num_rows, _CHUNK_ROWS):
-        rows = tf.range(start, min(start + _CHUNK_ROWS, num_rows), dtype=tf.int64)
-        chunk = tf.gather(variable if values is None else values, rows)
-        if compiled:
-          total += float(_compiled_partial(_row_terms(rows), columns, chunk))
-        else:
-          total += float(_partial(index, rows, chunk))
-        magnitude += float(tf.reduce_sum(tf.abs(tf.cast(chunk, tf.float32))))
-    return total, magnitude
+      part, size = read_sum(index, variable)
+      parts.append(part)
+      magnitude += size
+    return parts, magnitude
 
-  def reset(self) -> None:
-    """Takes the weights as they are now as the DP step's (after a restore)."""
-    self.value.assign(self.compute()[0])
+  def compute(self) -> tuple[float, float]:
+    """``(s(w), sum |w|)`` of the weights now."""
+    parts, magnitude = self.compute_each()
+    return sum(parts), magnitude
+
+  @staticmethod
+  def close(now: float, value: float, magnitude: float) -> bool:
+    """Whether fingerprints ``now`` and ``value`` agree within float64 rounding.
+
+    Args:
+      now: ``s(w)`` of the weights.
+      value: a fingerprint they should have (the DP step's, or one a record carries).
+      magnitude: ``sum |w|`` of the weights, the tolerance's scale.
+
+    Returns:
+      ``|now - value| <= 1e-10 (sum |w| + 1)``.
+    """
+    return abs(now - value) <= RELATIVE_TOLERANCE * (magnitude + 1.0)
 
   def moved(self) -> bool:
-    """Whether the weights moved since the last DP step (or :meth:`reset`)."""
+    """Whether the weights moved since the DP step last left them."""
     now, magnitude = self.compute()
-    return abs(now - float(self.value.numpy())) > RELATIVE_TOLERANCE * (magnitude + 1.0)
+    return not self.close(now, float(self.value.numpy()), magnitude)
 
   def before_update(self, gradients: dict) -> tuple[list, dict]:
     """Reads the rows the update is about to change; returns ``(read, gradients)``.
 
-    ``read`` holds ``(index, rows, sum r w_before, sparse)`` per variable the
-    update changes; ``gradients`` are the ones to apply: the same values, under
-    XLA made to depend on the sums read (see the module docstring).
+    ``read`` holds ``(index, rows, s before)`` per variable the update changes (``rows``:
+    a padded row list, or ``None`` for every row); ``gradients`` are the ones to apply: the
+    same values, under XLA made to depend on the sums read (see the module docstring).
     """
     read, ordered = [], dict(gradients)
     for index, variable in enumerate(self.variables):
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
-      if isinstance(gradient, tf.IndexedSlices):  # a table's selected rows (padded list)
+      rows = None
+      if _row_sparse(gradient, variable):  # a table's selected rows (padded list)
         rows = padded_unique(tf.cast(gradient.indices, tf.int64)).values
-        before = _partial(index, rows, _rows_of(variable, rows))
-      else:
-        values = _as_rows(tf.identity(variable))
-        rows = tf.range(tf.shape(values, out_type=tf.int64)[0])
-        before = _partial(index, rows, values)
-      read.append((index, rows, before, isinstance(gradient, tf.IndexedSlices)))
+        before = _rows_sum(index, rows, _rows_of(variable, rows))
+      else:  # every row: a dense variable, or a DP-SGD table's update
+        before = variable_sum(index, variable)
+      read.append((index, rows, before))
       if compiling_with_xla():
         ordered[variable.ref()] = _after(gradient, before)
     return read, ordered
 
-  def after_update(self, read: list) -> tf.Operation:
-    """Adds ``sum r (w_after - w_before)`` of the rows read by :meth:`before_update`."""
-    if not read:
-      return tf.no_op()
-    delta = []
-    for index, rows, before, sparse in read:
+  def after_update(self, read: list) -> tuple[tf.Operation, dict]:
+    """Adds ``s(after) - s(before)`` of the rows read by :meth:`before_update`.
+
+    Returns:
+      ``(op, deltas)``: the op that updates ``s``, and each updated variable's change of
+        ``s`` by its index.
+    """
+    deltas = {}
+    for index, rows, before in read:
       variable = self.variables[index]
-      after = _rows_of(variable, rows) if sparse else _as_rows(tf.identity(variable))
-      delta.append(_partial(index, rows, after) - before)
-    return self.value.assign_add(tf.add_n(delta))
+      after = (variable_sum(index, variable) if rows is None
+               else _rows_sum(index, rows, _rows_of(variable, rows)))
+      deltas[index] = after - before
+    if not deltas:
+      return tf.no_op(), deltas
+    return self.value.assign_add(tf.add_n(list(deltas.values()))), deltas
+
+
+def _row_sparse(gradient, variable) -> bool:
+  """Whether ``gradient`` updates some rows of ``variable`` only (not a gradient over every
+  row, as a DP-SGD table's IndexedSlices)."""
+  if not isinstance(gradient, tf.IndexedSlices):
+    return False
+  rows = gradient.indices.shape[0]
+  return rows is None or rows < variable.shape[0]
 
 
 def _after(gradient, read_sum: tf.Tensor):

@@ -57,15 +57,28 @@ class RunStatistics:
             "nonzero_coordinates": float(self._coordinates.numpy()) / steps,
             "gradient_size_reduction": self.table_rows / max(mean, 1.0)}
 
-  def record(self, rows: tf.Tensor, coordinates: tf.Tensor) -> dict:
-    """Adds one step of ``rows`` updated rows and ``coordinates``; returns the run's logs."""
+  def record(self, rows: tf.Tensor, coordinates: tf.Tensor, counted=True) -> dict:
+    """Adds one step of ``rows`` updated rows and ``coordinates``; returns the run's logs.
+
+    Args:
+      rows: rows the step updated.
+      coordinates: coordinates it updated.
+      counted: a boolean (tensor): false for a refused step, which adds nothing.
+
+    Returns:
+      The run's values so far (:data:`LOGGED`), float32.
+    """
+    counted = tf.convert_to_tensor(counted)
+    weight = tf.cast(counted, tf.float64)
     rows, coordinates = tf.cast(rows, tf.float64), tf.cast(coordinates, tf.float64)
     first = tf.equal(self._steps, 0.0)
-    low = self._min.assign(tf.where(first, rows, tf.minimum(self._min, rows)))
-    high = self._max.assign(tf.where(first, rows, tf.maximum(self._max, rows)))
-    steps = self._steps.assign_add(1.0)
-    mean = self._rows.assign_add(rows) / steps
+    low = self._min.assign(tf.where(counted, tf.where(first, rows, tf.minimum(self._min, rows)),
+                                    self._min))
+    high = self._max.assign(tf.where(counted, tf.where(first, rows, tf.maximum(self._max, rows)),
+                                     self._max))
+    steps = tf.maximum(self._steps.assign_add(weight), 1.0)
+    mean = self._rows.assign_add(weight * rows) / steps
     logs = {"nonzero_rows": mean, "nonzero_rows_min": low, "nonzero_rows_max": high,
-            "nonzero_coordinates": self._coordinates.assign_add(coordinates) / steps,
+            "nonzero_coordinates": self._coordinates.assign_add(weight * coordinates) / steps,
             "gradient_size_reduction": self.table_rows / tf.maximum(mean, 1.0)}
     return {key: tf.cast(value, tf.float32) for key, value in logs.items()}

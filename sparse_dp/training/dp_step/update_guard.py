@@ -18,6 +18,8 @@ import functools
 import threading
 from typing import Iterator
 
+import tensorflow as tf
+
 _scope = threading.local()
 
 
@@ -65,3 +67,32 @@ def guard(optimizer, model_name: str):
   optimizer.apply_gradients = guarded
   optimizer._sparse_dp_guarded = True
   return optimizer
+
+
+def withheld(gradients: dict, allowed: tf.Tensor, every_row: bool) -> dict:
+  """The step's gradients where ``allowed``, else an update that uses no data.
+
+  A refused step (past the budget, or a batch larger than the declared rate allows) still
+  runs when the compiled step is called directly, where XLA drops its asserts: its values
+  become zeros and the rows of a row-sparse gradient (the selection's, chosen from the batch)
+  row 0. A lazy optimizer then moves nothing; any other moves as its state alone says, the
+  same whatever the data.
+
+  Args:
+    gradients: the step's gradients by variable ref (tensors or ``tf.IndexedSlices``).
+    allowed: a boolean scalar tensor.
+    every_row: whether a table's ``tf.IndexedSlices`` holds every row (dense noise, DP-SGD
+      and DP-FEST: its rows are the same whatever the data) rather than selected ones.
+
+  Returns:
+    The gradients to apply.
+  """
+  def gate(gradient):
+    if not isinstance(gradient, tf.IndexedSlices):
+      return gradient * tf.cast(allowed, gradient.dtype)
+    values = gradient.values * tf.cast(allowed, gradient.values.dtype)
+    indices = (gradient.indices if every_row
+               else gradient.indices * tf.cast(allowed, gradient.indices.dtype))
+    return tf.IndexedSlices(values, indices, gradient.dense_shape)
+
+  return {key: gate(gradient) for key, gradient in gradients.items()}

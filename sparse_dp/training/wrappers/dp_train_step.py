@@ -10,7 +10,7 @@ from sparse_dp._keras import keras
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.penalties import add_penalty_gradients
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
-from sparse_dp.training.dp_step.update_guard import dp_step_update
+from sparse_dp.training.dp_step.update_guard import dp_step_update, withheld
 from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.wrappers.host_guards import budget_message, largest_batch, too_large_message
 from sparse_dp.training.wrappers.private_training import PrivateTraining
@@ -80,6 +80,12 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
                else tf.constant(True))
     size = _batch_size(data, in_batch)
     plausible = tf.debugging.Assert(tf.logical_or(poisson, size <= largest), [too_large, size])
+    # The asserts are a first refusal, which XLA compiles away; ``allowed`` holds anyway: a
+    # refused step applies an update that uses no data, is not counted, and is recorded in
+    # ``refused_steps``, which makes epsilon() refuse.
+    allowed = tf.logical_and(
+        tf.logical_or(training.step_limit < 0, number < training.step_limit),
+        tf.logical_or(poisson, size <= largest))
     with tf.control_dependencies([within_budget, plausible]):
       if scheduled_step is None:
         step_seed = mechanisms.fold_in(mechanisms.fold_in(base_seed, state.steps_taken),
@@ -104,7 +110,8 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
           on_outputs=update_metrics if config.debug_metrics else None,
           debug_metrics=config.debug_metrics, in_batch=in_batch,
           loss_scale=training.loss_scale)
-    gradients = add_penalty_gradients(penalty, gradients)
+    gradients = withheld(add_penalty_gradients(penalty, gradients), allowed,
+                         every_row=not noise.sparse)
     # A scheduled step was counted when it was numbered: every update op (tables,
     # Dense weights, on every replica) runs after that count, so an attempt lost
     # at any point of its update is counted.
@@ -117,15 +124,20 @@ def dp_train_step(leaves, noise: StepNoise, penalty, training: PrivateTraining):
       training.embedding_backend.apply_gradients(self.optimizer, self.trainable_variables,
                                                  gradients)
       if fingerprint is not None:  # s(w) follows the update (weight_fingerprint)
-        fingerprint.after_update(read)
+        moved, deltas = fingerprint.after_update(read)
+        with tf.control_dependencies([moved]):
+          state.bind_in_step(deltas)
+    with tf.control_dependencies([within_budget, plausible]):  # not counted if they stopped it
+      training.refused_steps.assign_add(tf.cast(tf.logical_not(allowed), tf.int64))
+    stats = {key: value * tf.cast(allowed, value.dtype) for key, value in stats.items()}
     if scheduled_step is None:
       # After the batch is read: a call that finds the input exhausted counts nothing.
       with tf.control_dependencies([step_seed]):
-        state.count_step(poisson)
+        state.count_step(poisson, allowed)
         training.noise_draws.assign_add(1)
       # The run's gradient size so far (run_statistics), in place of this step's alone.
-      stats = {**stats, **training.run_statistics.record(stats["nonzero_rows"],
-                                                         stats["nonzero_coordinates"])}
+      stats = {**stats, **training.run_statistics.record(
+          stats["nonzero_rows"], stats["nonzero_coordinates"], counted=allowed)}
     if not config.debug_metrics:
       return stats
     logs = {m.name: m.result() for m in self.metrics}

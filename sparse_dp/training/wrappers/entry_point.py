@@ -11,13 +11,16 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras, require_keras2_model
 from sparse_dp.accounting import BatchSchedule, PrivacySpec, Truncation, calibrate, steps_for_epochs
+from sparse_dp.distribute import parameter_servers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.mechanisms import false_positive_probability
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training.checks import validation
 from sparse_dp.training.config import DPConfig, warn_if_threshold_densifies
+from sparse_dp.training.dp_state.provenance import fingerprinted_variables, refuse_unbound_weights
 from sparse_dp.training.dp_state.state import attach
+from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint
 from sparse_dp.training.dp_step import dense_layers, mixed_precision, update_guard
 from sparse_dp.training.dp_step.input_ids import functional_input_ids, ids_per_example
 from sparse_dp.training.dp_step.penalties import penalty_of
@@ -130,6 +133,11 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       threshold=config.threshold_for(spec.sigma1) if algorithm.uses_contribution_map else 0.0,
       expected_batch_size=float(batch_size))
   state = attach(model)
+  if not parameter_servers.is_parameter_server(model.distribute_strategy):
+    engine = choice.name in ("engine-double", "sparsecore")
+    refuse_unbound_weights(model, state.arrived_bindings, Fingerprint(
+        fingerprinted_variables(model, [layer for layer in leaves if isinstance(layer, Embedding)]
+                                if engine else ()), state.weight_fingerprint))
   if resume_from is not None:
     state.restore(resume_from)
   optimizer, loss_scale = mixed_precision.split_loss_scale(model.optimizer)

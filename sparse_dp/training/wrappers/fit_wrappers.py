@@ -48,24 +48,39 @@ def install(training: PrivateTraining) -> None:
   model.compile = types.MethodType(_private_compile(training), model)
   for name in ("load_weights", "set_weights"):
     setattr(model, name, types.MethodType(_restoring(training, name), model))
+  for name in ("save", "save_weights"):
+    setattr(model, name, types.MethodType(_checked_save(training, name), model))
 
 
 def _restoring(training: PrivateTraining, name: str):
-  """``load_weights``/``set_weights`` that take the loaded weights as the DP step's.
+  """``load_weights``/``set_weights`` that take the loaded weights as the DP step's only if
+  the DP record they bring describes them.
 
-  They bring the layers' DP records with the weights (the state follows the
-  weights, :mod:`sparse_dp.training.dp_state.state`); the fingerprint
-  (:mod:`sparse_dp.training.dp_state.weight_fingerprint`) restarts from them.
+  The layers' DP records come with the weights (the state follows the weights,
+  :mod:`sparse_dp.training.dp_state.state`); weights without a matching record leave the
+  fingerprint (:mod:`sparse_dp.training.dp_state.weight_fingerprint`) at the DP step's, so
+  the epsilon is refused (:meth:`PrivateTraining.adopt_loaded_weights`).
   """
   method = getattr(type(training.model), name)
 
   def restoring(self, *args, **kwargs):
     result = method(self, *args, **kwargs)
-    if training.fingerprint is not None:
-      training.fingerprint.reset()
+    training.adopt_loaded_weights()
     return result
 
   return restoring
+
+
+def _checked_save(training: PrivateTraining, name: str):
+  """``save``/``save_weights`` that refuse weights moved outside the DP step: a saved model
+  carries its DP record, which must describe the weights saved with it."""
+  method = getattr(type(training.model), name)
+
+  def checked_save(self, *args, **kwargs):
+    training.check_weights()
+    return method(self, *args, **kwargs)
+
+  return checked_save
 
 
 def check_steps_per_execution(model: keras.Model, epsilon_budget: Optional[float],

@@ -8,8 +8,10 @@ outside the compiled program, before each step of a compiled model: the budget, 
 examples' gradients zeroed, flagged and refused by the same callback); a table's
 false positives past their room (probability ``<= 1e-18`` per table and step, refused after
 that step); and the batch size of an input that is not this run's Poisson batches, in its
-``tf.data`` pipeline, by ``batch_size`` or by ``train_on_batch``'s batch. See docs/tpu.md
-("Compiled with XLA").
+``tf.data`` pipeline, by ``batch_size`` or by ``train_on_batch``'s batch. They are the first
+refusal, with a clear error: the step itself applies no update past the budget or on too large
+a batch (:mod:`~sparse_dp.training.wrappers.dp_train_step`). See docs/tpu.md ("Compiled with
+XLA").
 """
 
 from __future__ import annotations

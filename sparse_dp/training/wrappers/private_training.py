@@ -18,31 +18,32 @@ from sparse_dp.accounting import (
   PrivacyAccountant,
   PrivacyReport,
   PrivacySpec,
-  steps_for_epochs,
 )
-from sparse_dp.accounting.report import epsilon_caveat
+from sparse_dp.accounting.report import FIXED_NOISE_SEED, NOT_POISSON, Epsilon
 from sparse_dp.distribute import parameter_servers, workers
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.training.checks import validation
 from sparse_dp.training.config import DPConfig
+from sparse_dp.training.dp_state.provenance import fingerprinted_variables, unbound_reason
 from sparse_dp.training.dp_state.state import DPState, Run
 from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.run_statistics import RunStatistics
 from sparse_dp.training.dp_step.step import StepNoise
 from sparse_dp.training.poisson.poisson_sampling import (
-  PoissonSample,
   batch_capacity,
-  derives_from,
   examples_in_batch,
-  poisson_passes,
-  transformations_from,
 )
 from sparse_dp.training.wrappers.callbacks import PrivacyCallback
+from sparse_dp.training.wrappers.poisson_inputs import PoissonInputs
 
 
-class PrivateTraining:
+class StepsRefusedError(RuntimeError):
+  """The DP step refused steps that no host guard stopped: the run's epsilon is not given."""
+
+
+class PrivateTraining(PoissonInputs):
   """The DP state of one model: its noise, its accountant, its sampler.
 
   Made by :func:`make_private`. Query ``epsilon()`` at any time, pass ``callback()`` to
@@ -126,6 +127,9 @@ class PrivateTraining:
       # rollback to an earlier checkpoint (steps_taken goes back) never redraws
       # noise already used, which would let two updates subtract it.
       self.noise_draws = tf.Variable(0, dtype=tf.int64, name="dp_noise_draws", **flag)
+      # Steps the step itself refused (dp_train_step: past the budget, or too large a
+      # batch, when called directly under XLA): they used no data; epsilon() refuses.
+      self.refused_steps = tf.Variable(0, dtype=tf.int64, name="dp_refused_steps", **flag)
       self.run_statistics = RunStatistics(sum(layer.vocabulary_size for layer in leaves
                                               if isinstance(layer, Embedding)))
     self._update_step_limit()
@@ -172,9 +176,9 @@ class PrivateTraining:
   def epsilon(self, steps: Optional[int] = None, delta: Optional[float] = None) -> float:
     """Epsilon at ``delta`` after the steps taken so far, or after ``steps`` in all.
 
-    The accountant composes every run on the model. An epsilon of non-Poisson batches is
-    not proved (``poisson_sampling``); print it with :meth:`epsilon_text`, which adds the
-    caveat (:func:`~sparse_dp.accounting.report.epsilon_caveat`).
+    The accountant composes every run on the model. The number is an
+    :class:`~sparse_dp.accounting.Epsilon`: printed, it names its caveats (batches not
+    Poisson-sampled, so not proved; a fixed noise seed; un-noised debug metrics).
 
     Args:
       steps: steps in all to account; those beyond the steps taken are at this run's
@@ -182,11 +186,14 @@ class PrivateTraining:
       delta: the target delta; default: the run's (``DPConfig.delta``, else ``1 / N``).
 
     Returns:
-      The epsilon spent (or that ``steps`` would spend); ``inf`` without DP.
+      The epsilon spent (or that ``steps`` would spend), with its caveats; ``inf``
+        without DP.
 
     Raises:
       WeightsMovedOutsideDPError: with ``steps=None``, the weights moved outside the DP
         step (:meth:`check_weights`).
+      StepsRefusedError: with ``steps=None``, the DP step refused steps that no host
+        guard stopped (:meth:`check_no_refused_steps`).
       ValueError: ``delta`` is not in ``(0, 1)``.
     """
     if not self.is_private:
@@ -195,21 +202,38 @@ class PrivateTraining:
     accountant = self.accountant
     if steps is None:
       self.check_weights()
-      return accountant.get_epsilon(delta)
-    return accountant.epsilon_after(delta, self.step_noise_multiplier, self.sampling_rate,
-                                    steps - accountant.steps, self.run.truncation)
+      self.check_no_refused_steps()
+      return Epsilon(accountant.get_epsilon(delta), self.caveats())
+    return Epsilon(accountant.epsilon_after(delta, self.step_noise_multiplier,
+                                            self.sampling_rate, steps - accountant.steps,
+                                            self.run.truncation), self.caveats())
+
+  def caveats(self) -> tuple[str, ...]:
+    """What the epsilon does not cover or assumes, as printed after it.
+
+    Returns:
+      ``NOT a proved epsilon`` unless every step was fed the package's Poisson batches;
+        the fixed noise seed, if ``DPConfig.noise_seed`` was given; un-noised statistics
+        logged, if a run had ``debug_metrics``.
+    """
+    caveats = [] if self.poisson_sampling else [NOT_POISSON]
+    if self.config.noise_seed is not None:
+      caveats.append(FIXED_NOISE_SEED)
+    if any(run.debug_metrics for run in self.state.runs):
+      caveats.append("un-noised statistics were logged (debug_metrics), which it does not "
+                     "cover")
+    return tuple(caveats)
 
   def epsilon_text(self, epsilon: float) -> str:
-    """``epsilon`` to print, with the not-Poisson caveat in the same line.
+    """``epsilon`` to print, with this run's caveats in the same line.
 
     Args:
       epsilon: an epsilon of this model, e.g. from :meth:`epsilon`.
 
     Returns:
-      The epsilon to 4 significant digits, followed by "NOT a proved epsilon" unless
-        every step so far was fed the package's Poisson batches.
+      The epsilon to 4 significant digits, followed by its caveats (:meth:`caveats`).
     """
-    return f"{epsilon:.4g}{epsilon_caveat(self.poisson_sampling)}"
+    return format(Epsilon(epsilon, self.caveats()), ".4g")
 
   def max_steps_within_budget(self) -> Optional[int]:
     """Most steps in all whose epsilon stays within ``epsilon_budget``.
@@ -263,23 +287,33 @@ class PrivateTraining:
   def track_weights(self) -> None:
     """(Re)starts the fingerprint of the weights the DP step updates through Keras.
 
-    Called by ``make_private`` and whenever the embedding backend changes.
-    Left out: tables held by an embedding engine (synced to Keras outside the
-    step), and the tables of a dense-noise algorithm (DP-SGD, DP-FEST), whose
-    every row each step updates: keeping their fingerprint would read the
-    whole table twice a step (it tripled DP-SGD's step at 1e6 rows). Under
-    ``ParameterServerStrategy`` (weights on remote servers, steps scheduled
-    asynchronously) no fingerprint is kept.
+    Called by ``make_private`` and whenever the embedding backend changes (after checking
+    the weights under the fingerprint kept so far). Left out: tables held by an embedding
+    engine (synced to Keras outside the step). Under ``ParameterServerStrategy`` (weights on
+    remote servers, steps scheduled asynchronously) no fingerprint is kept.
+
+    Raises:
+      WeightsMovedOutsideDPError: the weights moved outside the DP step before the switch.
     """
     if parameter_servers.is_parameter_server(self.model.distribute_strategy):
       self.fingerprint = None
       return
-    engine = not isinstance(self.embedding_backend, embedding_backends.CpuBackend)
-    left_out = {id(layer.embeddings) for layer in self.leaves if isinstance(layer, Embedding)
-                and (engine or not self.step_noise.sparse)}
-    variables = [v for v in self.model.trainable_variables if id(v) not in left_out]
-    self.fingerprint = Fingerprint(variables, self.state.weight_fingerprint)
-    self.fingerprint.reset()
+    self.check_weights()
+    backend = self.embedding_backend
+    engine = () if isinstance(backend, embedding_backends.CpuBackend) else backend.tables
+    self.fingerprint = Fingerprint(fingerprinted_variables(self.model, engine),
+                                   self.state.weight_fingerprint)
+    self.state.bind(self.fingerprint)
+
+  def adopt_loaded_weights(self) -> None:
+    """Takes weights just loaded (``set_weights``, ``load_weights``) as the DP step's if the
+    record they brought describes them; else the fingerprint keeps the DP step's, and the
+    epsilon is refused until weights its record describes are loaded back."""
+    if self.fingerprint is None:
+      return
+    bindings = self.state.recorded_bindings()
+    if bindings and unbound_reason(bindings, self.fingerprint, strict=True) is None:
+      self.state.bind(self.fingerprint)
 
   def check_weights(self) -> None:
     """Refuses weights that moved outside the DP step.
@@ -289,16 +323,36 @@ class PrivateTraining:
 
     Raises:
       WeightsMovedOutsideDPError: the weights changed outside the DP step (another
-        model's ``fit``, a shared layer, a custom loop's optimizer, an assign).
+        model's ``fit``, a shared layer, a custom loop's optimizer, an assign, weights
+        loaded from a model without a matching DP record).
     """
     if self.fingerprint is not None and self.fingerprint.moved():
       raise WeightsMovedOutsideDPError(
           f"sparse-dp: the weights of private model '{self.model.name}' changed outside its "
           "DP steps (another model's fit on a model that contains it, a layer shared with a "
-          "model trained without DP, an optimizer applied in a custom loop, an assign): no "
-          "epsilon covers them, so none is given. Train the private model only through its "
-          "own fit, train_on_batch or train_step; restore saved weights with load_weights "
-          "or set_weights")
+          "model trained without DP, an optimizer applied in a custom loop, an assign, "
+          "set_weights/load_weights of weights without a matching DP record): no epsilon "
+          "covers them, so none is given. Train the private model only through its own fit, "
+          "train_on_batch or train_step; load back weights a DP run saved")
+
+  def check_no_refused_steps(self) -> None:
+    """Refuses the epsilon once the DP step refused a step that bypassed the host guards.
+
+    Raises:
+      StepsRefusedError: a step ran past the epsilon budget, or on a batch larger than the
+        declared rate allows, where no host guard ran (the compiled step called directly).
+    """
+    refused = int(self.refused_steps.numpy()) if self.is_private else 0
+    if refused:
+      raise StepsRefusedError(
+          f"sparse-dp: the DP step of model '{self.model.name}' refused {refused} step(s): "
+          "past the epsilon budget, or on a batch larger than any Poisson sample of the "
+          "declared rate (the compiled step was called directly, where fit's guards do not "
+          "run and XLA drops the step's asserts). Those steps applied an update that used no "
+          "data and were not counted, but the loop that made them is not the one the "
+          "accountant describes, so this object gives no epsilon. Train with fit (or "
+          "train_on_batch) and private.callback(), feed private.poisson_dataset(...), and "
+          "stop at the budget")
 
   def report(self) -> PrivacyReport:
     """The privacy report of every step the model has taken.
@@ -311,149 +365,15 @@ class PrivateTraining:
       WeightsMovedOutsideDPError: the weights moved outside the DP step.
     """
     self.check_weights()
+    self.check_no_refused_steps()
     accountant = self.accountant
     spec = dataclasses.replace(self.spec, schedule=BatchSchedule.constant(
         self.sampling_rate, accountant.steps - self.run.first_step))
     return PrivacyReport.compute(
         spec, self.delta, num_examples=self.num_examples, ledger=accountant,
         poisson_sampling=self.poisson_sampling,
-        debug_metrics=any(run.debug_metrics for run in self.state.runs))
-
-  def poisson_sample(self, data) -> PoissonSample:
-    """The Poisson sampler of ``data``'s rows at this run's rate ``q``.
-
-    Each step's batch is keyed by its step, as
-    :class:`~sparse_dp.distribute.ParameterServerTraining` draws it.
-
-    Args:
-      data (nest of arrays or tensors): every example, as arrays, ragged or sparse
-        tensors.
-
-    Returns:
-      A sampler: called with a stateless seed, it returns one Poisson batch of ``data``.
-    """
-    return PoissonSample(data, self.sampling_rate)
-
-  def poisson_dataset(self, x, y=None, sample_weight=None, epochs: float = 1.0,
-                      padded: Optional[bool] = None) -> tf.data.Dataset:
-    """Poisson-sampled batches of in-memory ``(x, y, sample_weight)`` for ``epochs``.
-
-    The batches are fresh on every pass (Keras ``epochs=``) and every call. Feed the
-    dataset to ``fit`` as it is: ``prefetch``, ``take`` and ``repeat`` are fine. Behind a
-    ``map`` or any other transformation its steps count as not Poisson. Transform the
-    examples before sampling instead, each from that example alone:
-    ``poisson_dataset(f(x), y)`` (manual: *What the epsilon covers*).
-
-    Args:
-      x (nest of arrays or tensors): the features of all ``num_examples`` examples: any
-        nest of arrays, pandas columns, ragged or sparse tensors.
-      y (nest of arrays or tensors): their labels, or ``None``.
-      sample_weight (array or tensor): their weights, or ``None``; needs ``y``.
-      epochs: expected visits of each example in one pass of the dataset, which has
-        ``ceil(epochs / q)`` batches.
-      padded: pad every batch to one static size, with its example mask, for steps
-        compiled with XLA. Default: when the model is private and has ``jit_compile``.
-
-    Returns:
-      The batches: ``x``, ``(x, y)`` or ``(x, y, sample_weight)`` each.
-
-    Raises:
-      ValueError: the data does not hold exactly ``num_examples`` rows (``q`` and
-        ``delta`` are computed from it); ``sample_weight`` comes without ``y``; or
-        ``padded=True`` without DP.
-    """
-    if sample_weight is not None and y is None:
-      raise ValueError("poisson_dataset: sample_weight needs labels y (pass y=...); "
-                       "a model without labels takes its weights inside x")
-    data = tuple(t for t in (x, y, sample_weight) if t is not None)
-    stream = (int(self.state.datasets_made.assign_add(1).numpy()) if self.is_private
-              else next(self._streams))
-    if padded is None:
-      padded = self.is_private and bool(getattr(self.model, "_jit_compile", False))
-    if padded and not self.is_private:
-      raise ValueError("poisson_dataset(padded=True): algorithm 'none' trains with Keras's own "
-                       "train_step, which has no example mask; pass padded=False")
-    passes = poisson_passes(data if len(data) > 1 else data[0], self.sampling_rate,
-                            steps_for_epochs(epochs, self.sampling_rate), self.seed, stream,
-                            num_examples=self.num_examples,
-                            capacity=(batch_capacity(self.num_examples, self.sampling_rate)
-                                      if padded else None))
-    dataset = passes.dataset()
-    self._poisson_datasets[dataset] = passes
-    return dataset
-
-  def presampled_dataset(self, dataset: tf.data.Dataset, num_examples: int,
-                         sampling_rate: float, max_batch_size: Optional[int]) -> tf.data.Dataset:
-    """``dataset``, whose ``fit`` steps count as Poisson: batches sampled before training.
-
-    Only for a sampler that makes each batch an independent Poisson sample of all
-    ``num_examples`` examples, truncated to ``max_batch_size``, and feeds each batch at
-    most once (:meth:`sparse_dp.jobs.sample.SampledBatches.dataset`).
-
-    Args:
-      dataset: the presampled batches.
-      num_examples: ``N`` the batches were sampled from.
-      sampling_rate: ``q`` they were sampled with.
-      max_batch_size: the size they were truncated to; ``None``: not truncated.
-
-    Returns:
-      ``dataset`` itself, now recognised by ``fit`` as Poisson batches.
-
-    Raises:
-      ValueError: the sample's ``N``, ``q`` or truncation is not the one this run
-        accounts.
-    """
-    sample = (num_examples, sampling_rate, max_batch_size)
-    if sample != (self.num_examples, self.sampling_rate, self.max_batch_size):
-      raise ValueError(
-          f"the batches were sampled with (N, q, max batch size) = {sample}, but this run "
-          f"accounts {(self.num_examples, self.sampling_rate, self.max_batch_size)}: pass "
-          "make_private the sample's num_examples, batch_size and max_batch_size")
-    self._poisson_datasets[dataset] = None
-    return dataset
-
-  def transformations_to(self, x) -> Optional[list[str]]:
-    """The ``tf.data`` transformations from one of this object's Poisson datasets to ``x``.
-
-    Args:
-      x (tf.data.Dataset): the input ``fit`` is given.
-
-    Returns:
-      The names of the transformations that do not pass each batch through unchanged,
-        in the order applied (``["unbatch", "batch"]``); ``None`` when ``x`` is not built
-        on one of these datasets (see :func:`transformations_from`).
-    """
-    return transformations_from(x, self._live_datasets())
-
-  def feeds_poisson(self, x) -> bool:
-    """Whether ``x`` is one of this object's Poisson datasets, behind batch-preserving steps.
-
-    Args:
-      x (tf.data.Dataset): the input ``fit`` is given.
-
-    Returns:
-      True when ``x`` is such a dataset behind ``prefetch``, ``take``, ``repeat`` or
-        options only.
-    """
-    return derives_from(x, self._live_datasets())
-
-  def next_batch_fingerprint(self, x) -> int:
-    """A fingerprint of the first batch ``fit(x)`` will draw.
-
-    Args:
-      x (tf.data.Dataset): the input ``fit`` is given.
-
-    Returns:
-      The 64-bit fingerprint (:meth:`.PoissonPasses.next_batch_fingerprint`) if ``x`` is
-        one of this object's Poisson datasets; else 0.
-    """
-    for dataset, passes in list(self._poisson_datasets.items()):
-      if passes is not None and derives_from(x, [dataset]):
-        return passes.next_batch_fingerprint()
-    return 0
-
-  def _live_datasets(self) -> list[tf.data.Dataset]:
-    return list(self._poisson_datasets)
+        debug_metrics=any(run.debug_metrics for run in self.state.runs),
+        fixed_noise_seed=self.config.noise_seed is not None)
 
   def callback(self, log_every_steps: int = 50):
     """The Keras callback that logs ``epsilon`` and stops training at the budget.

@@ -8,7 +8,9 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from sparse_dp.cli import build_parser
 from sparse_dp.jobs.distill import dp_teacher, privacy_fields
 from sparse_dp.training.dp_state.dp_record import Record, Run
+from sparse_dp.training.dp_state.provenance import fingerprinted_variables
 from sparse_dp.training.dp_state.state import attach
+from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint, WeightsMovedOutsideDPError
 
 
 def _gaussian_epsilon(sigma: float, sensitivity: float, delta: float) -> float:
@@ -32,10 +34,19 @@ def _teacher(non_poisson_steps: int = 0, debug_metrics: bool = False):
   """A pCTR model whose dp_record says it took 10 DP-SGD steps."""
   from sparse_dp.models.pctr import build_pctr_model
   model = build_pctr_model([5] * 26, (4,))
-  attach(model).set_record(Record(
+  state = attach(model)
+  state.set_record(Record(
       (Run("dpsgd", 1.2, 0.01, 0, 10_000, 1e-5, debug_metrics=debug_metrics),), 10,
       non_poisson_steps))
+  state.bind(Fingerprint(fingerprinted_variables(model), state.weight_fingerprint))
   return model
+
+
+def test_a_teacher_whose_record_is_bound_to_no_weights_is_refused():
+  model = _teacher()
+  model.get_layer("logit").bias.assign_add([1.0])
+  with pytest.raises(WeightsMovedOutsideDPError):
+    dp_teacher.teacher_privacy(model)
 
 
 def test_a_poisson_teacher_distilled_on_public_data_reports_add_remove():

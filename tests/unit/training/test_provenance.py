@@ -1,0 +1,206 @@
+"""The DP record is bound to the weights it describes, for every algorithm
+(``sparse_dp.training.dp_state.provenance``): weights moved by any route outside the DP step,
+or loaded from a source without a matching record, get no epsilon, are not saved, and are
+refused by a later ``make_private``."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_dp
+from sparse_dp import keras
+from sparse_dp.layers import Embedding
+from sparse_dp.training import WeightsMovedOutsideDPError
+
+N, B, VOCAB = 64, 16, 20
+
+CONFIGS = {
+    "dpsgd": sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, noise_seed=2),
+    "fest": sparse_dp.DPConfig("fest", noise_multiplier=1.0, selection_epsilon=0.5,
+                               noise_seed=2),
+    "adafest": sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, threshold=2.0,
+                                  noise_seed=2),
+}
+
+
+def build(tables=1, seed=1):
+  """One table and a Dense head, or two tables of a matrix factorisation (their dot product,
+  no other weight), compiled."""
+  keras.utils.set_random_seed(seed)
+  inputs = [keras.Input(shape=(), dtype=tf.int64) for _ in range(tables)]
+  embedded = [Embedding(VOCAB, 4)(ids) for ids in inputs]
+  output = (keras.layers.Dense(1)(embedded[0]) if tables == 1
+            else keras.layers.Dot(axes=1)(embedded))
+  model = keras.Model(inputs if tables > 1 else inputs[0], output)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def data(rows=N, tables=1):
+  rng = np.random.default_rng(1)
+  ids = [rng.integers(0, VOCAB, rows).astype("int64") for _ in range(tables)]
+  return (tuple(ids) if tables > 1 else ids[0]), rng.integers(0, 2, (rows, 1)).astype("float32")
+
+
+def trained(algorithm, tables=1):
+  model = build(tables)
+  private = sparse_dp.make_private(model, CONFIGS[algorithm], num_examples=N, batch_size=B)
+  model.fit(private.poisson_dataset(*data(tables=tables)), verbose=0)
+  assert private.epsilon() > 0
+  return model, private
+
+
+def refused(private):
+  with pytest.raises(WeightsMovedOutsideDPError):
+    private.epsilon()
+  with pytest.raises(WeightsMovedOutsideDPError):
+    private.report()
+
+
+def plain_twin(tables=1):
+  """The same architecture trained without DP on the same data."""
+  twin = build(tables, seed=5)
+  twin.fit(*data(tables=tables), epochs=2, verbose=0)
+  return twin
+
+
+@pytest.mark.parametrize("algorithm", list(CONFIGS))
+def test_a_table_moved_by_a_plain_model_or_a_tape_or_an_assign_is_refused(algorithm):
+  """Every algorithm's tables are fingerprinted, DP-SGD's and DP-FEST's included."""
+  for move in ("shared_fit", "tape", "assign"):
+    model, private = trained(algorithm)
+    table = model.layers[1]
+    if move == "shared_fit":
+      ids = keras.Input(shape=(), dtype=tf.int64)
+      plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
+      plain.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                    loss=keras.losses.BinaryCrossentropy(from_logits=True))
+      plain.fit(*data(), verbose=0)
+    elif move == "tape":
+      optimizer = keras.optimizers.legacy.SGD(0.5)
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(data()[0][:8]))
+      optimizer.apply_gradients([(tape.gradient(loss, table.embeddings), table.embeddings)])
+    else:
+      table.embeddings.assign_add(tf.ones_like(table.embeddings) * 1e-3)
+    refused(private)
+
+
+def test_a_replaced_train_function_trains_without_dp_and_no_epsilon_is_given():
+  """Two tables of a matrix factorisation (no Dense), the make_train_function replaced by a
+  plain one with its own optimizer: five epochs without DP, no epsilon."""
+  model, private = trained("dpsgd", tables=2)
+  optimizer = keras.optimizers.legacy.SGD(0.5)
+
+  def plain_train_function(self, force=False):
+    @tf.function
+    def step(iterator):
+      x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iterator))
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(self.compiled_loss(y, self(x, training=True)))
+      optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables),
+                                    self.trainable_variables))
+      return {"loss": loss}
+    self.train_function = step
+    return step
+
+  model.make_train_function = types.MethodType(plain_train_function, model)
+  model.train_function = None
+  x, y = data(tables=2)
+  model.fit(x, y, batch_size=B, epochs=5, verbose=0)
+  refused(private)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+@pytest.mark.parametrize("route", ["set_weights", "load_weights_h5", "load_weights_tf"])
+def test_weights_of_a_non_private_twin_are_not_covered(algorithm, route, tmp_path):
+  model, private = trained(algorithm)
+  twin = plain_twin()
+  if route == "set_weights":
+    model.set_weights(twin.get_weights())
+  else:
+    path = str(tmp_path / ("twin.h5" if route == "load_weights_h5" else "twin"))
+    twin.save_weights(path)
+    model.load_weights(path)
+  np.testing.assert_array_equal(model.layers[1].embeddings.numpy(),
+                                twin.layers[1].embeddings.numpy())
+  refused(private)
+  with pytest.raises(WeightsMovedOutsideDPError):
+    model.save_weights(str(tmp_path / "laundered"))
+  assert not (tmp_path / "laundered.index").exists()
+
+
+def test_its_own_weights_loaded_back_are_covered_again(tmp_path):
+  model, private = trained("dpsgd")
+  model.save_weights(str(tmp_path / "own.h5"))
+  model.set_weights(plain_twin().get_weights())
+  refused(private)
+  model.load_weights(str(tmp_path / "own.h5"))
+  assert private.epsilon() > 0
+
+
+def test_a_second_make_private_after_the_weights_moved_is_refused():
+  model, private = trained("dpsgd")
+  model.layers[-1].kernel.assign_add(tf.ones_like(model.layers[-1].kernel))  # Dense only
+  refused(private)
+  with pytest.raises(WeightsMovedOutsideDPError, match="optimizer.iterations"):
+    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+  model.layers[1].embeddings.assign_add(tf.ones_like(model.layers[1].embeddings))
+  with pytest.raises(WeightsMovedOutsideDPError, match="layer"):
+    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+
+
+def test_plain_fit_on_the_data_before_make_private_is_refused():
+  model = build()
+  model.fit(*data(), verbose=0)
+  with pytest.raises(WeightsMovedOutsideDPError, match="fresh optimizer"):
+    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),  # declares the weights public
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  assert sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N,
+                                batch_size=B).epsilon() == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_a_reloaded_dp_model_fine_tuned_without_dp_is_refused(algorithm, tmp_path):
+  model, _ = trained(algorithm)
+  model.save(str(tmp_path / "dp_model"))
+  reloaded = keras.models.load_model(str(tmp_path / "dp_model"))
+  assert sparse_dp.make_private(reloaded, CONFIGS[algorithm], num_examples=N,
+                                batch_size=B).epsilon() > 0  # as saved: covered
+  again = keras.models.load_model(str(tmp_path / "dp_model"))
+  again.fit(*data(), verbose=0)  # a plain fine-tune of the reloaded model
+  with pytest.raises(WeightsMovedOutsideDPError):
+    sparse_dp.make_private(again, CONFIGS[algorithm], num_examples=N, batch_size=B)
+
+
+def test_a_model_built_on_dp_trained_layers_keeps_their_record():
+  """A new head on a DP-trained table: the table's own part of the binding covers it."""
+  model, private = trained("dpsgd")
+  table = model.layers[1]
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  second = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
+  second.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
+                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  assert sparse_dp.make_private(second, CONFIGS["dpsgd"], num_examples=N,
+                                batch_size=B).epsilon() >= private.epsilon()
+
+
+def test_distilling_a_teacher_whose_weights_moved_after_its_record_is_refused(tmp_path):
+  """``distill --teacher`` reads the teacher's epsilon from its record: only for the weights
+  that record describes."""
+  from sparse_dp.jobs.distill.dp_teacher import teacher_privacy
+
+  model, _ = trained("adafest")
+  model.save(str(tmp_path / "teacher"))
+  assert teacher_privacy(keras.models.load_model(str(tmp_path / "teacher")))["epsilon"] > 0
+  tuned = keras.models.load_model(str(tmp_path / "teacher"))
+  tuned.fit(*data(), verbose=0)  # fine-tuned without DP, then saved as a teacher
+  tuned.save(str(tmp_path / "tuned"))
+  with pytest.raises(WeightsMovedOutsideDPError):
+    teacher_privacy(keras.models.load_model(str(tmp_path / "tuned")))
