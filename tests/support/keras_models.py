@@ -97,3 +97,14 @@ def small_vocabulary_batch(rows=8, vocabulary=40, ids_per_example=3):
   rng = np.random.default_rng(0)
   return (tf.constant(rng.integers(0, vocabulary, (rows, ids_per_example)), tf.int64),
           tf.constant(rng.integers(0, 2, (rows, 1)), tf.float32))
+
+
+def one_table_model(vocabulary: int, seed: int = 1, jit_compile: bool = False) -> keras.Model:
+  """Embedding(vocabulary, 4) -> Dense(1), seeded, SGD(0.1), compiled (the custom-loop and
+  provenance tests' model)."""
+  keras.utils.set_random_seed(seed)
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  model = keras.Model(ids, keras.layers.Dense(1)(Embedding(vocabulary, 4)(ids)))
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1), jit_compile=jit_compile,
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  return model

@@ -13,8 +13,9 @@ import tensorflow as tf
 
 import sparse_dp
 from sparse_dp import keras
-from sparse_dp.layers import Embedding
 from sparse_dp.training.dp_step.update_guard import UpdateOutsideDPStepError
+
+from support.keras_models import one_table_model
 
 N, B, VOCAB = 64, 16, 20
 
@@ -23,11 +24,7 @@ DPSGD = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, noise_seed=2)
 
 
 def private_model(config=DPSGD):
-  keras.utils.set_random_seed(1)
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  model = keras.Model(ids, keras.layers.Dense(1)(Embedding(VOCAB, 4)(ids)))
-  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
-                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  model = one_table_model(VOCAB)
   private = sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
   return model, private
 
@@ -101,20 +98,6 @@ def test_an_outer_models_fit_moves_the_private_weights_and_no_epsilon_is_given()
     private.report()
   with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
     inner.fit(private.poisson_dataset(*batch_of(N)), verbose=0)
-
-
-def test_a_table_shared_with_a_model_trained_without_dp_is_detected():
-  """(DP-AdaFEST: the tables of DP-SGD and DP-FEST are not fingerprinted, weight_fingerprint)."""
-  inner, private = private_model(sparse_dp.DPConfig(
-      "adafest", sigma1=1.0, sigma2=1.0, threshold=2.0, noise_seed=2))
-  table = inner.layers[1]
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
-  plain.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
-                loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  plain.fit(*batch(), verbose=0)
-  with pytest.raises(sparse_dp.training.WeightsMovedOutsideDPError):
-    private.epsilon()
 
 
 def test_restored_weights_are_the_dp_steps_own(tmp_path):

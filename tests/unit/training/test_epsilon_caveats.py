@@ -7,23 +7,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import tensorflow as tf
 
 import sparse_dp
-from sparse_dp import keras
 from sparse_dp.accounting import Epsilon
 from sparse_dp.accounting.report import FIXED_NOISE_SEED, NOT_POISSON
-from sparse_dp.layers import Embedding
+
+from support.keras_models import one_table_model
 
 N, B, VOCAB = 64, 16, 20
 
 
 def private_model(noise_seed=None):
-  keras.utils.set_random_seed(1)
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  model = keras.Model(ids, keras.layers.Dense(1)(Embedding(VOCAB, 4)(ids)))
-  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
-                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  model = one_table_model(VOCAB)
   config = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, noise_seed=noise_seed)
   return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
 

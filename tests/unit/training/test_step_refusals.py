@@ -9,19 +9,15 @@ import pytest
 import tensorflow as tf
 
 import sparse_dp
-from sparse_dp import keras
-from sparse_dp.layers import Embedding
 from sparse_dp.training import StepsRefusedError
+
+from support.keras_models import one_table_model
 
 N, B, VOCAB = 256, 16, 20
 
 
-def compiled_private(budget=None, jit_compile=True):
-  keras.utils.set_random_seed(1)
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  model = keras.Model(ids, keras.layers.Dense(1)(Embedding(VOCAB, 4)(ids)))
-  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1), jit_compile=jit_compile,
-                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+def compiled_private(budget=None):
+  model = one_table_model(VOCAB, jit_compile=True)
   config = sparse_dp.DPConfig("dpsgd", noise_multiplier=0.8, epsilon_budget=budget, noise_seed=2)
   return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
 
