@@ -34,7 +34,9 @@ IDS = (DATA.zipf(1.5, N) % VOCAB).astype("int64")
 LABELS = DATA.integers(0, 2, (N, 1)).astype("float32")
 
 
-def private_model(strategy, config, optimizer=None):
+def private_model(strategy, config, optimizer=None, initial=None):
+  """The model made private, from ``initial`` weights if given (a sharded table's initializer
+  draws each shard apart): assigned before make_private, as a user's initial weights."""
   with strategy.scope():
     keras.utils.set_random_seed(5)
     inputs = keras.Input(shape=(), dtype=tf.int64)
@@ -43,6 +45,10 @@ def private_model(strategy, config, optimizer=None):
     model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=optimizer() if optimizer else keras.optimizers.legacy.SGD(0.5),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    if initial is not None:
+      table.embeddings.assign(initial[0])
+      for weight, value in zip(model.trainable_weights[-4:], initial[1:]):
+        weight.assign(value)
     private = sparse_dp.make_private(model, sparse_dp.DPConfig(noise_seed=1, **config),
                                      num_examples=N, batch_size=BATCH)
   return private, table
@@ -57,13 +63,8 @@ def weights(model, table):
 
 def in_order(strategy, config, initial=None, optimizer=None):
   """Three steps, each one scheduled after the last finished (from ``initial`` weights)."""
-  private, table = private_model(strategy, config, optimizer)
+  private, table = private_model(strategy, config, optimizer, initial)
   start = weights(private.model, table)
-  if initial is not None:  # a sharded table's initializer draws each shard apart
-    table.embeddings.assign(initial[0])
-    for weight, value in zip(private.model.trainable_weights[-4:], initial[1:]):
-      weight.assign(value)
-    private.track_weights()  # the assigned weights are where the DP steps start
   trainer = ParameterServerTraining(private, IDS, LABELS)
   keys = [key for _ in range(3) for key in trainer.fit(steps=1)["keys"]]
   tables = getattr(table.embeddings, "variables", [table.embeddings])

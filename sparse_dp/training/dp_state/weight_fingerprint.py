@@ -111,12 +111,13 @@ def read_sum(index: int, variable) -> tuple[float, float]:
 
   Args:
     index: the variable's place in the fingerprint's order.
-    variable: the variable.
+    variable: the variable (or an array of its values).
 
   Returns:
     Its ``s`` and the scale of the tolerance, as floats.
   """
-  if variable.shape.rank != 2 or variable.shape[0] < _CHUNK_ROWS:
+  shape = tf.TensorShape(variable.shape)
+  if shape.rank != 2 or shape[0] < _CHUNK_ROWS:
     values = _as_rows(tf.convert_to_tensor(variable))
     rows = tf.range(tf.shape(values, out_type=tf.int64)[0])
     return (float(_rows_sum(index, rows, values)),

@@ -307,12 +307,19 @@ class PrivateTraining(PoissonInputs):
 
   def adopt_loaded_weights(self) -> None:
     """Takes weights just loaded (``set_weights``, ``load_weights``) as the DP step's if the
-    record they brought describes them; else the fingerprint keeps the DP step's, and the
-    epsilon is refused until weights its record describes are loaded back."""
+    records they brought describe them, or, before any step (the record counts none and the
+    optimizer has not stepped), if they brought none: initial weights, as ``make_private``
+    takes them. Else the fingerprint keeps the DP step's, and the epsilon is refused until
+    weights its record describes are loaded back."""
     if self.fingerprint is None:
       return
     bindings = self.state.recorded_bindings()
-    if bindings and unbound_reason(bindings, self.fingerprint, strict=True) is None:
+    if bindings:
+      adopt = unbound_reason(bindings, self.fingerprint, strict=True) is None
+    else:
+      adopt = (int(self.state.steps_taken.numpy()) == 0
+               and int(self.model.optimizer.iterations.numpy()) == 0)
+    if adopt:
       self.state.bind(self.fingerprint)
 
   def check_weights(self) -> None:

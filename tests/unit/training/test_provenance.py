@@ -204,3 +204,34 @@ def test_distilling_a_teacher_whose_weights_moved_after_its_record_is_refused(tm
   tuned.save(str(tmp_path / "tuned"))
   with pytest.raises(WeightsMovedOutsideDPError):
     teacher_privacy(keras.models.load_model(str(tmp_path / "tuned")))
+
+
+def test_initial_weights_loaded_before_any_step_are_taken_as_initial():
+  """set_weights of public initial weights after make_private but before any DP step: as if
+  they were loaded before make_private."""
+  model = build()
+  private = sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+  model.set_weights(build(seed=9).get_weights())
+  assert private.epsilon() == 0.0
+  model.fit(private.poisson_dataset(*data()), verbose=0)
+  assert private.epsilon() > 0
+
+
+def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_records():
+  """A stream period carries a table's rows over to a new preselection (post-processing of
+  DP weights): the saved rows must be those the record describes, then the record is bound
+  to the carried rows."""
+  from sparse_dp.training.dp_state.dp_record import decode_binding
+  from sparse_dp.training.dp_state.provenance import rebound_record
+
+  model, _ = trained("adafest")
+  table = model.layers[1]
+  words, saved = table.dp_record.numpy(), table.embeddings.numpy()
+  carried = saved[[3, 1, 4]]
+  rebound = rebound_record(words, table.name, [saved], [carried])
+  binding = decode_binding(rebound)
+  index = decode_binding(words).indices[0]
+  from sparse_dp.training.dp_state.weight_fingerprint import read_sum
+  assert binding.layer == pytest.approx(read_sum(index, carried)[0], rel=1e-12)
+  with pytest.raises(WeightsMovedOutsideDPError, match=table.name):
+    rebound_record(words, table.name, [saved + 1e-3], [carried])
