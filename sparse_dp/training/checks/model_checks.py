@@ -50,12 +50,14 @@ def check_model(model: keras.Model, public_layers: Iterable[str] = ()) -> None:
   * a dynamic loss scale (:func:`~sparse_dp.training.dp_step.mixed_precision.loss_scaling_problems`;
     mixed precision with a fixed one trains) and ``TimeDistributed`` around a
     trainable layer (:func:`time_distributed_problems`).
-  * preprocessing layers holding statistics of data, unless named in
-    ``public_layers`` (:mod:`sparse_dp.training.checks.preprocessing_checks`).
+  * preprocessing layers holding statistics of data, layers holding lookup tables, and
+    non-trainable statistics away from their initial values (a frozen
+    ``BatchNormalization`` warmed on data), unless named in ``public_layers``
+    (:mod:`sparse_dp.training.checks.preprocessing_checks`).
 
   Args:
     model: the compiled model.
-    public_layers: names of preprocessing layers whose statistics come from public data.
+    public_layers: names of layers whose statistics or tables come from public data.
 
   Raises:
     ModelValidationError: one or more of these problems, each named with its fix.

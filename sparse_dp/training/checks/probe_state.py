@@ -5,9 +5,9 @@ A forward pass that writes something learned from the batch into a variable
 weights. Keras lists a layer's own weights, but a variable can also sit on a
 ``tf.Module`` attribute of a layer, in a list or dict of them, or deeper; all
 of these are tracked objects, so the probe walks the whole tracked object
-graph from every layer (``tf.Module._flatten``: attributes, lists, dicts,
-nested modules) and charges each variable to the innermost Keras layer that
-holds it.
+graph from every layer (:func:`~sparse_dp.training.checks.held_state.held_objects`:
+attributes, lists, dicts, nested modules) and charges each variable to the
+innermost Keras layer that holds it.
 
 The trainable weights of the layers the DP step trains (``leaves``: Embedding
 tables, Dense kernels) are left out: the step noises their updates, and
@@ -22,6 +22,7 @@ from typing import Iterator, NamedTuple
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.training.checks.held_state import held_objects
 from sparse_dp.training.checks.model_checks import describe_layer
 
 
@@ -56,24 +57,8 @@ class ProbeState:
 
 
 def held_variables(layer: keras.layers.Layer) -> list:
-  """The variables ``layer`` holds itself: through attributes, lists, dicts and ``tf.Module``s.
-
-  The walk stops at nested Keras layers (they are walked on their own) so
-  that a variable is charged to the innermost layer holding it.
-  """
-  found, modules, visited = [], [layer], {id(layer)}
-  while modules:
-    module = modules.pop()
-    # tf.Module's own walk, called on the base class: a layer may define a
-    # _flatten of its own (sparse_dp's Embedding flattens ids).
-    for leaf in tf.Module._flatten(module, recursive=False,
-                                   predicate=lambda v: isinstance(v, (tf.Variable, tf.Module))):
-      if isinstance(leaf, tf.Variable):
-        found.append(leaf)
-      elif not isinstance(leaf, keras.layers.Layer) and id(leaf) not in visited:
-        visited.add(id(leaf))
-        modules.append(leaf)
-  return found
+  """The variables ``layer`` holds itself (:func:`.held_state.held_objects`)."""
+  return held_objects(layer, lambda v: isinstance(v, tf.Variable))
 
 
 @contextlib.contextmanager

@@ -1,15 +1,17 @@
-"""Refuses a forward pass that writes state: what it writes would be released without noise.
+"""Refuses a forward pass that may write state: what it writes would be released without noise.
 
 A DP step releases only the noisy update. An operation in the model's forward
 pass or loss that writes state from the batch (a variable's ``assign_add``, a
-``MutableHashTable.insert`` counting ids, a ``tf.summary`` or ``tf.print`` of
-a batch value, a file written from it) keeps or publishes an un-noised
-statistic of the private data, outside the epsilon. The DP step builds each
-example's forward pass inside :func:`forward_without_state_writes`, which
-reads the operations that pass created (and the functions they call) when the
-step is traced, before it runs, and refuses any that writes. Random number
-generators' state (data-independent) and reads are allowed; the metrics a
-model holds are not updated in a DP step (:mod:`sparse_dp.training.dp_step.losses`).
+raw training op on a non-trainable weight, a ``MutableHashTable.insert``
+counting ids, a random generator advanced by a data-dependent count, a
+``tf.summary`` or ``tf.print`` of a batch value) keeps or publishes an
+un-noised statistic of the private data, outside the epsilon. The DP step
+builds each example's forward pass inside :func:`forward_without_state_writes`,
+which reads the operations that pass created, and those of the functions they
+call, when the step is traced, before it runs. Every operation that is stateful
+or takes a resource must be on an allow-list (:data:`READS`,
+:data:`CONTROL_FLOW`, :data:`FIXED_SIZE_DRAWS`); any other is refused, named
+with its fix. See docs/epsilon.md ("Separable by construction").
 """
 
 from __future__ import annotations
@@ -19,24 +21,50 @@ from typing import Iterator
 
 import tensorflow as tf
 
-# Operation types that write a variable, a lookup table, a summary, a file or a log.
-WRITES = frozenset({
-    "Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-    "AssignSubVariableOp", "ResourceStridedSliceAssign", "ScatterUpdate", "ScatterAdd",
-    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul", "ResourceScatterDiv",
-    "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterUpdate",
-    "ResourceScatterNdAdd", "ResourceScatterNdSub", "ResourceScatterNdUpdate",
-    "ResourceScatterNdMin", "ResourceScatterNdMax",
-    "LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2", "LookupTableImport",
-    "LookupTableImportV2", "InitializeTable", "InitializeTableV2",
-    "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
-    "InitializeTableFromDataset",
-    "WriteSummary", "WriteScalarSummary", "WriteHistogramSummary", "WriteImageSummary",
-    "WriteAudioSummary", "WriteRawProtoSummary", "WriteGraphSummary",
-    "Print", "PrintV2", "WriteFile", "Save", "SaveV2", "SaveSlices",
-    "QueueEnqueueV2", "QueueEnqueueManyV2", "PyFunc", "EagerPyFunc", "PyFuncStateless",
+# Reads of a variable (its handle, value, rows or shape) or of a lookup table, and a
+# handle passed along unread.
+READS = frozenset({
+    "VarHandleOp", "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+    "VarIsInitializedOp", "LookupTableFindV2", "LookupTableSizeV2", "Identity", "IdentityN",
+})
+# Calls and control flow, whose bodies are read in turn; assertions, which write nothing.
+CONTROL_FLOW = frozenset({
+    "StatefulPartitionedCall", "PartitionedCall", "If", "StatelessIf", "While",
+    "StatelessWhile", "Case", "StatelessCase", "Assert", "CheckNumerics", "CheckNumericsV2",
+})
+# Draws of the random ops whose state is in their kernel, saved nowhere (no variable holds
+# it), by the input that sizes the draw: allowed when it is a constant of the graph
+# (Keras's Dropout and GaussianNoise on a fixed shape), so each example advances the
+# state by a count independent of its data.
+FIXED_SIZE_DRAWS = {"RandomUniform": 0, "RandomUniformInt": 0, "RandomStandardNormal": 0,
+                    "TruncatedNormal": 0}
+_GENERATOR_OPS = frozenset({
+    "RngSkip", "RngReadAndSkip", "StatefulUniform", "StatefulUniformFullInt",
+    "StatefulUniformInt", "StatefulStandardNormal", "StatefulStandardNormalV2",
+    "StatefulTruncatedNormal", "StatefulRandomBinomial",
 })
 _FUNCTION_ATTRIBUTES = ("f", "body", "cond", "then_branch", "else_branch", "branches")
+_FIX = {
+    "generator": (
+        "it advances a tf.random.Generator, whose state is a variable saved with the model; "
+        "the per-example map advances it once per example, by a count that reveals the "
+        "batch's size, a statistic of the private sample: draw with tf.random.stateless_* "
+        "from a seed of your configuration, or use Keras's Dropout or GaussianNoise"),
+    "draw": (
+        "it draws a number of random values that is not a constant of the graph (it depends "
+        "on the example), so its random stream advances by a count of the data: draw "
+        "a fixed shape (pad to a fixed length), or use tf.random.stateless_* with a seed "
+        "of your configuration"),
+    "unread": (
+        "it calls a function whose operations cannot be read; call the function directly "
+        "in the model's call, or write its operations there"),
+    "write": (
+        "it is not on the allow-list of reads, fixed-size random draws and control flow: it "
+        "may write a variable, a lookup table, a summary, a log or a file, and what it "
+        "writes is an un-noised statistic of the private data, released outside the epsilon "
+        "(in checkpoints, logs or files); remove it from the model's call and loss, or "
+        "compute the value from each example alone without storing it"),
+}
 
 
 class StateWriteError(ValueError):
@@ -49,39 +77,65 @@ class StateWriteError(ValueError):
 
 @contextlib.contextmanager
 def forward_without_state_writes() -> Iterator[None]:
-  """Refuses, when the block is traced, any operation it created that writes state."""
+  """Refuses, when the block is traced, any operation it created that is not allowed.
+
+  Raises:
+    StateWriteError: an operation of the block, or of a function it calls, is stateful or
+      takes a resource and is not on the allow-list; the message names each (its name
+      holds the name scope of the layer that created it) with its fix.
+  """
   graph = tf.compat.v1.get_default_graph()
   if tf.executing_eagerly():  # nothing to read; the DP step always traces its forward pass
     yield
     return
   start = len(graph.get_operations())
   yield
-  written = [name for op in graph.get_operations()[start:] for name in _writes(graph, op)]
-  if written:
+  refused = _refused(graph, graph, graph.get_operations()[start:], "", set())
+  if refused:
+    kinds = ", ".join(sorted({kind for _, kind, _ in refused}))
     raise StateWriteError(
-        f"sparse-dp: the model's forward pass or loss writes state from the batch "
-        f"({', '.join(sorted(set(written))[:5])}): a variable assigned, a lookup table "
-        "updated (an id counter), or a value printed, summarised or saved. What it writes is "
-        "an un-noised statistic of the private data, released outside the epsilon (in "
-        "checkpoints, logs or files). Remove the operation from the model's call and loss, "
-        "or compute the value from each example alone without storing it")
+        "sparse-dp: the model's forward pass or loss writes state from the batch, or may "
+        f"({kinds}): each operation that is stateful or takes a resource must be a read of "
+        "a variable or lookup table, a random draw of a fixed size, or control flow. Refused "
+        "(the operation's name holds the layer's name scope):\n* " +
+        "\n* ".join(f"{name} ({kind}): {_FIX[fix]}" for name, kind, fix in refused[:5]))
 
 
-def _writes(graph, op, depth: int = 0) -> list[str]:
-  """Names of the writing operations of ``op`` and of the functions it calls."""
-  if op.type in WRITES:
-    return [f"{op.name} ({op.type})"]
+def _refused(root, graph, ops: list, prefix: str, seen: set) -> list[tuple[str, str, str]]:
+  """``(name, type, fix)`` of each operation of ``ops`` and its callees that is not allowed.
+
+  ``graph`` holds ``ops``; ``root``, the graph the step traces, holds the functions too.
+  """
   found = []
-  if depth < 8:
-    for name in _called_functions(op):
-      definition = _function_def(graph, name)
-      if definition is not None:
-        found += [f"{op.name}/{node.name} ({node.op})" for node in definition.node_def
-                  if node.op in WRITES]
+  for op in ops:
+    by_type = _function_graph(graph, op.type) or _function_graph(root, op.type)
+    called = _called_functions(op) + ([op.type] if by_type is not None else [])
+    for name in called:
+      body = _function_graph(graph, name) or _function_graph(root, name)
+      if body is None:
+        found.append((f"'{prefix}{op.name}'", op.type, "unread"))
+      elif name not in seen:
+        seen.add(name)
+        found += _refused(root, body, body.get_operations(), f"{prefix}{op.name}/", seen)
+    fix = None if by_type is not None else _fix(op)
+    if fix is not None:
+      found.append((f"'{prefix}{op.name}'", op.type, fix))
   return found
 
 
+def _fix(op) -> str | None:
+  """Why ``op`` is refused (a key of ``_FIX``), or ``None`` if it is allowed."""
+  takes_resource = any(t.dtype == tf.resource for t in op.inputs)
+  if not (op.op_def.is_stateful or takes_resource) or op.type in READS | CONTROL_FLOW:
+    return None
+  if op.type in FIXED_SIZE_DRAWS:
+    size = tf.get_static_value(op.inputs[FIXED_SIZE_DRAWS[op.type]])
+    return None if size is not None else "draw"
+  return "generator" if op.type in _GENERATOR_OPS else "write"
+
+
 def _called_functions(op) -> list[str]:
+  """The functions ``op`` calls through its attributes (a call's ``f``, a loop's ``body``)."""
   names = []
   for attribute in _FUNCTION_ATTRIBUTES:
     try:
@@ -93,10 +147,11 @@ def _called_functions(op) -> list[str]:
   return names
 
 
-def _function_def(graph, name: str):
+def _function_graph(graph, name: str):
+  """The graph of function ``name``, looked up in ``graph`` and the graphs around it."""
   while graph is not None:
     function = graph._get_function(name)
     if function is not None:
-      return function.definition
+      return getattr(function, "graph", None)
     graph = getattr(graph, "outer_graph", None)
   return None
