@@ -87,6 +87,14 @@ def unbound_reason(bindings: list, fingerprint: Fingerprint, strict: bool) -> Op
   Returns:
     ``None`` when the records cover the weights; else the reason.
   """
+  reason = _layers_reason(bindings)
+  if reason is None and strict and not _describes_model(bindings, fingerprint):
+    return "they are not the weights their DP record describes"
+  return reason
+
+
+def _layers_reason(bindings: list) -> Optional[str]:
+  """Why a record is unbound or its layer moved since it, if one is."""
   if any(binding is None for _, binding in bindings):
     return ("their DP record is not bound to any weights (written by a sparse-dp older than "
             "the weight fingerprint, or under ParameterServerStrategy)")
@@ -94,10 +102,13 @@ def unbound_reason(bindings: list, fingerprint: Fingerprint, strict: bool) -> Op
     reason = _layer_moved(layer, binding)
     if reason is not None:
       return reason
-  now, magnitude = fingerprint.compute()
-  if strict and not all(fingerprint.close(now, b.model, magnitude) for _, b in bindings):
-    return "they are not the weights their DP record describes"
   return None
+
+
+def _describes_model(bindings: list, fingerprint: Fingerprint) -> bool:
+  """Whether every record's model part is the fingerprint of the weights now (one read)."""
+  now, magnitude = fingerprint.compute()
+  return all(fingerprint.close(now, binding.model, magnitude) for _, binding in bindings)
 
 
 def refuse_unbound_weights(model, bindings: list, fingerprint: Fingerprint) -> None:
@@ -112,22 +123,21 @@ def refuse_unbound_weights(model, bindings: list, fingerprint: Fingerprint) -> N
     WeightsMovedOutsideDPError: a record's layer moved since its record; or weights no
       record describes were trained (the model's optimizer has taken steps).
   """
-  reason = unbound_reason(bindings, fingerprint, strict=False) if bindings else None
+  reason = _layers_reason(bindings) if bindings else None
   if reason is not None:
     raise WeightsMovedOutsideDPError(
         f"sparse-dp: the weights of model '{model.name}' carry a DP record, but {reason}: no "
         f"epsilon covers them, so none is given. {_START_FROM}")
-  if bindings and unbound_reason(bindings, fingerprint, strict=True) is None:
-    return  # the model its records describe
   optimizer = getattr(model, "optimizer", None)
   iterations = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-  if iterations > 0:
-    raise WeightsMovedOutsideDPError(
-        f"sparse-dp: model '{model.name}' has weights no DP record describes, and its "
-        f"optimizer has taken {iterations} step(s) (optimizer.iterations): they were trained "
-        f"without DP, and no epsilon would cover them. {_START_FROM}. If those steps used "
-        "public data only, compile the model with a fresh optimizer before make_private: "
-        "that declares the weights without a record public")
+  if iterations == 0 or (bindings and _describes_model(bindings, fingerprint)):
+    return  # never trained outside a record, or the model its records describe
+  raise WeightsMovedOutsideDPError(
+      f"sparse-dp: model '{model.name}' has weights no DP record describes, and its "
+      f"optimizer has taken {iterations} step(s) (optimizer.iterations): they were trained "
+      f"without DP, and no epsilon would cover them. {_START_FROM}. If those steps used "
+      "public data only, compile the model with a fresh optimizer before make_private: "
+      "that declares the weights without a record public")
 
 
 def rebound_record(words: np.ndarray, layer_name: str, before: list, after: list) -> np.ndarray:
