@@ -55,6 +55,8 @@ TABLE4 = [(trainer, vocab, steps) for vocab, steps in ((100_000, 10), (1_000_000
           for trainer in ("dpsgd", "adafest")]
 PCTR = [("none", 5), ("dpsgd", 5), ("adafest", 5)]  # (algorithm, timed steps)
 PCTR_WARMUP_STEPS = 2
+FIRST_STEP_PARTS = ("make_private_seconds", "trace_seconds", "first_run_seconds",
+                    "first_step_seconds", "graph_nodes")
 
 
 def _settings() -> dict:
@@ -148,6 +150,10 @@ def _summary(by_tree: dict) -> dict:
     return summary
   for tree, seconds in medians.items():
     summary[f"{tree}_seconds_per_step"] = statistics.median(seconds)
+    for part in FIRST_STEP_PARTS:  # the pCTR runs' first step, median over repeats
+      values = [r[part] for r in by_tree[tree] if r.get(part) is not None]
+      if values:
+        summary[f"{tree}_{part}"] = statistics.median(values)
   summary["ratio"] = summary["current_seconds_per_step"] / summary["baseline_seconds_per_step"]
   summary["repeat_ratios"] = [
       round(current["seconds_per_step"] / baseline["seconds_per_step"], 3)
@@ -225,23 +231,51 @@ def _worker(kind: str, settings: dict) -> dict:
 
 
 def measure_pctr(settings: dict) -> dict:
-  """Seconds per step of the pCTR job's model under ``settings["algorithm"]`` (in this process)."""
+  """Seconds per step of the pCTR job's model under ``settings["algorithm"]`` (in this process),
+  and the parts of its first step: ``make_private``, tracing the train function (its graph's
+  nodes, functions' included), and the first run (graph optimisation or XLA compilation)."""
   import numpy as np
 
-  model, config, iterator = pctr_training(settings["algorithm"],
-                                          settings["warmup_steps"] + settings["steps"],
-                                          jit_compile=settings.get("xla", False))
+  import sparse_dp
+  from sparse_dp import optimizers
+
+  made_private = []
+  make_private = sparse_dp.make_private
+
+  def timed_make_private(*args, **kwargs):
+    start = time.perf_counter()
+    result = make_private(*args, **kwargs)
+    made_private.append(time.perf_counter() - start)
+    return result
+
+  sparse_dp.make_private = timed_make_private
+  try:
+    model, config, iterator = pctr_training(settings["algorithm"],
+                                            settings["warmup_steps"] + settings["steps"],
+                                            jit_compile=settings.get("xla", False))
+  finally:
+    sparse_dp.make_private = make_private
+  # As fit does (create_optimizer_weights): the slots exist before the first trace.
+  optimizers.create_weights(model.optimizer, model.trainable_variables)
   train = model.make_train_function()
-  seconds, first_step = [], None
+  start = time.perf_counter()
+  graph = train.get_concrete_function(iterator).graph.as_graph_def()
+  trace = time.perf_counter() - start
+  seconds, first_run = [], None
   for step in range(settings["warmup_steps"] + settings["steps"]):
     start = time.perf_counter()
     logs = {k: np.asarray(v) for k, v in train(iterator).items()}
     if step == 0:
-      first_step = time.perf_counter() - start  # tracing and compiling included
+      first_run = time.perf_counter() - start  # graph optimisation or XLA compilation
     if step >= settings["warmup_steps"]:
       seconds.append(time.perf_counter() - start)
   return {"algorithm": settings["algorithm"], "xla": settings.get("xla", False),
-          "first_step_seconds": first_step, "seconds_per_step": statistics.median(seconds),
+          "make_private_seconds": made_private[0] if made_private else None,
+          "trace_seconds": trace, "first_run_seconds": first_run,
+          "first_step_seconds": trace + first_run,
+          "graph_nodes": len(graph.node) + sum(len(f.node_def) for f in graph.library.function),
+          "graph_functions": len(graph.library.function),
+          "seconds_per_step": statistics.median(seconds),
           "step_seconds": seconds, "logs": sorted(logs), "config": {
               k: getattr(config, k) for k in ("algorithm", "noise_multiplier", "sigma1",
                                                "sigma2", "threshold", "threshold_sigmas")}}

@@ -13,6 +13,7 @@ from sparse_dp.mechanisms.gradient_clipping import (
     RowGradients,
     clip_factors,
     clipped_row_sum,
+    clipped_rows,
     per_example_row_gradients,
     restrict_to_rows,
     squared_norms,
@@ -25,6 +26,7 @@ from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
 from sparse_dp.mechanisms.rows.activations import Activations, activations, distinct_pairs
 from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
+from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.mechanisms.selection.contribution_map import (
     ContributionMap,
     clipped_contribution_maps,
@@ -40,17 +42,25 @@ from sparse_dp.mechanisms.selection.row_selection import (
     sample_zero_rows,
     select_rows,
 )
-from sparse_dp.mechanisms.selection.table_selection import select_rows_of_tables
+from sparse_dp.mechanisms.selection.table_selection import (
+    StackedSelection,
+    select_rows_of_tables,
+    select_stacked_rows,
+    table_rooms,
+)
 from sparse_dp.mechanisms.selection.top_k import bucket_counts, dp_top_k, public_top_k
 
 __all__ = [
     "PAD", "Activations", "BucketRemapping", "ContributionMap", "NoisyTable", "RowGradients",
-    "RowSelection", "activations", "add_dense_noise", "add_row_sparse_noise", "bernoulli_positions",
+    "RowSelection", "StackedSelection", "StackedTables",
+    "activations", "add_dense_noise", "add_row_sparse_noise", "bernoulli_positions",
     "bucket_counts", "clip_factors", "clipped_contribution_maps", "clipped_row_sum",
+    "clipped_rows",
     "contribution_clip_weights",
     "contribution_maps", "distinct_pairs", "dp_top_k", "false_positive_capacity", "fold_in",
     "false_positive_probability", "is_valid", "padded_bernoulli_positions", "padded_unique",
     "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows",
     "row_sparse_noise", "safe_rows", "sample_zero_rows", "select_rows", "select_rows_of_tables",
+    "select_stacked_rows", "table_rooms",
     "split", "squared_norms", "standard_normal", "sum_on_rows", "zero_examples",
 ]

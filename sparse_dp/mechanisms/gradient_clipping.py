@@ -132,6 +132,23 @@ def clip_factors(squared_norms_total: tf.Tensor, clip_norm: float) -> tf.Tensor:
                   tf.ones_like(norms))
 
 
+def clipped_rows(gradients: RowGradients, factors: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """The clipped sum ``sum_i factors[i] * g_i``, one vector per distinct row.
+
+  Args:
+    gradients: per-example row gradients.
+    factors: ``[B]``, each example's clipping factor (:func:`clip_factors`).
+
+  Returns:
+    ``(rows, values)`` as long as ``gradients``: a padded row list (the distinct rows, sorted,
+      then ``PAD``) and each row's summed vector (zeros on the padding).
+  """
+  scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
+  rows = padding.padded_unique(gradients.row)
+  size = tf.size(gradients.row, out_type=tf.int64)
+  return rows.values, tf.math.unsorted_segment_sum(scaled, rows.slot, size)
+
+
 def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
                     dense_shape: tf.Tensor) -> tf.IndexedSlices:
   """The clipped sum ``sum_i factors[i] * g_i`` on one table, one slice per distinct row.
@@ -146,8 +163,5 @@ def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,
       The slices are the distinct rows, sorted, then zero slices at row 0.
       Those are the padding, harmless in any sum.
   """
-  scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
-  rows = padding.padded_unique(gradients.row)
-  size = tf.size(gradients.row, out_type=tf.int64)
-  return tf.IndexedSlices(tf.math.unsorted_segment_sum(scaled, rows.slot, size),
-                          padding.safe_rows(rows.values), tf.cast(dense_shape, tf.int64))
+  rows, values = clipped_rows(gradients, factors)
+  return tf.IndexedSlices(values, padding.safe_rows(rows), tf.cast(dense_shape, tf.int64))

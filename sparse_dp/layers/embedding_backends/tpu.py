@@ -28,6 +28,7 @@ from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.doubles.engine_double import EngineDouble
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.mechanisms.rows.padding import is_valid
+from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 
 _API = tf.tpu.experimental.embedding
@@ -250,14 +251,17 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     if round_ is None:
       raise RuntimeError(TRAINER_ONLY)
     looked_up, activations = round_[layer.name]
-    flat_ids = tf.cast(flat_ids, tf.int64)
-    matches = tf.equal(flat_ids[:, None], looked_up[None, :])
-    found = tf.debugging.Assert(
-        tf.reduce_all(tf.reduce_any(matches, axis=1)),
+    # A search in the sorted ids: O((n + m) log m), where comparing every pair was O(n m).
+    order = tf.argsort(tf.cast(looked_up, tf.int64), stable=True)
+    slot, found = sorted_lookup(tf.gather(tf.cast(looked_up, tf.int64), order),
+                                tf.cast(flat_ids, tf.int64))
+    check = tf.debugging.Assert(
+        tf.reduce_all(found),
         [f"sparse-dp: layer {layer.name} looked up ids the engine did not look up for the "
          "step (the input_ids of the TPU engine give each table's ids of a batch)"])
-    with tf.control_dependencies([found]):
-      return tf.gather(activations, tf.argmax(tf.cast(matches, tf.int32), axis=1))
+    with tf.control_dependencies([check]):
+      last = tf.size(order, out_type=tf.int64) - 1
+      return tf.gather(activations, tf.gather(order, tf.minimum(slot, last)))
 
   def _table_initializer(self, layer) -> Callable:
     """The engine table's initializer: the layer's rows and a dummy row (:func:`_initial_rows`)."""

@@ -11,6 +11,8 @@ noise.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tensorflow as tf
 
 from sparse_dp.mechanisms.randomness.gaussian import standard_normal
@@ -68,7 +70,7 @@ def add_row_sparse_noise(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor
 
 
 def row_sparse_noise(selected_rows: tf.Tensor, kept: tf.Tensor, noise_stddev: float,
-                     seed: tf.Tensor) -> tf.Tensor:
+                     seed: tf.Tensor, coordinates: Optional[tf.Tensor] = None) -> tf.Tensor:
   """The noise that :func:`add_row_sparse_noise` adds to ``kept = sum_on_rows(...)``.
 
   Args:
@@ -76,10 +78,14 @@ def row_sparse_noise(selected_rows: tf.Tensor, kept: tf.Tensor, noise_stddev: fl
     kept: ``[m, d]``, the restricted sum; only its shape and dtype are read.
     noise_stddev: ``sigma2 * C2``.
     seed: shape ``[2]`` integer seed.
+    coordinates: bool ``[m, d]``, the coordinates each row has (stacked tables of several
+      widths: :mod:`sparse_dp.mechanisms.rows.stacking`); ``None``: all ``d``.
 
   Returns:
-    ``[m, d]`` of ``kept``'s dtype: ``N(0, noise_stddev^2)`` on the rows of
+    ``[m, d]`` of ``kept``'s dtype: ``N(0, noise_stddev^2)`` on the coordinates of the rows of
       ``selected_rows``, zero on its padding.
   """
   noise = standard_normal(tf.shape(kept), seed, kept.dtype) * noise_stddev
+  if coordinates is not None:
+    noise = tf.where(coordinates, noise, tf.zeros_like(noise))
   return padding.mask_rows(noise, padding.is_valid(selected_rows))

@@ -15,13 +15,13 @@ refuses the step. See docs/reference/mechanisms.md ("Every table in one draw").
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from sparse_dp.mechanisms.rows import padding, scans
 from sparse_dp.mechanisms.rows.activations import Activations, distinct_pairs
+from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.mechanisms.selection.contribution_map import clipped_contribution_maps
 from sparse_dp.mechanisms.selection.row_selection import (
   RowSelection,
@@ -30,6 +30,96 @@ from sparse_dp.mechanisms.selection.row_selection import (
   merged_rows,
   threshold_rows,
 )
+
+
+class StackedSelection(NamedTuple):
+  """The selected rows of every table in the stacked id space
+  (:mod:`~sparse_dp.mechanisms.rows.stacking`), with each table's counts.
+
+  Attributes:
+    rows: int64 ``[n + K]``, the selected stacked rows (true and false positives), sorted,
+      then ``PAD``: ``n`` activated pairs, ``K = false_positive_capacity(c, p)``.
+    num_true_positives: int64 ``[T]``, per table, the contributed rows that passed ``tau``.
+    num_dropped: int64 ``[T]``, per table, the contributed rows that did not pass ``tau``.
+    num_false_positives: int64 ``[T]``, per table, the zero-contribution rows that passed.
+    cut: bool ``[T]``, per table, whether the joint draw's overflow may have cut its rows.
+  """
+
+  rows: tf.Tensor
+  num_true_positives: tf.Tensor
+  num_dropped: tf.Tensor
+  num_false_positives: tf.Tensor
+  cut: tf.Tensor
+
+  def over_capacity(self, rooms) -> tf.Tensor:
+    """bool ``[T]``: per table, its rows cut by the joint draw or more than its room.
+
+    Args:
+      rooms: per table, the length of its row list (int64 scalars), or ``None`` where every
+        row is kept (graph mode).
+    """
+    if rooms is None:
+      return self.cut
+    num_rows = self.num_true_positives + self.num_false_positives
+    return tf.logical_or(self.cut, num_rows > tf.stack([tf.cast(r, tf.int64) for r in rooms]))
+
+
+def table_rooms(lookups: Sequence, vocabulary_sizes: Sequence[int], threshold: float,
+                noise_stddev: float) -> list:
+  """Per table, the room of its selected rows: its lookups plus
+  ``false_positive_capacity(c_t, p)`` (static where the lookups are, as under XLA).
+
+  Args:
+    lookups: per table, its lookups in the batch (int scalars or int64 scalar tensors).
+    vocabulary_sizes: ``c_t``.
+    threshold: ``tau``.
+    noise_stddev: ``sigma1 * C1``.
+  """
+  probability = false_positive_probability(threshold, noise_stddev)
+  return [lookup + false_positive_capacity(int(size), probability)
+          for lookup, size in zip(lookups, vocabulary_sizes)]
+
+
+def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTables,
+                        batch_size: tf.Tensor, clip_norm: float, threshold: float,
+                        noise_stddev: float, seed: tf.Tensor) -> StackedSelection:
+  """DP-AdaFEST's row selection (Algorithm 1, lines 6-8) of every table in one draw.
+
+  The law is :func:`select_rows_of_tables`'s; the lookups come in the stacked id space.
+
+  Args:
+    example: int64 ``[n]``, the example of each lookup, in ``[0, batch_size)``.
+    row: int64 ``[n]``, the stacked row of each lookup, or ``PAD``; they may repeat.
+    stacked: the tables, laid end to end.
+    batch_size, clip_norm, threshold, noise_stddev, seed: as for
+      :func:`select_rows_of_tables` (``B``, ``C1``, ``tau``, ``sigma1 C1``, a ``[2]`` seed).
+
+  Returns:
+    The :class:`StackedSelection`.
+
+  Raises:
+    ValueError: ``threshold <= 0``; ``noise_stddev <= 0``; or more than ``MAX_POSITIONS``
+      rows expected to pass by noise alone.
+  """
+  batch_size = tf.cast(batch_size, tf.int64)
+  example, row, _ = distinct_pairs(tf.cast(example, tf.int64), tf.cast(row, tf.int64),
+                                   batch_size)
+  (contribution,) = clipped_contribution_maps([Activations(example, row, batch_size)], clip_norm)
+  chosen = threshold_rows(contribution, stacked.num_rows, threshold, noise_stddev, seed)
+  rows = merged_rows(contribution, chosen)
+  table_of_row = stacked.table_of(contribution.rows)
+  num_true = _count_by_table(chosen.passed, table_of_row, stacked.num_tables)
+  num_contributed = _count_by_table(padding.is_valid(contribution.rows), table_of_row,
+                                    stacked.num_tables)
+  first, last = stacked.bounds(rows)
+  # When the joint draw overflowed, it decided the rows up to its last false
+  # positive only: a table with rows past it may miss some.
+  last_drawn = tf.reduce_max(tf.concat([[-1], tf.where(
+      padding.is_valid(chosen.false_positives), chosen.false_positives, -1)], 0))
+  ends = tf.constant(stacked.offsets[1:], tf.int64)
+  # A table's rows are its true positives and the false positives the list holds.
+  return StackedSelection(rows, num_true, num_contributed - num_true, last - first - num_true,
+                          tf.logical_and(chosen.over_capacity, ends - 1 > last_drawn))
 
 
 def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
@@ -74,68 +164,35 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
   if len(pairs) != len(vocabulary_sizes) or not pairs:
     raise ValueError(f"select_rows_of_tables needs the pairs of each of its "
                      f"{len(vocabulary_sizes)} tables, got {len(pairs)}")
-  offsets = np.cumsum([0] + [int(size) for size in vocabulary_sizes])
-  batch_size = tf.cast(batch_size, tf.int64)
-  example, row, _ = distinct_pairs(
+  stacked = StackedTables(vocabulary_sizes, [1] * len(pairs))
+  selection = select_stacked_rows(
       tf.concat([tf.cast(example, tf.int64) for example, _ in pairs], 0),
-      tf.concat([_shifted(row, offset, size)
-                 for (_, row), offset, size in zip(pairs, offsets, vocabulary_sizes)], 0),
-      batch_size)
-  (contribution,) = clipped_contribution_maps([Activations(example, row, batch_size)], clip_norm)
-  chosen = threshold_rows(contribution, int(offsets[-1]), threshold, noise_stddev, seed)
-  # One PAD past the end: every table's gather below reads inside the list.
-  rows = tf.concat([merged_rows(contribution, chosen), [padding.PAD]], 0)
-
-  starts = tf.constant(offsets[:-1], tf.int64)
-  ends = tf.constant(offsets[1:], tf.int64)
-  table_of_row = _table_of(contribution.rows, ends)
-  num_true = _count_by_table(chosen.passed, table_of_row, len(pairs))
-  num_contributed = _count_by_table(padding.is_valid(contribution.rows), table_of_row, len(pairs))
-  first = scans.searchsorted(rows, starts, side="left")
-  last = scans.searchsorted(rows, ends, side="left")
-  # A table's rows are its true positives and the false positives the list holds.
-  num_false = last - first - num_true
-  # When the joint draw overflowed, it decided the rows up to its last false
-  # positive only: a table with rows past it may miss some.
-  last_drawn = tf.reduce_max(tf.concat([[-1], tf.where(
-      padding.is_valid(chosen.false_positives), chosen.false_positives, -1)], 0))
-  cut = tf.logical_and(chosen.over_capacity, ends - 1 > last_drawn)
-  probability = false_positive_probability(threshold, noise_stddev)
-  selections = []
-  for (_, table_pairs), size, offset, *counts in zip(
-      pairs, vocabulary_sizes, offsets, *(tf.unstack(n) for n in (
-          first, last, last - first, num_true, num_contributed - num_true, num_false, cut))):
-    table_first, table_last, num_rows, table_true, table_dropped, table_false, table_cut = counts
-    room = (tf.size(table_pairs, out_type=tf.int64)
-            + false_positive_capacity(int(size), probability))
-    index = table_first + tf.range(room)
-    table_rows = tf.where(index < table_last,
-                          tf.gather(rows, tf.minimum(index, table_last)) - int(offset), padding.PAD)
-    selections.append(RowSelection(table_rows, table_true, table_dropped, table_false,
-                                   tf.logical_or(table_cut, num_rows > room)))
-  return selections
+      tf.concat([stacked.shifted(t, _checked(row, size))
+                 for t, ((_, row), size) in enumerate(zip(pairs, vocabulary_sizes))], 0),
+      stacked, batch_size, clip_norm, threshold, noise_stddev, seed)
+  rooms = table_rooms([tf.size(row, out_type=tf.int64) for _, row in pairs], vocabulary_sizes,
+                      threshold, noise_stddev)
+  parts = stacked.split(selection.rows, rooms=rooms)
+  counts = zip(*(tf.unstack(n) for n in (selection.num_true_positives, selection.num_dropped,
+                                         selection.num_false_positives,
+                                         selection.over_capacity(rooms))))
+  return [RowSelection(rows, *table_counts) for (rows, _), table_counts in zip(parts, counts)]
 
 
-def _shifted(row: tf.Tensor, offset, size: int) -> tf.Tensor:
-  """``row + offset``, the padding kept :data:`PAD`; in graph mode, refuses a row outside
-  ``[0, size)`` (it would land in another table). Under XLA asserts compile away: the
-  DP step's rows are in range by construction (``Embedding`` maps ids outside to row 0)."""
+def _checked(row: tf.Tensor, size: int) -> tf.Tensor:
+  """``row`` (int64); in graph mode, refuses a row outside ``[0, size)`` (it would land in
+  another table). Under XLA asserts compile away: the DP step's rows are in range by
+  construction (``Embedding`` maps ids outside to row 0)."""
   row = tf.cast(row, tf.int64)
-  if not scans.compiling_with_xla():
-    in_table = tf.logical_or(tf.logical_not(padding.is_valid(row)),
-                             tf.logical_and(row >= 0, row < int(size)))
-    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(in_table), [
-        f"select_rows_of_tables: a row outside [0, {int(size)}), the rows of its table"])]):
-      row = tf.identity(row)
-  return tf.where(padding.is_valid(row), row + int(offset), row) if offset else row
-
-
-def _table_of(rows: tf.Tensor, ends: tf.Tensor) -> tf.Tensor:
-  """The table of each of ``rows`` (tables ending at ``ends``); ``len(ends)`` for the padding."""
-  table = scans.searchsorted(ends, padding.safe_rows(rows), side="right")
-  return tf.where(padding.is_valid(rows), table, tf.size(ends, out_type=tf.int64))
+  if scans.compiling_with_xla():
+    return row
+  in_table = tf.logical_or(tf.logical_not(padding.is_valid(row)),
+                           tf.logical_and(row >= 0, row < int(size)))
+  with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(in_table), [
+      f"select_rows_of_tables: a row outside [0, {int(size)}), the rows of its table"])]):
+    return tf.identity(row)
 
 
 def _count_by_table(mask: tf.Tensor, table: tf.Tensor, num_tables: int) -> tf.Tensor:
-  """Per table, how many entries are in ``mask`` (``table`` from :func:`_table_of`)."""
+  """Per table, how many entries are in ``mask`` (``table`` from ``StackedTables.table_of``)."""
   return tf.math.unsorted_segment_sum(tf.cast(mask, tf.int64), table, num_tables + 1)[:-1]

@@ -15,9 +15,10 @@ in-place update. Not fingerprinted: engine-held tables and models on
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-from sparse_dp.mechanisms.rows.padding import PAD, is_valid, mask_rows, padded_unique, safe_rows
+from sparse_dp.mechanisms.rows.padding import PAD, is_valid, mask_rows, safe_rows
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
@@ -50,11 +51,25 @@ def _coefficients(index, positions: tf.Tensor, stride: int) -> tf.Tensor:
   return sign * (1.0 + tf.cast(h, tf.float64) * 2.0**-31)
 
 
-def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-  """``sum_i a(i) (w_i . b)`` over rows ``rows`` (int64 ``[n]``) of values ``[n, width]``."""
+def _column_coefficients(index: int, width: int) -> np.ndarray:
+  """:func:`_coefficients` of columns ``0 .. width - 1`` of variable ``index``, computed when
+  the graph is built (the same integers in NumPy)."""
+  h = ((np.arange(width, dtype=np.int64) % _MODULUS) * _COLUMN + index * _VARIABLE) % _MODULUS
+  h = (h * _MIX + 1) % _MODULUS
+  return (1.0 - 2.0 * ((h >> 7) & 1)) * (1.0 + h * 2.0**-31)
+
+
+def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor, row_coefficients=None) -> tf.Tensor:
+  """``sum_i a(i) (w_i . b)`` over rows ``rows`` (int64 ``[n]``) of values ``[n, width]``;
+  ``row_coefficients``: ``a(rows)``, if already computed."""
   values = tf.cast(values, tf.float64)
-  columns = _coefficients(index, tf.range(values.shape[-1], dtype=tf.int64), _COLUMN)
-  return tf.reduce_sum(_coefficients(index, rows, _ROW) * tf.linalg.matvec(values, columns))
+  static_index = tf.get_static_value(index)
+  columns = (_coefficients(index, tf.range(values.shape[-1], dtype=tf.int64), _COLUMN)
+             if static_index is None else _column_coefficients(int(static_index),
+                                                               values.shape[-1]))
+  if row_coefficients is None:
+    row_coefficients = _coefficients(index, rows, _ROW)
+  return tf.reduce_sum(row_coefficients * tf.linalg.matvec(values, columns))
 
 
 def _as_rows(values: tf.Tensor) -> tf.Tensor:
@@ -174,22 +189,29 @@ class Fingerprint:
   def before_update(self, gradients: dict) -> tuple[list, dict]:
     """Reads the rows the update is about to change; returns ``(read, gradients)``.
 
-    ``read`` holds ``(index, rows, s before)`` per variable the update changes (``rows``:
-    a padded row list, or ``None`` for every row); ``gradients`` are the ones to apply: the
-    same values, under XLA made to depend on the sums read (see the module docstring).
+    A row-sparse gradient's indices are a sorted row list (the DP step's: its selected rows,
+    then ``PAD``, or all row 0 in a refused step), read once each. Indices that were not sorted
+    would be read as often as they repeat, and the fingerprint would then differ from the
+    weights': a refusal, never a pass.
+
+    ``read`` holds ``(index, rows, a(rows), s before)`` per variable the update changes
+    (``rows``: a padded row list, or ``None`` for every row); ``gradients`` are the ones to
+    apply: the same values, under XLA made to depend on the sums read (see the module
+    docstring).
     """
     read, ordered = [], dict(gradients)
     for index, variable in enumerate(self.variables):
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
-      rows = None
+      rows = coefficients = None
       if _row_sparse(gradient, variable):  # a table's selected rows (padded list)
-        rows = padded_unique(tf.cast(gradient.indices, tf.int64)).values
-        before = _rows_sum(index, rows, _rows_of(variable, rows))
+        rows = _first_of_each(tf.cast(gradient.indices, tf.int64))
+        coefficients = _coefficients(index, rows, _ROW)
+        before = _rows_sum(index, rows, _rows_of(variable, rows), coefficients)
       else:  # every row: a dense variable, or a DP-SGD table's update
         before = variable_sum(index, variable)
-      read.append((index, rows, before))
+      read.append((index, rows, coefficients, before))
       if compiling_with_xla():
         ordered[variable.ref()] = _after(gradient, before)
     return read, ordered
@@ -202,14 +224,20 @@ class Fingerprint:
         ``s`` by its index.
     """
     deltas = {}
-    for index, rows, before in read:
+    for index, rows, coefficients, before in read:
       variable = self.variables[index]
       after = (variable_sum(index, variable) if rows is None
-               else _rows_sum(index, rows, _rows_of(variable, rows)))
+               else _rows_sum(index, rows, _rows_of(variable, rows), coefficients))
       deltas[index] = after - before
     if not deltas:
       return tf.no_op(), deltas
     return self.value.assign_add(tf.add_n(list(deltas.values()))), deltas
+
+
+def _first_of_each(sorted_rows: tf.Tensor) -> tf.Tensor:
+  """A sorted row list with each repeat of a row made ``PAD`` (read as zeros)."""
+  repeat = tf.concat([[False], tf.equal(sorted_rows[1:], sorted_rows[:-1])], 0)
+  return tf.where(repeat, tf.constant(PAD, tf.int64), sorted_rows)
 
 
 def _row_sparse(gradient, variable) -> bool:

@@ -24,8 +24,9 @@ import tensorflow as tf
 from sparse_dp._keras import keras
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.recording import recording
-from sparse_dp.mechanisms import per_example_row_gradients
+from sparse_dp.mechanisms import RowGradients, per_example_row_gradients
 from sparse_dp.mechanisms.rows import padding
+from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
 
@@ -41,15 +42,18 @@ class PerExampleGradients(NamedTuple):
 
   Attributes:
     losses: ``[B]``, each example's loss ``l_i``.
-    rows: by ``Embedding`` table, each example's row gradients
-      (``sparse_dp.mechanisms.RowGradients``).
+    rows: every table's per-example row gradients in the stacked id space
+      (:func:`stacked_tables`), or ``None`` without tables.
+    lookups: per table, its lookups in the batch where the shapes say it (under XLA), else
+      ``None``.
     dense: by ``Dense`` layer, ``(inputs [B, T, k], output gradients [B, T, n])``.
     ids_outside: by table, int64 ``[B]``: each example's ids outside the table's
       vocabulary (counted under XLA).
   """
 
   losses: tf.Tensor  # [B]
-  rows: dict  # Embedding -> mechanisms.RowGradients
+  rows: RowGradients  # every table's, stacked; None without tables
+  lookups: list  # per table: its lookups in the batch (int), None if not static
   dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
   ids_outside: dict  # Embedding -> int64 [B]: ids outside its vocabulary (counted under XLA)
 
@@ -89,6 +93,8 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
       TensorFlow cannot run one of its operations per example.
   """
   tables, dense = _split(leaves)
+  stacked = stacked_tables(tables)
+  per_example_lookups = []
 
   def one_example(example) -> tuple:
     with tf.GradientTape() as tape:
@@ -109,25 +115,69 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
     outside = [tf.add_n([tf.math.count_nonzero(lookup.outside, dtype=tf.int64)
                          for lookup in by_table.get(t, []) if lookup.outside is not None]
                         or [tf.constant(0, tf.int64)]) for t in tables]
-    return loss, rows, dense_parts, outside
+    per_example_lookups[:] = [ids.shape[0] for ids, _ in rows]
+    return loss, _stacked_rows(stacked, rows), dense_parts, _per_table(outside)
 
-  loss, rows, dense_parts, outside = _over_examples(one_example, data,
-                                                    _signature(tables, dense))
+  loss, (ids, grads), dense_parts, outside = _over_examples(
+      one_example, data, _signature(stacked, dense))
   batch_size = tf.shape(loss, out_type=tf.int64)[0]
-  by_table = {}
-  for table, (ids, grads) in zip(tables, rows):
-    example, ids, grads = _flat(ids, grads, table.output_dim)
-    ids = _without_padding(example, ids, in_batch)
-    by_table[table] = per_example_row_gradients(example, ids, grads, batch_size)
+  rows = None
+  if stacked is not None:
+    example, ids, grads = _flat(ids, grads, stacked.width)
+    rows = per_example_row_gradients(example, _without_padding(example, ids, in_batch), grads,
+                                     batch_size)
   by_dense = {layer: tuple(_masked(_dense(t, width), in_batch)
                            for t, width in zip(parts, (layer.kernel.shape[0], layer.units)))
               for layer, parts in zip(dense, dense_parts)}
-  return PerExampleGradients(_masked(loss, in_batch), by_table, by_dense,
-                             {t: _masked(o, in_batch) for t, o in zip(tables, outside)})
+  return PerExampleGradients(_masked(loss, in_batch), rows,
+                             _batch_lookups(per_example_lookups, loss.shape[0]),
+                             by_dense, {t: _masked(outside[:, i], in_batch)
+                                        for i, t in enumerate(tables)})
 
 
-def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> dict:
-  """``(example, row)`` of every lookup each example makes, by table: a forward pass only.
+def stacked_tables(tables: list):
+  """The tables laid end to end in one id space (:class:`~sparse_dp.mechanisms.rows.stacking.
+  StackedTables`), in their order in ``leaves``; ``None`` without tables."""
+  if not tables:
+    return None
+  return StackedTables([t.vocabulary_size for t in tables], [t.output_dim for t in tables])
+
+
+def _stacked_rows(stacked, rows: list) -> tuple:
+  """One example's lookups of every table and their gradients, in the stacked id space."""
+  if stacked is None:
+    return tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.float32)
+  return stacked.stack([ids for ids, _ in rows], [values for _, values in rows])
+
+
+def _per_table(counts: list) -> tf.Tensor:
+  return tf.stack(counts) if counts else tf.zeros([0], tf.int64)
+
+
+def _batch_lookups(per_example: list, batch_size) -> list:
+  """Per table, its lookups in a batch of ``batch_size`` examples that each make
+  ``per_example`` (static sizes, as under XLA), else ``None``."""
+  return [None if batch_size is None or count is None else batch_size * count
+          for count in per_example]
+
+
+class LookedUpRows(NamedTuple):
+  """Every lookup of a batch, in the stacked id space of its tables (:func:`stacked_tables`).
+
+  Attributes:
+    example: int64 ``[n]``, the example of each lookup.
+    row: int64 ``[n]``, its stacked row, or ``PAD`` (a padding example's).
+    lookups: per table, its lookups in the batch where the shapes say it (under XLA), else
+      ``None``.
+  """
+
+  example: tf.Tensor
+  row: tf.Tensor
+  lookups: list
+
+
+def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> LookedUpRows:
+  """``(example, row)`` of every lookup each example makes: a forward pass only.
 
   Args:
     leaves: the layers the DP step trains; only the ``Embedding`` tables are read.
@@ -137,27 +187,29 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> 
       look up nothing (row ``PAD``).
 
   Returns:
-    By table, ``(example, row)``: int64 vectors of equal length, one entry per lookup.
+    The lookups of every table of ``leaves``, stacked.
 
   Raises:
     ValueError: the forward pass writes state, or TensorFlow cannot run one of its
       operations per example.
   """
   tables, _ = _split(leaves)
+  stacked = stacked_tables(tables)
+  per_example_lookups = []
 
-  def one_example(example) -> list:
+  def one_example(example) -> tf.Tensor:
     with recording() as lookups, forward_without_state_writes():
       losses_of(example)
     by_table = lookups.by_layer()
-    return [_concat([lookup.row for lookup in by_table.get(t, [])], tf.int64, []) for t in tables]
+    ids = [_concat([lookup.row for lookup in by_table.get(t, [])], tf.int64, []) for t in tables]
+    per_example_lookups[:] = [i.shape[0] for i in ids]
+    return tf.concat([stacked.shifted(t, i) for t, i in enumerate(ids)], 0)
 
-  signature = [_spec([None], tf.int64) for _ in tables]
-  found = _over_examples(one_example, data, signature)
-  pairs = {}
-  for table, ids in zip(tables, found):
-    example, ids, _ = _flat(ids, None, table.output_dim)
-    pairs[table] = (example, _without_padding(example, ids, in_batch))
-  return pairs
+  found = _over_examples(one_example, data, _spec([None], tf.int64))
+  example, ids, _ = _flat(found, None, stacked.width)
+  batch_size = found.nrows() if isinstance(found, tf.RaggedTensor) else tf.shape(found)[0]
+  return LookedUpRows(example, _without_padding(example, ids, in_batch),
+                      _batch_lookups(per_example_lookups, tf.get_static_value(batch_size)))
 
 
 def _without_padding(example: tf.Tensor, ids: tf.Tensor, in_batch) -> tf.Tensor:
@@ -221,12 +273,13 @@ def _spec(shape: list, dtype) -> tf.RaggedTensorSpec:
   return tf.RaggedTensorSpec(shape, dtype, ragged_rank=0)
 
 
-def _signature(tables: list, dense: list) -> tuple:
+def _signature(stacked, dense: list) -> tuple:
+  width, num_tables = (0, 0) if stacked is None else (stacked.width, stacked.num_tables)
   return (tf.TensorSpec([], tf.float32),
-          [(_spec([None], tf.int64), _spec([None, t.output_dim], tf.float32)) for t in tables],
+          (_spec([None], tf.int64), _spec([None, width], tf.float32)),
           [(_spec([None, d.kernel.shape[0]], tf.float32), _spec([None, d.units], tf.float32))
            for d in dense],
-          [tf.TensorSpec([], tf.int64) for _ in tables])
+          tf.TensorSpec([num_tables], tf.int64))
 
 
 def _over_examples(fn, data, signature):
@@ -324,4 +377,5 @@ def _dense(stacked, width: int) -> tf.Tensor:
   return tf.reshape(stacked, [tf.shape(stacked)[0], -1, width])
 
 
-__all__ = ["LossesOf", "PerExampleGradients", "per_example_gradients", "per_example_rows"]
+__all__ = ["LookedUpRows", "LossesOf", "PerExampleGradients", "per_example_gradients",
+           "per_example_rows", "stacked_tables"]

@@ -37,6 +37,7 @@ from sparse_dp.training.dp_step.per_example import (
   PerExampleGradients,
   per_example_gradients,
   per_example_rows,
+  stacked_tables,
 )
 
 # The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
@@ -74,11 +75,31 @@ class StepNoise:
 
 @dataclasses.dataclass
 class _ClippedSums:
-  """``sum_i [g_i]_C2`` per variable; table sums may repeat indices."""
+  """``sum_i [g_i]_C2`` per variable: every table's in the stacked id space."""
 
-  tables: dict  # Embedding -> tf.IndexedSlices
+  tables: Optional[tuple]  # (rows, values [n, D]): a padded list of stacked rows, their sums
   dense: dict  # variable ref -> tf.Tensor
   non_finite: tf.Tensor  # int64: examples whose gradient was zeroed (un-noised: debug only)
+
+
+@dataclasses.dataclass
+class _Tables:
+  """The step's tables: stacked in one id space, with their lookups in the batch."""
+
+  layers: list  # the Embedding layers of leaves, in order
+  stacked: mechanisms.StackedTables
+  lookups: list  # per table, its lookups in the batch (static under XLA), else None
+
+  def rooms(self, sizes: list):
+    """Per table, static lengths ``lookups + sizes`` for its part of a stacked list under
+    XLA; ``None`` (exact parts) in graph mode."""
+    if not compiling_with_xla():
+      return None
+    if any(count is None for count in self.lookups):
+      raise ValueError("sparse-dp: under XLA (jit_compile=True) the DP step needs each "
+                       "table's lookups in a batch to have a static size: feed "
+                       "private.poisson_dataset(..., padded=True) of dense tensors")
+    return [count + size for count, size in zip(self.lookups, sizes)]
 
 
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
@@ -101,42 +122,62 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   (:mod:`sparse_dp.training.dp_step.mixed_precision`). Returns ``(gradients by
   variable ref, per-example losses, statistics)``.
 
+  Every table is handled in one stacked id space (:mod:`sparse_dp.mechanisms.rows.stacking`):
+  one row list, one sort, one selection and one noise draw for all tables, split into each
+  table's update at the end.
+
   The statistics are DP by default (see :func:`_add_noise`); with
   ``debug_metrics`` they add un-noised ones that the epsilon does not cover.
   """
-  tables = [layer for layer in leaves if isinstance(layer, Embedding)]
+  layers = [layer for layer in leaves if isinstance(layer, Embedding)]
+  stacked = stacked_tables(layers)
   selection_seed, noise_seed = mechanisms.split(seed, 2)
+  selection = None
   if microbatch_size is None:
     recorded = per_example_gradients(leaves, losses_of, data, in_batch, loss_scale)
-    pairs = {layer: (g.example, g.row) for layer, g in recorded.rows.items()}
-    selections = (_select_rows(tables, pairs, recorded.batch_size, noise, selection_seed)
-                  if noise.sparse and tables else {})
-    sums, losses = _clipped_sums(leaves, recorded, selections, noise), recorded.losses
+    tables = _Tables(layers, stacked, recorded.lookups)
+    if noise.sparse and layers:
+      selection = _select_rows(stacked, recorded.rows.example, recorded.rows.row,
+                               recorded.batch_size, noise, selection_seed)
+    sums, losses = _clipped_sums(leaves, recorded, selection, noise), recorded.losses
     ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
   else:
     chunks = _Chunks(data, microbatch_size, in_batch)
-    selections = {}
-    if noise.sparse and tables:
-      pairs = per_example_rows(leaves, losses_of, data, in_batch)
-      selections = _select_rows(tables, pairs, chunks.batch_size, noise, selection_seed)
-    sums, losses, ids_outside = _accumulated_clipped_sums(leaves, losses_of, chunks, selections,
-                                                          noise, loss_scale)
+    tables = _Tables(layers, stacked, [None] * len(layers))
+    if noise.sparse and layers:
+      found = per_example_rows(leaves, losses_of, data, in_batch)
+      tables.lookups = found.lookups
+      selection = _select_rows(stacked, found.example, found.row, chunks.batch_size, noise,
+                               selection_seed)
+    sums, losses, ids_outside, lookups = _accumulated_clipped_sums(
+        leaves, losses_of, chunks, selection, noise, loss_scale)
+    if selection is None:  # the dense noise's parts: the micro-batches' lookups
+      tables.lookups = lookups
   if on_outputs is not None:
     _, labels, predictions = losses_of(data)
     if labels is not None:
       on_outputs(labels, predictions, None if in_batch is None else tf.cast(in_batch, tf.float32))
-  with tf.control_dependencies(_refuse_over_capacity(selections)):
-    gradients, stats = _add_noise(leaves, sums, selections, noise, noise_seed, debug_metrics)
+  over_capacity = None
+  if selection is not None:
+    over_capacity = selection.over_capacity(tables.rooms(_false_positive_rooms(stacked, noise)))
+  with tf.control_dependencies(_refuse_over_capacity(over_capacity)):
+    gradients, stats = _add_noise(leaves, tables, sums, selection, noise, noise_seed,
+                                  debug_metrics)
   if compiling_with_xla():  # for the host's refusals (host_guards)
-    if selections:
-      stats[OVER_CAPACITY] = tf.add_n([tf.cast(s.over_capacity, tf.float32)
-                                       for s in selections.values()])
+    if over_capacity is not None:
+      stats[OVER_CAPACITY] = tf.reduce_sum(tf.cast(over_capacity, tf.float32))
     stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count > 0, tf.float32)
                   for layer, count in ids_outside.items()})
   return gradients, losses, stats
 
 
-def _refuse_over_capacity(selections: dict) -> list:
+def _false_positive_rooms(stacked, noise: StepNoise) -> list:
+  """Per table, the room for its false positives (``false_positive_capacity(c_t, p)``)."""
+  return mechanisms.table_rooms([0] * stacked.num_tables, stacked.sizes, noise.threshold,
+                                noise.contribution_multiplier * noise.contribution_clip)
+
+
+def _refuse_over_capacity(over_capacity: Optional[tf.Tensor]) -> list:
   """Asserts that no table's false positives overflowed their room (before the noise).
 
   The overflow has probability ``<= FALSE_POSITIVE_OVERFLOW`` (``1e-18``) per
@@ -146,28 +187,22 @@ def _refuse_over_capacity(selections: dict) -> list:
   XLA compiles the assert away: a compiled step logs the overflow instead
   (:data:`OVER_CAPACITY`) for the host guards to refuse.
   """
-  if not selections:
+  if over_capacity is None:
     return []
-  over = [s.over_capacity for s in selections.values()]
-  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.stack(over))),
+  return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(over_capacity)),
                               [OVER_CAPACITY_MESSAGE])]
 
 
-def _select_rows(tables, pairs: dict, batch_size, noise: StepNoise, seed) -> dict:
-  """Each table's selected rows, from the contribution map of the whole batch.
+def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed):
+  """Every table's selected rows, from the contribution map of the whole batch.
 
-  ``pairs[layer] = (example, row)`` lists the batch's lookups (a table absent
-  from ``pairs`` was not looked up). One selection for all tables
-  (:func:`~sparse_dp.mechanisms.select_rows_of_tables`).
+  ``(example, row)`` lists the batch's lookups in the stacked id space. One selection for all
+  tables (:func:`~sparse_dp.mechanisms.select_stacked_rows`).
   """
-  none = (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
-  everyone, batch_size = _gather_across_replicas([pairs.get(table, none) for table in tables],
-                                                 batch_size)
-  selections = mechanisms.select_rows_of_tables(
-      everyone, [layer.vocabulary_size for layer in tables], batch_size,
-      noise.contribution_clip, noise.threshold,
+  (example, row), batch_size = _gather_across_replicas((example, row), batch_size)
+  return mechanisms.select_stacked_rows(
+      example, row, stacked, batch_size, noise.contribution_clip, noise.threshold,
       noise.contribution_multiplier * noise.contribution_clip, seed)
-  return dict(zip(tables, selections))
 
 
 def _gather_across_replicas(pairs, batch_size):
@@ -177,18 +212,17 @@ def _gather_across_replicas(pairs, batch_size):
     return pairs, batch_size
   sizes = context.all_gather(batch_size[None], axis=0)
   offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
-  gathered = []
-  for example, row in pairs:
-    length = tf.shape(row, out_type=tf.int64)[0]
-    longest = tf.reduce_max(context.all_gather(length[None], axis=0))
-    # Padding (row PAD) brings every replica's pairs to one length.
-    row = tf.pad(row, [[0, longest - length]], constant_values=mechanisms.PAD)
-    example = tf.pad(example + offset, [[0, longest - length]])
-    gathered.append((context.all_gather(example, axis=0), context.all_gather(row, axis=0)))
-  return gathered, tf.reduce_sum(sizes)
+  example, row = pairs
+  length = tf.shape(row, out_type=tf.int64)[0]
+  longest = tf.reduce_max(context.all_gather(length[None], axis=0))
+  # Padding (row PAD) brings every replica's pairs to one length.
+  row = tf.pad(row, [[0, longest - length]], constant_values=mechanisms.PAD)
+  example = tf.pad(example + offset, [[0, longest - length]])
+  return ((context.all_gather(example, axis=0), context.all_gather(row, axis=0)),
+          tf.reduce_sum(sizes))
 
 
-def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
+def _clipped_sums(leaves, recorded: PerExampleGradients, selection,
                   noise: StepNoise) -> _ClippedSums:
   """Masks to the selected rows, zeroes non-finite examples, clips each jointly to ``C2``, sums.
 
@@ -199,30 +233,28 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selections: dict,
   is exactly the sum without it, as if it had not been sampled; the bound
   ``||G(D + z) - G(D)|| <= C2`` holds with or without it.
   """
-  rows = {layer: (mechanisms.restrict_to_rows(g, selections[layer].rows)
-                  if layer in selections else g) for layer, g in recorded.rows.items()}
+  rows = recorded.rows
+  if rows is not None and selection is not None:
+    rows = mechanisms.restrict_to_rows(rows, selection.rows)
   batch_size = recorded.batch_size
   squared = [tf.zeros([batch_size])]
-  squared += [mechanisms.squared_norms(g, batch_size) for g in rows.values()]
+  if rows is not None:
+    squared.append(mechanisms.squared_norms(rows, batch_size))
   squared += [dense_layers.squared_norms(x, d, layer.use_bias)
               for layer, (x, d) in recorded.dense.items()]
   total = tf.add_n(squared)
   finite = tf.logical_and(tf.math.is_finite(total), tf.math.is_finite(recorded.losses))
-  rows = {layer: mechanisms.zero_examples(g, finite) for layer, g in rows.items()}
   dense = {layer: tuple(tf.where(finite[:, None, None], t, tf.zeros_like(t)) for t in parts)
            for layer, parts in recorded.dense.items()}
   factors = mechanisms.clip_factors(tf.where(finite, total, tf.zeros_like(total)),
                                     noise.l2_norm_clip)
   non_finite = tf.math.count_nonzero(tf.logical_not(finite), dtype=tf.int64)
-  sums = _ClippedSums({}, {}, non_finite)
+  table_sums = None
+  if rows is not None:
+    table_sums = mechanisms.clipped_rows(mechanisms.zero_examples(rows, finite), factors)
+  sums = _ClippedSums(table_sums, {}, non_finite)
   for layer in leaves:
     if isinstance(layer, Embedding):
-      shape = tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64)
-      if layer in rows:
-        sums.tables[layer] = mechanisms.clipped_row_sum(rows[layer], factors, shape)
-      else:
-        sums.tables[layer] = tf.IndexedSlices(tf.zeros([0, layer.output_dim]),
-                                              tf.zeros([0], tf.int64), shape)
       continue
     if layer in dense:
       kernel, bias = dense_layers.clipped_sums(*dense[layer], factors, layer.use_bias)
@@ -291,45 +323,48 @@ class _Chunks:
                           element_shape=tf.TensorShape(element_shape))
 
 
-def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selections, noise,
+def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noise,
                               loss_scale: float):
-  """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; and the
-  ids outside each table's vocabulary (counted under XLA)."""
+  """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; the ids
+  outside each table's vocabulary (counted under XLA); and each table's lookups in all
+  micro-batches (static under XLA, else ``None``)."""
   tables = [layer for layer in leaves if isinstance(layer, Embedding)]
+  width = max([layer.output_dim for layer in tables], default=0)
   dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
                 for ref in ([layer.kernel.ref()] + ([layer.bias.ref()] if layer.use_bias else []))]
 
-  def body(index, dense, table_parts, losses, non_finite, outside):
+  chunk_lookups = [None] * len(tables)
+
+  def body(index, dense, table_rows, table_values, losses, non_finite, outside):
     recorded = per_example_gradients(leaves, losses_of, *chunks[index], loss_scale)
-    sums = _clipped_sums(leaves, recorded, selections, noise)
+    chunk_lookups[:] = recorded.lookups
+    sums = _clipped_sums(leaves, recorded, selection, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
-    table_parts = [(indices.write(index, tf.cast(sums.tables[layer].indices, tf.int64)),
-                    values.write(index, sums.tables[layer].values))
-                   for layer, (indices, values) in zip(tables, table_parts)]
+    if sums.tables is not None:
+      table_rows = table_rows.write(index, sums.tables[0])
+      table_values = table_values.write(index, sums.tables[1])
     outside = [total + tf.reduce_sum(recorded.ids_outside[layer])
-               if layer in recorded.ids_outside else total
                for layer, total in zip(tables, outside)]
-    return (index + 1, dense, table_parts, losses.write(index, recorded.losses),
+    return (index + 1, dense, table_rows, table_values, losses.write(index, recorded.losses),
             non_finite + sums.non_finite, outside)
 
   zero = tf.constant(0, tf.int64)
   start = (tf.constant(0), [tf.zeros(ref.deref().shape, ref.deref().dtype) for ref in dense_refs],
-           [(chunks.array(tf.int64, [None]), chunks.array(tf.float32, [None, layer.output_dim]))
-            for layer in tables],
+           chunks.array(tf.int64, [None]), chunks.array(tf.float32, [None, width]),
            chunks.array(tf.float32, [None]), zero, [zero for _ in tables])
-  _, dense, table_parts, losses, non_finite, outside = tf.while_loop(
+  _, dense, table_rows, table_values, losses, non_finite, outside = tf.while_loop(
       lambda index, *_: tf.cast(index, tf.int64) < tf.cast(chunks.count, tf.int64), body, start,
       maximum_iterations=chunks.count if chunks.static else None)
-  sums = _ClippedSums(
-      {layer: tf.IndexedSlices(values.concat(), indices.concat(),
-                               tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
-       for layer, (indices, values) in zip(tables, table_parts)},
-      dict(zip(dense_refs, dense)), non_finite)
+  table_sums = _distinct(table_rows.concat(), table_values.concat()) if tables else None
+  sums = _ClippedSums(table_sums, dict(zip(dense_refs, dense)), non_finite)
   losses = losses.concat()
-  return sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside))
+  lookups = [None if count is None or not chunks.static else count * chunks.count
+             for count in chunk_lookups]
+  return (sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside)),
+          lookups)
 
 
-def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, seed,
+def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: StepNoise, seed,
                debug_metrics: bool = False):
   """Clipped sums plus noise, divided by the expected batch size, per variable."""
   context = tf.distribute.get_replica_context()
@@ -340,7 +375,7 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   gradients, signal, noise_squared = {}, [], []
   squared_norms = {}  # gradient key -> the squared norm of a gradient read before the update
   nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
-  previous_dense = []  # the last DP-SGD table's noisy gradient
+  stacked = tables.stacked
 
   def noised(variable, clipped, draw_seed):
     draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
@@ -348,44 +383,56 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
     noise_squared.append(tf.reduce_sum(tf.square(draw)))
     return (clipped + draw) / noise.expected_batch_size
 
+  first_table = next((i for i, layer in enumerate(leaves) if isinstance(layer, Embedding)), None)
+  if first_table is not None and noise.sparse:  # DP-AdaFEST: noise on the selected rows only
+    rows = selection.rows
+    kept = mechanisms.sum_on_rows(tf.IndexedSlices(sums.tables[1], sums.tables[0]), rows)
+    draw = mechanisms.row_sparse_noise(rows, kept, std * adds_noise, seeds[2 * first_table],
+                                       stacked.coordinate_mask(rows))
+    signal.append(tf.reduce_sum(tf.square(kept)))
+    noise_squared.append(tf.reduce_sum(tf.square(draw)))
+    parts = stacked.split(rows, (kept + draw) / noise.expected_batch_size,
+                          tables.rooms(_false_positive_rooms(stacked, noise)))
+    for layer, (table_rows, values) in zip(tables.layers, parts):
+      gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
+          values, table_rows, tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
+    selected = selection.num_true_positives + selection.num_false_positives
+    nonzero_rows = tf.reduce_sum(selected)
+    nonzero_coordinates = tf.reduce_sum(selected * tf.constant(stacked.widths, tf.int64))
+  elif first_table is not None:  # DP-SGD: noise on every row; the clipped rows are added to it
+    previous_dense = []  # the last table's noisy gradient
+    parts = stacked.split(*sums.tables, rooms=tables.rooms([0] * len(tables.layers)))
+    for layer, (table_rows, values) in zip(tables.layers, parts):
+      i = leaves.index(layer)
+      clipped = tf.IndexedSlices(values, mechanisms.safe_rows(table_rows),
+                                 tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
+      # The draw depends on its seed only, so it could run before the backward pass
+      # and every table's would be held at once (the size of all tables). It waits
+      # for this table's clipped sum and for the previous table's noisy gradient: one
+      # table's dense noise at a time (on a large table, one chunk of it at a time:
+      # mechanisms.noise.dense_noise), made in place (each temporary has one reader).
+      noisy = mechanisms.add_dense_noise(
+          clipped, (layer.vocabulary_size, layer.output_dim), std * adds_noise, seeds[2 * i],
+          after=[clipped.values, *previous_dense])
+      signal.append(tf.reduce_sum(tf.square(clipped.values)))
+      noise_squared.append(noisy.noise_squared)
+      key = shards.gradient_key(layer.embeddings)
+      gradient = _divided(noisy.sum, noise.expected_batch_size)
+      if isinstance(gradient, tf.IndexedSlices):  # a large table's, over every row
+        gradient, squared_norms[key] = _read_before_update(gradient)
+      previous_dense = [gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient]
+      gradients[key] = gradient
+    nonzero_rows = tf.constant(stacked.num_rows, tf.int64)
+    nonzero_coordinates = tf.constant(
+        sum(size * width for size, width in zip(stacked.sizes, stacked.widths)), tf.int64)
   for i, layer in enumerate(leaves):
     if isinstance(layer, Embedding):
-      clipped = sums.tables[layer]
-      if noise.sparse:  # DP-AdaFEST: noise on the selected rows only
-        rows = selections[layer].rows
-        kept = mechanisms.sum_on_rows(clipped, rows)
-        draw = mechanisms.row_sparse_noise(rows, kept, std * adds_noise, seeds[2 * i])
-        signal.append(tf.reduce_sum(tf.square(kept)))
-        noise_squared.append(tf.reduce_sum(tf.square(draw)))
-        gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
-            (kept + draw) / noise.expected_batch_size, rows, clipped.dense_shape)
-        nonzero_rows += selections[layer].num_selected
-        nonzero_coordinates += selections[layer].num_selected * layer.output_dim
-      else:  # DP-SGD: noise on every row; the clipped rows are added to it
-        # The draw depends on its seed only, so it could run before the backward pass
-        # and every table's would be held at once (the size of all tables). It waits
-        # for this table's clipped sum and for the previous table's noisy gradient: one
-        # table's dense noise at a time (on a large table, one chunk of it at a time:
-        # mechanisms.noise.dense_noise), made in place (each temporary has one reader).
-        noisy = mechanisms.add_dense_noise(
-            clipped, (layer.vocabulary_size, layer.output_dim), std * adds_noise, seeds[2 * i],
-            after=[clipped.values, *previous_dense])
-        signal.append(tf.reduce_sum(tf.square(clipped.values)))
-        noise_squared.append(noisy.noise_squared)
-        key = shards.gradient_key(layer.embeddings)
-        gradient = _divided(noisy.sum, noise.expected_batch_size)
-        if isinstance(gradient, tf.IndexedSlices):  # a large table's, over every row
-          gradient, squared_norms[key] = _read_before_update(gradient)
-        previous_dense = [gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient]
-        gradients[key] = gradient
-        nonzero_rows += layer.vocabulary_size
-        nonzero_coordinates += layer.vocabulary_size * layer.output_dim
       continue
     for variable, draw_seed in ((layer.kernel, seeds[2 * i]), (layer.bias, seeds[2 * i + 1])):
       if variable is not None and variable.ref() in sums.dense:
         gradients[variable.ref()] = noised(variable, sums.dense[variable.ref()], draw_seed)
 
-  table_rows = sum(layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding))
+  table_rows = stacked.num_rows if stacked is not None else 0
   stats = {
       "nonzero_rows": tf.cast(nonzero_rows, tf.float32),
       "nonzero_coordinates": tf.cast(nonzero_coordinates, tf.float32),
@@ -396,13 +443,19 @@ def _add_noise(leaves, sums: _ClippedSums, selections: dict, noise: StepNoise, s
   if debug_metrics:
     stats["non_finite_examples"] = tf.cast(sums.non_finite, tf.float32)
     stats["gradient_snr"] = tf.sqrt(tf.add_n(signal) / tf.maximum(tf.add_n(noise_squared), 1e-30))
-    if selections:
-      stats["rows_dropped"] = tf.cast(
-          tf.add_n([s.num_dropped for s in selections.values()]), tf.float32)
-      stats["false_positive_rows"] = tf.cast(
-          tf.add_n([s.num_false_positives for s in selections.values()]), tf.float32)
+    if selection is not None:
+      stats["rows_dropped"] = tf.cast(tf.reduce_sum(selection.num_dropped), tf.float32)
+      stats["false_positive_rows"] = tf.cast(tf.reduce_sum(selection.num_false_positives),
+                                             tf.float32)
   # Keras sums (or takes the first of) per-replica logs: report once.
   return gradients, {name: value * adds_noise for name, value in stats.items()}
+
+
+def _distinct(rows: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """Stacked rows that may repeat (micro-batches' sums) as a padded row list and their sums."""
+  unique = mechanisms.padded_unique(rows)
+  return unique.values, tf.math.unsorted_segment_sum(values, unique.slot,
+                                                     tf.size(rows, out_type=tf.int64))
 
 
 def _divided(gradient, divisor: float):

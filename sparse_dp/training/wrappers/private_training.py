@@ -244,16 +244,11 @@ class PrivateTraining(PoissonInputs):
     """
     if self.epsilon_budget is None or not self.is_private:
       return None
-    low = self.accountant.steps
-    high = max(2 * low, 1)
-    if self.epsilon(low) > self.epsilon_budget:
-      return low
-    while self.epsilon(high) <= self.epsilon_budget:
-      low, high = high, 2 * high
-    while high - low > 1:
-      middle = (low + high) // 2
-      low, high = (middle, high) if self.epsilon(middle) <= self.epsilon_budget else (low, middle)
-    return low
+    taken = self.accountant.steps
+    if self.epsilon(taken) > self.epsilon_budget:
+      return taken
+    return largest_within(self.epsilon, self.epsilon_budget, taken,
+                          max(taken + 1, taken + self.spec.schedule.total_steps))
 
   def use_embedding_backend(self, backend: embedding_backends.EmbeddingBackend) -> None:
     """Routes the tables through ``backend`` (:func:`make_private` calls it).
@@ -443,6 +438,58 @@ class PrivateTraining(PoissonInputs):
   def _update_step_limit(self) -> None:
     limit = self.max_steps_within_budget()
     self.step_limit.assign(-1 if limit is None else limit)
+
+
+def largest_within(value, bound: float, low: int, guess: int) -> int:
+  """The largest ``n >= low`` with ``value(n) <= bound``, for ``value`` increasing in ``n``.
+
+  ``value(low) <= bound``. Epsilon grows about as a power of the steps, so the crossing is
+  estimated on the line through two points in log-log coordinates and the bracket around it
+  tightened; a step that halves nothing is followed by a bisection. About 4-6 calls of
+  ``value`` (each the epsilon of a composed PLD), where a doubling search then a bisection
+  from ``low`` takes ``2 log2(n)``.
+
+  Args:
+    value: increasing function of a step count (epsilon after ``n`` steps).
+    bound: the budget.
+    low: a count with ``value(low) <= bound``.
+    guess: a first count to try, ``> low`` (the steps the noise was calibrated for, if known).
+  """
+  points = {}
+
+  def within(n: int) -> bool:
+    points[n] = value(n)
+    return points[n] <= bound
+
+  def crossing(a: int, b: int) -> float:
+    """Where the log-log line through ``a`` and ``b`` meets ``bound``."""
+    if min(a, points.get(a, 0.0), points[b]) <= 0 or points[a] == points[b]:
+      return 2.0 * b  # one usable point: grow
+    slope = math.log(points[b] / points[a]) / math.log(b / a)
+    return b * (bound / points[b]) ** (1.0 / slope) if slope > 0 else 2.0 * b
+
+  lo, hi, n = low, None, guess
+  while hi is None:
+    if within(n):
+      previous, lo = lo, n
+      n = int(min(max(crossing(previous, lo), lo + 1), 64 * lo + 1))
+    else:
+      hi = n
+  bisect = False
+  while hi - lo > 1:
+    width = hi - lo
+    m = (lo + hi) // 2 if bisect or lo == 0 else int(crossing(lo, hi))
+    m = min(max(m, lo + 1), hi - 1)
+    if within(m):
+      lo = m
+      if m + 1 < hi and within(m + 1):  # the crossing is often just past m
+        lo = m + 1
+      elif m + 1 < hi:
+        hi = m + 1
+    else:
+      hi = m
+    bisect = 2 * (hi - lo) > width
+  return lo
 
 
 def epsilon_budget(config: DPConfig) -> Optional[float]:

@@ -1,0 +1,126 @@
+"""Every table of a model in one id space, so that a DP step is one program for all tables.
+
+Table ``t`` of ``c_t`` rows and width ``d_t`` owns rows ``[o_t, o_t + c_t)`` of a stacked
+table of ``c = sum_t c_t`` rows, ``o_t = c_0 + ... + c_{t-1}``, and width ``D = max_t d_t``:
+its row vectors are padded with zeros to ``D``. TPU embedding engines stack tables the same
+way (TensorFlow's table stacking on SparseCore, FBGEMM's table-batched embeddings). A
+gradient's norm, a clipped sum and a row's noise are the same computed on the stacked rows as
+on each table's: the padding coordinates hold zeros and get no noise. The per-example row
+lists, their sort, the contribution map, the selection and the noise are then built once,
+whatever the number of tables; only the last split back into each table's update is per
+table. See docs/reference/mechanisms.md ("Every table in one draw").
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_dp.mechanisms.rows import padding, scans
+
+
+class StackedTables:
+  """Tables laid end to end: row ``j`` of table ``t`` is stacked row ``o_t + j``.
+
+  Args:
+    vocabulary_sizes: ``c_t``, each table's rows.
+    widths: ``d_t``, each table's row width.
+
+  Raises:
+    ValueError: no tables, or sizes and widths of different lengths or not positive.
+  """
+
+  def __init__(self, vocabulary_sizes: Sequence[int], widths: Sequence[int]):
+    sizes, widths = [int(c) for c in vocabulary_sizes], [int(d) for d in widths]
+    if not sizes or len(sizes) != len(widths) or min(sizes + widths) < 1:
+      raise ValueError(f"StackedTables needs one positive size and width per table, got "
+                       f"sizes {sizes} and widths {widths}")
+    self.sizes, self.widths = sizes, widths
+    self.offsets = np.cumsum([0] + sizes).astype(np.int64)  # o_t, then c
+    self.width = max(widths)
+
+  @property
+  def num_tables(self) -> int:
+    return len(self.sizes)
+
+  @property
+  def num_rows(self) -> int:
+    """``c``, the stacked table's rows."""
+    return int(self.offsets[-1])
+
+  def stack(self, rows: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) -> tuple:
+    """Each table's rows and row vectors as the stacked table's.
+
+    Args:
+      rows: per table, int64 ``[n_t]`` rows in ``[0, c_t)`` or ``PAD`` (kept ``PAD``).
+      values: per table, ``[n_t, d_t]``.
+
+    Returns:
+      ``(rows [sum n_t], values [sum n_t, D])``, the tables' in order.
+    """
+    stacked = [self.shifted(t, row) for t, row in enumerate(rows)]
+    padded = [tf.pad(value, [[0, 0], [0, self.width - width]]) if width < self.width else value
+              for value, width in zip(values, self.widths)]
+    return tf.concat(stacked, 0), tf.concat(padded, 0)
+
+  def shifted(self, table: int, rows: tf.Tensor) -> tf.Tensor:
+    """Rows of ``table`` as stacked rows, ``PAD`` kept."""
+    rows = tf.cast(rows, tf.int64)
+    offset = int(self.offsets[table])
+    return tf.where(padding.is_valid(rows), rows + offset, rows) if offset else rows
+
+  def table_of(self, rows: tf.Tensor) -> tf.Tensor:
+    """The table of each stacked row (int64), ``num_tables`` for ``PAD``."""
+    ends = tf.constant(self.offsets[1:], tf.int64)
+    table = scans.searchsorted(ends, padding.safe_rows(rows), side="right")
+    return tf.where(padding.is_valid(rows), table, self.num_tables)
+
+  def coordinate_mask(self, rows: tf.Tensor) -> tf.Tensor:
+    """bool ``[n, D]``: the coordinates that belong to each row's table (none for ``PAD``)."""
+    widths = tf.constant(self.widths + [0], tf.int64)
+    row_width = tf.gather(widths, self.table_of(rows))
+    return tf.range(self.width, dtype=tf.int64)[None, :] < row_width[:, None]
+
+  def bounds(self, sorted_rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(first [T], last [T])``: table ``t``'s rows are ``sorted_rows[first_t:last_t]``.
+
+    Args:
+      sorted_rows: a padded row list of stacked rows (sorted, then ``PAD``).
+    """
+    first = scans.searchsorted(sorted_rows, tf.constant(self.offsets[:-1], tf.int64), "left")
+    last = scans.searchsorted(sorted_rows, tf.constant(self.offsets[1:], tf.int64), "left")
+    return first, last
+
+  def split(self, sorted_rows: tf.Tensor, values: Optional[tf.Tensor] = None,
+            rooms: Optional[Sequence] = None) -> list[tuple]:
+    """Each table's part of a sorted stacked row list, in its own rows and width.
+
+    Args:
+      sorted_rows: int64 ``[m]``, a padded row list of stacked rows (sorted, then ``PAD``).
+      values: ``[m, D]``, a vector per row, or ``None``.
+      rooms: per table, the length of its part (int64 scalars, static under XLA): its rows,
+        then ``PAD`` rows of zeros; a table with more rows is cut to its room (the caller
+        flags it). ``None``: each part holds exactly the table's rows (dynamic shapes).
+
+    Returns:
+      Per table, ``(rows, values)``: int64 ``[room_t]`` in ``[0, c_t)`` then ``PAD``, and
+        ``[room_t, d_t]`` (``None`` without ``values``).
+    """
+    first, last = self.bounds(sorted_rows)
+    # One PAD past the end: every gather below reads inside the list.
+    rows = tf.concat([sorted_rows, [padding.PAD]], 0)
+    if values is not None:
+      values = tf.concat([values, tf.zeros_like(values[:1])], 0)
+    parts = []
+    for t, (start, end) in enumerate(zip(tf.unstack(first), tf.unstack(last))):
+      if rooms is None:
+        index = tf.range(start, end)
+      else:
+        index = start + tf.range(tf.cast(rooms[t], tf.int64))
+        index = tf.where(index < end, index, tf.size(sorted_rows, out_type=tf.int64))
+      part = tf.gather(rows, index)
+      parts.append((tf.where(padding.is_valid(part), part - int(self.offsets[t]), part),
+                    None if values is None else tf.gather(values, index)[:, :self.widths[t]]))
+    return parts
