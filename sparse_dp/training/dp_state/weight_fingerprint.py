@@ -15,6 +15,8 @@ in-place update. Not fingerprinted: engine-held tables and models on
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import numpy as np
 import tensorflow as tf
 
@@ -59,17 +61,14 @@ def _column_coefficients(index: int, width: int) -> np.ndarray:
   return (1.0 - 2.0 * ((h >> 7) & 1)) * (1.0 + h * 2.0**-31)
 
 
-def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor, row_coefficients=None) -> tf.Tensor:
-  """``sum_i a(i) (w_i . b)`` over rows ``rows`` (int64 ``[n]``) of values ``[n, width]``;
-  ``row_coefficients``: ``a(rows)``, if already computed."""
+def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """``sum_i a(i) (w_i . b)`` over rows ``rows`` (int64 ``[n]``) of values ``[n, width]``."""
   values = tf.cast(values, tf.float64)
   static_index = tf.get_static_value(index)
   columns = (_coefficients(index, tf.range(values.shape[-1], dtype=tf.int64), _COLUMN)
              if static_index is None else _column_coefficients(int(static_index),
                                                                values.shape[-1]))
-  if row_coefficients is None:
-    row_coefficients = _coefficients(index, rows, _ROW)
-  return tf.reduce_sum(row_coefficients * tf.linalg.matvec(values, columns))
+  return tf.reduce_sum(_coefficients(index, rows, _ROW) * tf.linalg.matvec(values, columns))
 
 
 def _as_rows(values: tf.Tensor) -> tf.Tensor:
@@ -186,52 +185,94 @@ class Fingerprint:
     now, magnitude = self.compute()
     return not self.close(now, float(self.value.numpy()), magnitude)
 
-  def before_update(self, gradients: dict) -> tuple[list, dict]:
+  def before_update(self, gradients: dict) -> tuple["_Read", dict]:
     """Reads the rows the update is about to change; returns ``(read, gradients)``.
 
     A row-sparse gradient's indices are a sorted row list (the DP step's: its selected rows,
     then ``PAD``, or all row 0 in a refused step), read once each. Indices that were not sorted
     would be read as often as they repeat, and the fingerprint would then differ from the
-    weights': a refusal, never a pass.
+    weights': a refusal, never a pass. Every table's rows are read as one stack
+    (:class:`_TableRows`): the graph does not grow by a read per table.
 
-    ``read`` holds ``(index, rows, a(rows), s before)`` per variable the update changes
-    (``rows``: a padded row list, or ``None`` for every row); ``gradients`` are the ones to
-    apply: the same values, under XLA made to depend on the sums read (see the module
-    docstring).
+    ``read`` is handed to :meth:`after_update`; ``gradients`` are the ones to apply: the
+    same values, under XLA made to depend on the sums read (see the module docstring).
     """
-    read, ordered = [], dict(gradients)
+    read, ordered, sparse = _Read([], None, None), dict(gradients), []
     for index, variable in enumerate(self.variables):
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
-      rows = coefficients = None
       if _row_sparse(gradient, variable):  # a table's selected rows (padded list)
-        rows = _first_of_each(tf.cast(gradient.indices, tf.int64))
-        coefficients = _coefficients(index, rows, _ROW)
-        before = _rows_sum(index, rows, _rows_of(variable, rows), coefficients)
-      else:  # every row: a dense variable, or a DP-SGD table's update
-        before = variable_sum(index, variable)
-      read.append((index, rows, coefficients, before))
+        sparse.append((index, variable, _first_of_each(tf.cast(gradient.indices, tf.int64))))
+        continue
+      before = variable_sum(index, variable)  # every row: a dense variable, a DP-SGD table
+      read.whole.append((index, before))
       if compiling_with_xla():
         ordered[variable.ref()] = _after(gradient, before)
+    if sparse:
+      read = read._replace(tables=_TableRows(sparse))
+      read = read._replace(tables_before=read.tables.sums())
+      if compiling_with_xla():
+        total = tf.reduce_sum(read.tables_before)
+        for _, variable, _ in sparse:
+          ordered[variable.ref()] = _after(gradients[variable.ref()], total)
     return read, ordered
 
-  def after_update(self, read: list) -> tuple[tf.Operation, dict]:
+  def after_update(self, read: "_Read") -> tuple[tf.Operation, dict]:
     """Adds ``s(after) - s(before)`` of the rows read by :meth:`before_update`.
 
     Returns:
       ``(op, deltas)``: the op that updates ``s``, and each updated variable's change of
         ``s`` by its index.
     """
-    deltas = {}
-    for index, rows, coefficients, before in read:
-      variable = self.variables[index]
-      after = (variable_sum(index, variable) if rows is None
-               else _rows_sum(index, rows, _rows_of(variable, rows), coefficients))
-      deltas[index] = after - before
+    deltas = {index: variable_sum(index, self.variables[index]) - before
+              for index, before in read.whole}
+    if read.tables is not None:
+      changes = read.tables.sums() - read.tables_before
+      deltas.update(zip(read.tables.indices, tf.unstack(changes)))
     if not deltas:
       return tf.no_op(), deltas
     return self.value.assign_add(tf.add_n(list(deltas.values()))), deltas
+
+
+class _TableRows:
+  """The rows of several tables that an update changes, read as one stack.
+
+  Table ``k`` (fingerprint index ``indices[k]``) contributes its rows ``rows_k`` (a padded
+  row list); the stack holds every table's rows, their ``a(i)``, and each row's ``b`` padded
+  to the widest table, so that ``s`` of every table's rows is one product and one segment sum.
+  """
+
+  def __init__(self, tables: list):
+    self.indices = [index for index, _, _ in tables]
+    self.variables = [variable for _, variable, _ in tables]
+    self.rows = [rows for _, _, rows in tables]
+    self.width = max(int(variable.shape[-1]) for variable in self.variables)
+    self.owner = tf.concat([tf.fill(tf.shape(rows), k) for k, rows in enumerate(self.rows)], 0)
+    self.coefficients = _coefficients(tf.gather(tf.constant(self.indices, tf.int64), self.owner),
+                                      tf.concat(self.rows, 0), _ROW)
+    self.columns = tf.constant(np.stack([
+        np.pad(_column_coefficients(index, int(variable.shape[-1])),
+               (0, self.width - int(variable.shape[-1])))
+        for index, variable in zip(self.indices, self.variables)]))
+
+  def sums(self) -> tf.Tensor:
+    """float64 ``[K]``: ``s`` of each table's rows now."""
+    values = tf.concat([
+        tf.pad(tf.cast(_rows_of(variable, rows), tf.float64),
+               [[0, 0], [0, self.width - int(variable.shape[-1])]])
+        for variable, rows in zip(self.variables, self.rows)], 0)
+    per_row = self.coefficients * tf.reduce_sum(values * tf.gather(self.columns, self.owner), 1)
+    return tf.math.unsorted_segment_sum(per_row, self.owner, len(self.indices))
+
+
+class _Read(NamedTuple):
+  """What :meth:`Fingerprint.before_update` read: each wholly updated variable's ``s``, and
+  the updated tables' rows with their ``s`` before the update."""
+
+  whole: list  # (index, s before) per variable read whole
+  tables: Optional[_TableRows]
+  tables_before: Optional[tf.Tensor]  # float64 [K]
 
 
 def _first_of_each(sorted_rows: tf.Tensor) -> tf.Tensor:

@@ -44,8 +44,8 @@ class PerExampleGradients(NamedTuple):
     losses: ``[B]``, each example's loss ``l_i``.
     rows: every table's per-example row gradients in the stacked id space
       (:func:`stacked_tables`), or ``None`` without tables.
-    lookups: per table, its lookups in the batch where the shapes say it (under XLA), else
-      ``None``.
+    lookups_per_example: per table, each example's lookups (an int), or ``None`` where the
+      number is not fixed (ragged ids).
     dense: by ``Dense`` layer, ``(inputs [B, T, k], output gradients [B, T, n])``.
     ids_outside: by table, int64 ``[B]``: each example's ids outside the table's
       vocabulary (counted under XLA).
@@ -53,7 +53,7 @@ class PerExampleGradients(NamedTuple):
 
   losses: tf.Tensor  # [B]
   rows: RowGradients  # every table's, stacked; None without tables
-  lookups: list  # per table: its lookups in the batch (int), None if not static
+  lookups_per_example: list  # per table: each example's lookups (int), None if ragged
   dense: dict  # Dense -> (inputs [B, T, k], output gradients [B, T, n])
   ids_outside: dict  # Embedding -> int64 [B]: ids outside its vocabulary (counted under XLA)
 
@@ -130,7 +130,7 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
                            for t, width in zip(parts, (layer.kernel.shape[0], layer.units)))
               for layer, parts in zip(dense, dense_parts)}
   return PerExampleGradients(_masked(loss, in_batch), rows,
-                             _batch_lookups(per_example_lookups, loss.shape[0]),
+                             list(per_example_lookups),
                              by_dense, {t: _masked(outside[:, i], in_batch)
                                         for i, t in enumerate(tables)})
 
@@ -154,26 +154,19 @@ def _per_table(counts: list) -> tf.Tensor:
   return tf.stack(counts) if counts else tf.zeros([0], tf.int64)
 
 
-def _batch_lookups(per_example: list, batch_size) -> list:
-  """Per table, its lookups in a batch of ``batch_size`` examples that each make
-  ``per_example`` (static sizes, as under XLA), else ``None``."""
-  return [None if batch_size is None or count is None else batch_size * count
-          for count in per_example]
-
-
 class LookedUpRows(NamedTuple):
   """Every lookup of a batch, in the stacked id space of its tables (:func:`stacked_tables`).
 
   Attributes:
     example: int64 ``[n]``, the example of each lookup.
     row: int64 ``[n]``, its stacked row, or ``PAD`` (a padding example's).
-    lookups: per table, its lookups in the batch where the shapes say it (under XLA), else
-      ``None``.
+    lookups_per_example: per table, each example's lookups (an int), or ``None`` where the
+      number is not fixed (ragged ids).
   """
 
   example: tf.Tensor
   row: tf.Tensor
-  lookups: list
+  lookups_per_example: list
 
 
 def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> LookedUpRows:
@@ -207,9 +200,8 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> 
 
   found = _over_examples(one_example, data, _spec([None], tf.int64))
   example, ids, _ = _flat(found, None, stacked.width)
-  batch_size = found.nrows() if isinstance(found, tf.RaggedTensor) else tf.shape(found)[0]
   return LookedUpRows(example, _without_padding(example, ids, in_batch),
-                      _batch_lookups(per_example_lookups, tf.get_static_value(batch_size)))
+                      list(per_example_lookups))
 
 
 def _without_padding(example: tf.Tensor, ids: tf.Tensor, in_batch) -> tf.Tensor:

@@ -84,22 +84,25 @@ class _ClippedSums:
 
 @dataclasses.dataclass
 class _Tables:
-  """The step's tables: stacked in one id space, with their lookups in the batch."""
+  """The step's tables: stacked in one id space, with the lookups of a batch."""
 
   layers: list  # the Embedding layers of leaves, in order
   stacked: mechanisms.StackedTables
-  lookups: list  # per table, its lookups in the batch (static under XLA), else None
+  lookups_per_example: list  # per table, each example's lookups (int), None if ragged
+  batch_size: Optional[tf.Tensor] = None  # the examples whose lookups a stacked list holds
 
   def rooms(self, sizes: list):
-    """Per table, static lengths ``lookups + sizes`` for its part of a stacked list under
-    XLA; ``None`` (exact parts) in graph mode."""
+    """Per table, lengths ``B lookups_per_example + sizes`` for its part of a stacked list
+    under XLA (constants once XLA knows the batch's shape); ``None`` (exact parts) in graph
+    mode."""
     if not compiling_with_xla():
       return None
-    if any(count is None for count in self.lookups):
+    if any(count is None for count in self.lookups_per_example):
       raise ValueError("sparse-dp: under XLA (jit_compile=True) the DP step needs each "
-                       "table's lookups in a batch to have a static size: feed "
+                       "example's lookups of a table to be fixed in number: feed "
                        "private.poisson_dataset(..., padded=True) of dense tensors")
-    return [count + size for count, size in zip(self.lookups, sizes)]
+    batch_size = tf.cast(self.batch_size, tf.int64)
+    return [batch_size * count + size for count, size in zip(self.lookups_per_example, sizes)]
 
 
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
@@ -135,7 +138,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   selection = None
   if microbatch_size is None:
     recorded = per_example_gradients(leaves, losses_of, data, in_batch, loss_scale)
-    tables = _Tables(layers, stacked, recorded.lookups)
+    tables = _Tables(layers, stacked, recorded.lookups_per_example, recorded.batch_size)
     if noise.sparse and layers:
       selection = _select_rows(stacked, recorded.rows.example, recorded.rows.row,
                                recorded.batch_size, noise, selection_seed)
@@ -143,16 +146,17 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
   else:
     chunks = _Chunks(data, microbatch_size, in_batch)
-    tables = _Tables(layers, stacked, [None] * len(layers))
+    tables = _Tables(layers, stacked, [None] * len(layers), chunks.batch_size)
     if noise.sparse and layers:
       found = per_example_rows(leaves, losses_of, data, in_batch)
-      tables.lookups = found.lookups
+      tables.lookups_per_example = found.lookups_per_example
       selection = _select_rows(stacked, found.example, found.row, chunks.batch_size, noise,
                                selection_seed)
     sums, losses, ids_outside, lookups = _accumulated_clipped_sums(
         leaves, losses_of, chunks, selection, noise, loss_scale)
     if selection is None:  # the dense noise's parts: the micro-batches' lookups
-      tables.lookups = lookups
+      tables.lookups_per_example = lookups
+      tables.batch_size = tf.cast(chunks.count, tf.int64) * chunks.size
   if on_outputs is not None:
     _, labels, predictions = losses_of(data)
     if labels is not None:
@@ -326,8 +330,8 @@ class _Chunks:
 def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noise,
                               loss_scale: float):
   """:func:`_clipped_sums` of every micro-batch, added up; the per-example losses; the ids
-  outside each table's vocabulary (counted under XLA); and each table's lookups in all
-  micro-batches (static under XLA, else ``None``)."""
+  outside each table's vocabulary (counted under XLA); and each table's lookups per example
+  (``None`` for ragged ids)."""
   tables = [layer for layer in leaves if isinstance(layer, Embedding)]
   width = max([layer.output_dim for layer in tables], default=0)
   dense_refs = [ref for layer in leaves if not isinstance(layer, Embedding)
@@ -337,7 +341,7 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noi
 
   def body(index, dense, table_rows, table_values, losses, non_finite, outside):
     recorded = per_example_gradients(leaves, losses_of, *chunks[index], loss_scale)
-    chunk_lookups[:] = recorded.lookups
+    chunk_lookups[:] = recorded.lookups_per_example
     sums = _clipped_sums(leaves, recorded, selection, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]
     if sums.tables is not None:
@@ -358,10 +362,8 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noi
   table_sums = _distinct(table_rows.concat(), table_values.concat()) if tables else None
   sums = _ClippedSums(table_sums, dict(zip(dense_refs, dense)), non_finite)
   losses = losses.concat()
-  lookups = [None if count is None or not chunks.static else count * chunks.count
-             for count in chunk_lookups]
   return (sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside)),
-          lookups)
+          list(chunk_lookups))
 
 
 def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: StepNoise, seed,
