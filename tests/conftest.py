@@ -13,6 +13,9 @@ import zlib
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Keys of the jobs' keyed training-example records: never the user's ~/.sparse_dp/keys.
 os.environ.setdefault("SPARSE_DP_SECRETS_DIR", tempfile.mkdtemp(prefix="sparse-dp-test-keys-"))
+# Synthetic days drawn once per test session and reused by the jobs that draw the same days:
+# never the user's ~/.cache/sparse_dp.
+os.environ.setdefault("SPARSE_DP_CACHE_DIR", tempfile.mkdtemp(prefix="sparse-dp-test-cache-"))
 
 import pytest  # noqa: E402
 

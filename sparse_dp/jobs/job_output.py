@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 
 
 def progress_output(json_output: bool):
@@ -16,3 +17,24 @@ def progress_output(json_output: bool):
     A context manager for the job's progress lines.
   """
   return contextlib.redirect_stdout(sys.stderr) if json_output else contextlib.nullcontext()
+
+
+class Phases:
+  """Seconds of a job's phases, each announced on the progress output as it ends.
+
+  Args:
+    job: the job's name, which starts each line (``sparse-dp train``).
+  """
+
+  def __init__(self, job: str):
+    self.job = job
+    self.seconds: dict[str, float] = {}
+
+  @contextlib.contextmanager
+  def phase(self, name: str):
+    """Times the phase ``name`` (added to an earlier phase of that name)."""
+    start = time.perf_counter()
+    yield
+    took = time.perf_counter() - start
+    self.seconds[name] = self.seconds.get(name, 0.0) + took
+    print(f"{self.job}: {name} took {took:.1f} s", flush=True)

@@ -125,11 +125,13 @@ def _paths(args, data: str, day: int, max_examples: int,
     if not paths:
       raise ValueError(f"{data!r} matches no file (--data / --public-data)")
     return paths, 1.0
+  from sparse_dp.data import synthetic_cache
   from sparse_dp.data.synthetic import SyntheticCriteo
   synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed)
   if not 0 <= day < synthetic.num_days:
     raise ValueError(f"--public-day must be in 0..{synthetic.num_days - 1}, got {day}")
   path = folder / f"synthetic_day_{day}_seed_{args.seed}.gz"
   if not path.exists():
-    synthetic.write_day(path, day, max(args.max_examples, args.max_public_examples))
+    synthetic_cache.write_day(synthetic, path, day,
+                              max(args.max_examples, args.max_public_examples))
   return [path.resolve()], synthetic.scale

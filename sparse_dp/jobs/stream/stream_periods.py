@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.data import synthetic_cache
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.data.synthetic import SyntheticCriteo
 from sparse_dp.data.vocabulary import OOV_ID
@@ -69,9 +70,7 @@ class StreamData:
     path = self.folder / f"day_{day}.gz"
     if not path.exists():  # written whole, then renamed: a crash leaves no half day
       self.folder.mkdir(parents=True, exist_ok=True)
-      partial = self.folder / f".day_{day}.gz.partial.gz"
-      self.synthetic.write_day(partial, day, self.args.examples_per_day)
-      partial.rename(path)
+      synthetic_cache.write_day(self.synthetic, path, day, self.args.examples_per_day)
     return path
 
   def frame(self, days: list[int], per_day: int) -> pd.DataFrame:

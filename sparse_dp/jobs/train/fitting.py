@@ -17,6 +17,7 @@ updates), so the algorithms are compared on one scale.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import sys
@@ -31,6 +32,7 @@ from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.distribute import ParameterServerTraining
 from sparse_dp.distribute.local_cluster import strategy_named
 from sparse_dp.distribute.parameter_servers import is_parameter_server
+from sparse_dp.jobs.job_output import Phases
 from sparse_dp.jobs.sample.batches import SampledBatches
 from sparse_dp.jobs.train import private_calibration
 from sparse_dp.jobs.train.job_flags import FitSettings
@@ -59,7 +61,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      vocabulary_sizes, preselection: Optional[Preselection] = None,
                      initial_weights: Optional[Callable[[keras.Model], None]] = None,
                      progress: bool = True,
-                     observers: Sequence[keras.callbacks.Callback] = ()) -> FitResult:
+                     observers: Sequence[keras.callbacks.Callback] = (),
+                     phases: Optional[Phases] = None) -> FitResult:
   """Trains on ``train``, evaluates on ``held_out = (x, y)``; returns the job's metrics.
 
   ``train`` is ``(x, y)`` in memory (Poisson-sampled batches when private),
@@ -73,7 +76,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   per-step white-box view, :mod:`sparse_dp.jobs.audit.scores`); ``--strategy ps`` runs none.
   ``progress=False`` keeps Keras's per-epoch lines (the training loss) off stdout:
   a caller whose run is not the released one (a non-private teacher) must not
-  print statistics of un-noised private data.
+  print statistics of un-noised private data. ``phases`` times the model's making, the
+  training and the evaluation.
   """
   verbose = 2 if progress else 0
   kind = Algorithm.parse(algorithm)
@@ -101,7 +105,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   # Tables a TPU embedding engine (V1, SparseCore) trains keep their Keras copy on the host.
   in_engine = (kind.is_private and embedding_backends.choose_backend(
       settings.embedding, strategy).name in ("tpu", "sparsecore"))
-  with strategy.scope():
+  with _phase(phases, "model and make_private"), strategy.scope():
     dims = embedding_dims(vocabulary_sizes, settings)
     model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS, embedding_dims=dims,
                              table_placement="host" if in_engine else "default_device")
@@ -125,51 +129,23 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      "TPU embedding engine train in TPUTrainer's loop: use --embedding cpu")
   clock = StepClock()
   callbacks = ([private.callback()] if private.is_private else []) + list(observers) + [clock]
-  start = time.perf_counter()
-  if sampled:
-    steps = steps_for_epochs(settings.epochs, batch_size / num_examples)
-    # Probed on held-out rows: no sampled batch is spent on the separability probe.
-    private.check_separable(head(held_out, min(64, len(y_eval))))
-    batches = private.presampled_dataset(train.dataset(steps, strategy), num_examples,
-                                         batch_size / num_examples, train.manifest.max_batch_size)
-    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
-  elif streamed:
-    steps = (steps_for_epochs(settings.epochs, batch_size / num_examples) if private.is_private
-             else max(1, round(settings.epochs)) * -(-num_examples // batch_size))
-    # Shuffled by the secret seed, as the noise: the sample must not be predictable.
-    shuffle_seed = private.seed if private.is_private else settings.seed
-    batches = (train.dataset().shuffle(train.shuffle_buffer, seed=shuffle_seed).repeat()
-               .batch(batch_size).take(steps))
-    if preselection is not None:
-      batches = batches.map(lambda x, y: (kept_buckets(x, preselection), y))
-    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
-  elif private.is_private:
-    x_train, y_train = train
-    x_train = kept_buckets(x_train, preselection)
-    if on_ps:
-      logs = ParameterServerTraining(private, x_train, y_train).fit(epochs=settings.epochs)
-      history = {name: [value] for name, value in logs.items() if name != "keys"}
-    else:
-      history = _fit_batches(private,
-                             private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
-                             callbacks, verbose)
-  else:
-    epochs = max(1, round(settings.epochs))
-    history = model.fit(*train, batch_size=batch_size, epochs=epochs, callbacks=callbacks,
-                        verbose=verbose).history
-    steps = epochs * -(-num_examples // batch_size)
-  seconds = time.perf_counter() - start
-  if private.is_private:
-    # This run's steps (a budget may stop it early; warm-started weights carry earlier runs).
-    steps = int(private.steps_taken.numpy()) - private.run.first_step
-  report = private.report() if private.is_private else None
-  # Host tables (engine-trained) and parameter-server weights are read outside TPU programs.
-  logits = (model.predict(x_eval, batch_size=8192, verbose=0) if not (on_ps or in_engine)
-            else tf.concat([model(batch, training=False) for batch in
-                            tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
-  auc = _auc(y_eval, logits)
-  # Log-loss against the base rate's, ECE: held-out statistics, reported as AUC is.
-  calibration, reliability = calibration_metrics(logits, y_eval)
+  with _phase(phases, "training"):
+    start = time.perf_counter()
+    steps, history = _train(private, settings, train, preselection, callbacks, verbose,
+                            (num_examples, batch_size), strategy, held_out)
+    seconds = time.perf_counter() - start
+  with _phase(phases, "evaluation"):
+    if private.is_private:
+      # This run's steps (a budget may stop it early; warm-started weights carry earlier runs).
+      steps = int(private.steps_taken.numpy()) - private.run.first_step
+    report = private.report() if private.is_private else None
+    # Host tables (engine-trained) and parameter-server weights are read outside TPU programs.
+    logits = (model.predict(x_eval, batch_size=8192, verbose=0) if not (on_ps or in_engine)
+              else tf.concat([model(batch, training=False) for batch in
+                              tf.data.Dataset.from_tensor_slices(x_eval).batch(8192)], 0))
+    auc = _auc(y_eval, logits)
+    # Log-loss against the base rate's, ECE: held-out statistics, reported as AUC is.
+    calibration, reliability = calibration_metrics(logits, y_eval)
   # The update's size over every step of the run (run_statistics), against the full tables.
   full_coordinates = float(sum(v * d for v, d in zip(vocabulary_sizes, dims)))
   run = (private.run_statistics.result() if private.is_private else
@@ -201,6 +177,53 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   return FitResult(metrics, history, model, reliability)
 
 
+def _train(private, settings: FitSettings, train, preselection, callbacks: list, verbose: int,
+           sizes: tuple[int, int], strategy, held_out) -> tuple[Optional[int], dict]:
+  """The training of :func:`fit_and_evaluate`: ``(steps, history)``; ``steps`` is ``None``
+  where the private model counts them."""
+  num_examples, batch_size = sizes
+  steps, on_ps, model = None, is_parameter_server(strategy), private.model
+  sampled, streamed = isinstance(train, SampledBatches), isinstance(train, StreamedExamples)
+  if sampled:
+    steps = steps_for_epochs(settings.epochs, batch_size / num_examples)
+    # Probed on held-out rows: no sampled batch is spent on the separability probe.
+    private.check_separable(head(held_out, min(64, len(held_out[1]))))
+    batches = private.presampled_dataset(train.dataset(steps, strategy), num_examples,
+                                         batch_size / num_examples, train.manifest.max_batch_size)
+    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
+  elif streamed:
+    steps = (steps_for_epochs(settings.epochs, batch_size / num_examples) if private.is_private
+             else max(1, round(settings.epochs)) * -(-num_examples // batch_size))
+    # Shuffled by the secret seed, as the noise: the sample must not be predictable.
+    shuffle_seed = private.seed if private.is_private else settings.seed
+    batches = (train.dataset().shuffle(train.shuffle_buffer, seed=shuffle_seed).repeat()
+               .batch(batch_size).take(steps))
+    if preselection is not None:
+      batches = batches.map(lambda x, y: (kept_buckets(x, preselection), y))
+    history = _fit_batches(private, batches.prefetch(2), callbacks, verbose)
+  elif private.is_private:
+    x_train, y_train = train
+    x_train = kept_buckets(x_train, preselection)
+    if on_ps:
+      logs = ParameterServerTraining(private, x_train, y_train).fit(epochs=settings.epochs)
+      history = {name: [value] for name, value in logs.items() if name != "keys"}
+    else:
+      history = _fit_batches(private,
+                             private.poisson_dataset(x_train, y_train, epochs=settings.epochs),
+                             callbacks, verbose)
+  else:
+    epochs = max(1, round(settings.epochs))
+    history = model.fit(*train, batch_size=batch_size, epochs=epochs, callbacks=callbacks,
+                        verbose=verbose).history
+    steps = epochs * -(-num_examples // batch_size)
+  return steps, history
+
+
+def _phase(phases: Optional[Phases], name: str):
+  """``phases.phase(name)``, or nothing to time."""
+  return contextlib.nullcontext() if phases is None else phases.phase(name)
+
+
 def _auc(labels, logits) -> float:
   auc = keras.metrics.AUC(from_logits=True)
   auc.update_state(labels, logits)
@@ -228,7 +251,8 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                        vocabulary_sizes, fest_k: int = 300, selection_share: float = 0.1,
                        calibration_share: float = 0.0,
                        observers: Optional[Callable[[Optional[Preselection]], Sequence[
-                           keras.callbacks.Callback]]] = None
+                           keras.callbacks.Callback]]] = None,
+                       phases: Optional[Phases] = None
                        ) -> tuple[FitResult, Optional[Preselection]]:
   """One configuration of ``sparse-dp train``, trained and evaluated at ``settings.epsilon``
   in all: the command's and the studies' one entry point.
@@ -246,6 +270,7 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   rest on a private Platt scaling fitted on ``train``
   (:mod:`sparse_dp.jobs.train.private_calibration`); the held-out calibration metrics
   are then the calibrated model's, and the ``uncalibrated_*`` ones the model's before.
+  ``phases`` times each phase (:class:`~sparse_dp.jobs.job_output.Phases`).
   """
   kind = Algorithm.parse(algorithm)
   job_epsilon = settings.epsilon + settings.earlier_epsilon
@@ -263,11 +288,12 @@ def train_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                                    selection_epsilon=preselection.epsilon)
   fit = fit_and_evaluate(algorithm, settings, train, held_out, vocabulary_sizes,
                          preselection=preselection,
-                         observers=observers(preselection) if observers else ())
+                         observers=observers(preselection) if observers else (), phases=phases)
   fit.metrics["selection_epsilon"] = preselection.epsilon if preselection is not None else None
   fit.metrics["calibration_share"] = calibration_share
   if calibration_share:
-    _calibrate(fit, train, held_out, preselection, job_epsilon, settings.noise_seed)
+    with _phase(phases, "private calibration"):
+      _calibrate(fit, train, held_out, preselection, job_epsilon, settings.noise_seed)
   if fit.metrics["poisson_sampling"] is False:
     fit.metrics["privacy_caveat"] = NOT_POISSON
   return fit, preselection

@@ -25,6 +25,7 @@ import argparse
 import glob
 import json
 import pathlib
+import time
 
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.report import epsilon_caveat
@@ -164,9 +165,16 @@ def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
     return [pathlib.Path(p) for p in paths], args.vocabulary_scale
   if args.max_examples == 0:
     raise ValueError("--data synthetic writes --max-examples lines: give a number >= 10")
+  from sparse_dp.data import synthetic_cache
   from sparse_dp.data.synthetic import SyntheticCriteo
   synthetic = SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed)
-  path = synthetic.write_day(out / "synthetic_day_1.gz", 1, args.max_examples)
+  start = time.perf_counter()
+  path, reused = synthetic_cache.write_day(synthetic, out / "synthetic_day_1.gz", 1,
+                                           args.max_examples)
+  print(f"sparse-dp train: {args.max_examples:,} synthetic examples "
+        + (f"reused from {synthetic_cache.cache_dir()}" if reused
+           else f"drawn in {time.perf_counter() - start:.0f} s (cached for the next run)"),
+        flush=True)
   return [path], synthetic.scale
 
 
@@ -178,7 +186,6 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   from sparse_dp.data import training_examples
   from sparse_dp.distribute import roles
   from sparse_dp.jobs.train import fitting, private_calibration
-  from sparse_dp.models import pctr_data
 
   check_vocabulary_scale(args)
   job_flags.categorical_features(args)
@@ -193,7 +200,44 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   if args.reader == "pandas":  # before any work: the record's key stays out of --out
     training_examples.refuse_secrets_inside(secrets, out, "--out")
   out.mkdir(parents=True, exist_ok=True)
-  recorded = None  # the training examples, when held in memory (--reader pandas)
+  data = job_output.Phases("sparse-dp train")
+  with data.phase("data"):
+    train_inputs, held_out, vocabulary, skipped, recorded, settings = _inputs(
+        args, algorithms, out, bool(private), settings)
+  results = []
+  for algorithm in algorithms:
+    folder = out / algorithm if args.compare else out
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"sparse-dp train: {algorithm} on {_count(train_inputs):,} examples, "
+          f"{len(held_out[1]):,} held out", flush=True)
+    phases = job_output.Phases("sparse-dp train")
+    phases.seconds.update(data.seconds)  # read once for every algorithm
+    fit, preselection = fitting.train_and_evaluate(
+        algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
+        selection_share=args.selection_share,
+        calibration_share=private_calibration.job_share(
+            args.calibration_share, Algorithm.parse(algorithm).is_private, args.reader,
+            args.strategy), phases=phases)
+    metrics = {**fit.metrics, "vocabulary_scale": args.vocabulary_scale,
+               "table_rows": sum(vocabulary.sizes), "skipped_lines": skipped,
+               "noise_seed": args.noise_seed}
+    with phases.phase("outputs"):
+      _write_outputs(fit, metrics, preselection, vocabulary, folder, recorded, secrets)
+    metrics["phase_seconds"] = {name: round(value, 2) for name, value in phases.seconds.items()}
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    results.append(metrics)
+  if args.compare:
+    (out / "compare.json").write_text(json.dumps({"results": results}, indent=2))
+    (out / "compare.md").write_text(_markdown_table(results) + "\n")
+    _plot_comparison(results, out / "compare.png")
+  return results
+
+
+def _inputs(args, algorithms: list[str], out: pathlib.Path, private: bool, settings) -> tuple:
+  """The job's training and held-out inputs: ``(train, held_out, vocabulary, skipped lines,
+  the training examples held in memory (``--reader pandas``) or None, settings)``."""
+  from sparse_dp.models import pctr_data
+  recorded = None
   if args.reader == "batches":
     train_inputs, held_out, vocabulary, skipped = sample_job.sampled_inputs(
         args, algorithms, bool(private))
@@ -211,45 +255,30 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     train_inputs = pctr_data.model_inputs(split.train, vocabulary)
     held_out = pctr_data.model_inputs(split.held_out, vocabulary)
     skipped, recorded = split.skipped_lines, split.train
-  results = []
-  for algorithm in algorithms:
-    folder = out / algorithm if args.compare else out
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"sparse-dp train: {algorithm} on {_count(train_inputs):,} examples, "
-          f"{len(held_out[1]):,} held out", flush=True)
-    fit, preselection = fitting.train_and_evaluate(
-        algorithm, settings, train_inputs, held_out, vocabulary.sizes, fest_k=args.fest_k,
-        selection_share=args.selection_share,
-        calibration_share=private_calibration.job_share(
-            args.calibration_share, Algorithm.parse(algorithm).is_private, args.reader,
-            args.strategy))
-    metrics = {**fit.metrics, "vocabulary_scale": args.vocabulary_scale,
-               "table_rows": sum(vocabulary.sizes), "skipped_lines": skipped,
-               "noise_seed": args.noise_seed}
-    fit.model.save(folder / "model")
-    vocabulary.save(folder / "vocabulary.json")
-    stale = training_examples.remove_stale(folder)  # an earlier run's, of other data
-    if stale and (recorded is None or training_examples.LEGACY_FILE in stale):
-      print(f"sparse-dp train: removed {', '.join(stale)} of an earlier run from {folder}",
-            flush=True)
-    if recorded is not None:
-      key = training_examples.save(recorded, folder, secrets)
-      print(f"sparse-dp train: the key of the training examples' record is {key} (keep it "
-            "out of what you release; 'distill --teacher' needs it)", flush=True)
-    if preselection is not None:
-      (folder / "preselection.json").write_text(json.dumps(
-          {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))
-    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    _plot_training(fit.history, folder / "training.png")
-    fit.reliability.plot(folder / "reliability.png", title=(
-        f"{algorithm}: held-out log-loss {metrics['logloss']:.3f}\n(base rate "
-        f"{metrics['base_rate_logloss']:.3f}), ECE {metrics['ece']:.3f}"))
-    results.append(metrics)
-  if args.compare:
-    (out / "compare.json").write_text(json.dumps({"results": results}, indent=2))
-    (out / "compare.md").write_text(_markdown_table(results) + "\n")
-    _plot_comparison(results, out / "compare.png")
-  return results
+  return train_inputs, held_out, vocabulary, skipped, recorded, settings
+
+
+def _write_outputs(fit, metrics: dict, preselection, vocabulary, folder: pathlib.Path, recorded,
+                   secrets) -> None:
+  """Writes one algorithm's model, vocabulary, record key, preselection and plots."""
+  from sparse_dp.data import training_examples
+  fit.model.save(folder / "model")
+  vocabulary.save(folder / "vocabulary.json")
+  stale = training_examples.remove_stale(folder)  # an earlier run's, of other data
+  if stale and (recorded is None or training_examples.LEGACY_FILE in stale):
+    print(f"sparse-dp train: removed {', '.join(stale)} of an earlier run from {folder}",
+          flush=True)
+  if recorded is not None:
+    key = training_examples.save(recorded, folder, secrets)
+    print(f"sparse-dp train: the key of the training examples' record is {key} (keep it "
+          "out of what you release; 'distill --teacher' needs it)", flush=True)
+  if preselection is not None:
+    (folder / "preselection.json").write_text(json.dumps(
+        {"epsilon": preselection.epsilon, "kept_buckets": preselection.kept_buckets}))
+  _plot_training(fit.history, folder / "training.png")
+  fit.reliability.plot(folder / "reliability.png", title=(
+      f"{metrics['algorithm']}: held-out log-loss {metrics['logloss']:.3f}\n(base rate "
+      f"{metrics['base_rate_logloss']:.3f}), ECE {metrics['ece']:.3f}"))
 
 
 def _count(train_inputs) -> int:
@@ -268,9 +297,11 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
     if not eval_paths:
       raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
   elif args.data == "synthetic":
+    from sparse_dp.data import synthetic_cache
     from sparse_dp.data.synthetic import SyntheticCriteo
-    eval_paths = [SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed).write_day(
-        out / "synthetic_day_2.gz", 2, min(args.max_eval_examples, args.max_examples // 9 + 1))]
+    eval_paths = [synthetic_cache.write_day(
+        SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed), out / "synthetic_day_2.gz",
+        2, min(args.max_eval_examples, args.max_examples // 9 + 1))[0]]
   else:
     raise ValueError("--reader tfdata streams --data and evaluates on other files: give "
                      "--eval-data PATH_OR_GLOB (e.g. the last day)")
