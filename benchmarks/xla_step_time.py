@@ -62,9 +62,14 @@ def main() -> int:
   parser.add_argument("--pctr-steps", type=int, default=5)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--out", required=True)
+  parser.add_argument("--runs-from", help="a log of an earlier run's printed runs (one JSON "
+                      "object a line): write its report without measuring again")
   args = parser.parse_args()
   started, runs = time.time(), []
-  for repeat in range(args.repeats):
+  if args.runs_from:
+    lines = pathlib.Path(args.runs_from).read_text().splitlines()
+    runs = [json.loads(line) for line in lines if line.startswith('{"')]
+  for repeat in range(0 if args.runs_from else args.repeats):
     for xla in (False, True):
       results = step_times(args.vocab, args.trainers, args.steps, xla) if args.vocab else []
       results += [pctr_step_time(algorithm, args.pctr_steps, xla)
@@ -73,7 +78,7 @@ def main() -> int:
         runs.append({**result, "repeat": repeat})
         print(json.dumps(runs[-1]), flush=True)
   ratios = {}
-  for key in sorted({(r["trainer"], r["vocab"]) for r in runs}):
+  for key in sorted({(r["trainer"], r["vocab"]) for r in runs}, key=str):
     paired = [(x["seconds_per_step"], g["seconds_per_step"])
               for x in runs for g in runs
               if (x["trainer"], x["vocab"]) == key == (g["trainer"], g["vocab"])
@@ -84,7 +89,8 @@ def main() -> int:
   report = {"benchmark": "xla_step_time", "steps": args.steps, "repeats": args.repeats,
             "pctr_steps": args.pctr_steps, "load_average": os.getloadavg(),
             "machine": f"{os.cpu_count()} cores",
-            "wall_seconds": round(time.time() - started), "xla_over_graph": ratios, "runs": runs}
+            "wall_seconds": (None if args.runs_from else round(time.time() - started)),
+            "xla_over_graph": ratios, "runs": runs}
   with open(args.out, "w") as out:
     json.dump(report, out, indent=1)
   print(json.dumps(ratios, indent=1))

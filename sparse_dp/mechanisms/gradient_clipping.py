@@ -69,18 +69,21 @@ def per_example_row_gradients(example: tf.Tensor, row: tf.Tensor,
   return RowGradients(example, row, values)
 
 
-def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor) -> RowGradients:
+def restrict_to_rows(gradients: RowGradients, rows: tf.Tensor,
+                     sorted_rows: bool = False) -> RowGradients:
   """Keeps only the gradients of the selected rows (Algorithm 1, line 8).
 
   Args:
     gradients: one table's per-example row gradients.
     rows: the selected rows, a padded row list (sorted, distinct, then ``PAD``).
+    sorted_rows: whether ``gradients.row`` is sorted (as :func:`per_example_row_gradients`
+      returns it), which spares a sort under XLA.
 
   Returns:
     ``gradients`` with the triples of other rows made padding (row ``PAD``, zero values).
       The shapes stay.
   """
-  _, found = sorted_lookup(tf.cast(rows, tf.int64), gradients.row)
+  _, found = sorted_lookup(tf.cast(rows, tf.int64), gradients.row, sorted_rows)
   keep = tf.logical_and(found, padding.is_valid(gradients.row))
   return RowGradients(gradients.example, tf.where(keep, gradients.row, padding.PAD),
                       padding.mask_rows(gradients.values, keep))

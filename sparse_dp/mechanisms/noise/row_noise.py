@@ -20,7 +20,8 @@ from sparse_dp.mechanisms.rows import padding
 from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 
 
-def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.Tensor:
+def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor,
+                sorted_indices: bool = False) -> tf.Tensor:
   """The clipped sum restricted to the selected rows, as a dense tensor.
 
   Repeated indices are summed.
@@ -30,12 +31,14 @@ def sum_on_rows(clipped_sum: tf.IndexedSlices, selected_rows: tf.Tensor) -> tf.T
   Args:
     clipped_sum: one table's sum of clipped per-example gradients.
     selected_rows: a padded row list ``[m]`` (sorted, distinct, then ``PAD``).
+    sorted_indices: whether ``clipped_sum``'s indices are sorted (spares a sort under XLA).
 
   Returns:
     ``[m, d]``; row ``i`` is the sum of ``clipped_sum``'s slices at ``selected_rows[i]``.
   """
   selected_rows = tf.cast(selected_rows, tf.int64)
-  slot, is_selected = sorted_lookup(selected_rows, tf.cast(clipped_sum.indices, tf.int64))
+  slot, is_selected = sorted_lookup(selected_rows, tf.cast(clipped_sum.indices, tf.int64),
+                                    sorted_indices)
   size = tf.size(selected_rows, out_type=tf.int64)
   # Dropped entries go to one extra segment past the end, cut off after the sum.
   return tf.math.unsorted_segment_sum(tf.convert_to_tensor(clipped_sum.values),

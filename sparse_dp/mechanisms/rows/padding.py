@@ -47,7 +47,7 @@ def is_valid(rows: tf.Tensor) -> tf.Tensor:
   return tf.not_equal(rows, PAD)
 
 
-def padded_unique(values: tf.Tensor) -> PaddedUnique:
+def padded_unique(values: tf.Tensor, is_sorted: bool = False) -> PaddedUnique:
   """The distinct values of a vector, sorted, in a buffer of the vector's length.
 
   A sort-based unique: sort, mark the first of each run of equal values, and number the runs by
@@ -58,6 +58,7 @@ def padded_unique(values: tf.Tensor) -> PaddedUnique:
 
   Args:
     values: int64 ``[n]``, each ``>= 0`` or :data:`PAD`.
+    is_sorted: whether ``values`` are sorted already (then no sort is made).
 
   Returns:
     ``PaddedUnique(values, slot, count)``.
@@ -67,14 +68,15 @@ def padded_unique(values: tf.Tensor) -> PaddedUnique:
   """
   values = tf.cast(values, tf.int64)
   size = tf.size(values, out_type=tf.int64)
-  order = tf.argsort(values, stable=True)
-  ordered = tf.gather(values, order)
+  order = None if is_sorted else tf.argsort(values, stable=True)
+  ordered = values if is_sorted else tf.gather(values, order)
   previous = tf.concat([tf.constant([-1], tf.int64), ordered], axis=0)[:-1]
   first = tf.not_equal(ordered, previous)
   run = scans.cumsum(tf.cast(first, tf.int64)) - 1
   # An empty segment (past the last run) takes unsorted_segment_min's identity: PAD.
   distinct = tf.math.unsorted_segment_min(ordered, run, size)
-  slot = tf.tensor_scatter_nd_update(tf.zeros_like(values), order[:, None], run)
+  slot = run if is_sorted else tf.tensor_scatter_nd_update(tf.zeros_like(values),
+                                                           order[:, None], run)
   count = tf.math.count_nonzero(tf.logical_and(first, is_valid(ordered)), dtype=tf.int64)
   return PaddedUnique(distinct, slot, count)
 

@@ -45,14 +45,16 @@ def cumsum(values: tf.Tensor) -> tf.Tensor:
   return total
 
 
-def searchsorted(sorted_values: tf.Tensor, queries: tf.Tensor, side: str) -> tf.Tensor:
+def searchsorted(sorted_values: tf.Tensor, queries: tf.Tensor, side: str,
+                 sorted_queries: bool = False) -> tf.Tensor:
   """``tf.searchsorted`` of vectors (int64 positions).
 
   Under XLA: the number of sorted values below each query (``side="left"``;
   not above it for ``"right"``) is its position in a stable sort of both
   lists together, minus its rank among the queries. The queries go first in
   the concatenation for ``"left"`` (a query sorts before equal values) and
-  last for ``"right"``.
+  last for ``"right"``. ``sorted_queries``: the queries are sorted too, so their rank
+  is their index (one sort instead of two).
   """
   if not compiling_with_xla():
     return tf.searchsorted(sorted_values, queries, side=side, out_type=tf.int64)
@@ -65,6 +67,8 @@ def searchsorted(sorted_values: tf.Tensor, queries: tf.Tensor, side: str) -> tf.
     merged, first_query = tf.concat([sorted_values, queries], 0), num_values
   position = tf.gather(_inverse(tf.argsort(merged, stable=True)),
                        first_query + tf.range(num_queries))
+  if sorted_queries:
+    return position - tf.range(num_queries)
   return position - _inverse(tf.argsort(queries, stable=True))
 
 

@@ -73,8 +73,7 @@ class StackedTables:
 
   def table_of(self, rows: tf.Tensor) -> tf.Tensor:
     """The table of each stacked row (int64), ``num_tables`` for ``PAD``."""
-    ends = tf.constant(self.offsets[1:], tf.int64)
-    table = scans.searchsorted(ends, padding.safe_rows(rows), side="right")
+    table = _count_at_most(tf.constant(self.offsets[1:], tf.int64), padding.safe_rows(rows))
     return tf.where(padding.is_valid(rows), table, self.num_tables)
 
   def coordinate_mask(self, rows: tf.Tensor) -> tf.Tensor:
@@ -89,9 +88,8 @@ class StackedTables:
     Args:
       sorted_rows: a padded row list of stacked rows (sorted, then ``PAD``).
     """
-    first = scans.searchsorted(sorted_rows, tf.constant(self.offsets[:-1], tf.int64), "left")
-    last = scans.searchsorted(sorted_rows, tf.constant(self.offsets[1:], tf.int64), "left")
-    return first, last
+    below = _count_below(sorted_rows, tf.constant(self.offsets, tf.int64))  # [T + 1]
+    return below[:-1], below[1:]
 
   def split(self, sorted_rows: tf.Tensor, values: Optional[tf.Tensor] = None,
             rooms: Optional[Sequence] = None) -> list[tuple]:
@@ -124,3 +122,24 @@ class StackedTables:
       parts.append((tf.where(padding.is_valid(part), part - int(self.offsets[t]), part),
                     None if values is None else tf.gather(values, index)[:, :self.widths[t]]))
     return parts
+
+
+# Up to this many tables, a search among their offsets compares every pair (O(n T), a fused
+# elementwise op) rather than sorting (XLA:CPU sorts about 3x slower than TensorFlow's kernel,
+# and its search is a sort: mechanisms.rows.scans).
+_COMPARED_TABLES = 64
+
+
+def _count_at_most(sorted_bounds: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """For each of ``values``, how many of ``sorted_bounds`` are ``<= value`` (int64)."""
+  if sorted_bounds.shape[0] > _COMPARED_TABLES:
+    return scans.searchsorted(sorted_bounds, values, side="right")
+  return tf.math.count_nonzero(sorted_bounds[None, :] <= values[:, None], axis=1,
+                               dtype=tf.int64)
+
+
+def _count_below(sorted_values: tf.Tensor, bounds: tf.Tensor) -> tf.Tensor:
+  """For each of ``bounds``, how many of ``sorted_values`` are ``< bound`` (int64)."""
+  if bounds.shape[0] > _COMPARED_TABLES + 1:
+    return scans.searchsorted(sorted_values, bounds, side="left")
+  return tf.math.count_nonzero(sorted_values[None, :] < bounds[:, None], axis=1, dtype=tf.int64)

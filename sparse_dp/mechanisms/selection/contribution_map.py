@@ -103,6 +103,6 @@ def clipped_contribution_maps(per_table: Sequence[Activations],
 
 
 def _sum_by_row(rows: tf.Tensor, values: tf.Tensor) -> ContributionMap:
-  unique = padding.padded_unique(rows)
+  unique = padding.padded_unique(rows, is_sorted=True)  # Activations.row is sorted
   summed = tf.math.unsorted_segment_sum(values, unique.slot, tf.size(rows, out_type=tf.int64))
   return ContributionMap(unique.values, summed)

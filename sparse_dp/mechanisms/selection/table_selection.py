@@ -82,7 +82,8 @@ def table_rooms(lookups: Sequence, vocabulary_sizes: Sequence[int], threshold: f
 
 def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTables,
                         batch_size: tf.Tensor, clip_norm: float, threshold: float,
-                        noise_stddev: float, seed: tf.Tensor) -> StackedSelection:
+                        noise_stddev: float, seed: tf.Tensor,
+                        distinct: bool = False) -> StackedSelection:
   """DP-AdaFEST's row selection (Algorithm 1, lines 6-8) of every table in one draw.
 
   The law is :func:`select_rows_of_tables`'s; the lookups come in the stacked id space.
@@ -93,6 +94,8 @@ def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTabl
     stacked: the tables, laid end to end.
     batch_size, clip_norm, threshold, noise_stddev, seed: as for
       :func:`select_rows_of_tables` (``B``, ``C1``, ``tau``, ``sigma1 C1``, a ``[2]`` seed).
+    distinct: the pairs are distinct already and sorted by ``(row, example)``, then ``PAD``
+      (as :func:`~sparse_dp.mechanisms.per_example_row_gradients` returns them): no sort.
 
   Returns:
     The :class:`StackedSelection`.
@@ -102,8 +105,9 @@ def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTabl
       rows expected to pass by noise alone.
   """
   batch_size = tf.cast(batch_size, tf.int64)
-  example, row, _ = distinct_pairs(tf.cast(example, tf.int64), tf.cast(row, tf.int64),
-                                   batch_size)
+  example, row = tf.cast(example, tf.int64), tf.cast(row, tf.int64)
+  if not distinct:
+    example, row, _ = distinct_pairs(example, row, batch_size)
   (contribution,) = clipped_contribution_maps([Activations(example, row, batch_size)], clip_norm)
   chosen = threshold_rows(contribution, stacked.num_rows, threshold, noise_stddev, seed)
   rows = merged_rows(contribution, chosen)

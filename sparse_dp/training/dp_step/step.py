@@ -141,7 +141,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     tables = _Tables(layers, stacked, recorded.lookups_per_example, recorded.batch_size)
     if noise.sparse and layers:
       selection = _select_rows(stacked, recorded.rows.example, recorded.rows.row,
-                               recorded.batch_size, noise, selection_seed)
+                               recorded.batch_size, noise, selection_seed, distinct=True)
     sums, losses = _clipped_sums(leaves, recorded, selection, noise), recorded.losses
     ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
   else:
@@ -197,16 +197,19 @@ def _refuse_over_capacity(over_capacity: Optional[tf.Tensor]) -> list:
                               [OVER_CAPACITY_MESSAGE])]
 
 
-def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed):
+def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed,
+                 distinct: bool = False):
   """Every table's selected rows, from the contribution map of the whole batch.
 
-  ``(example, row)`` lists the batch's lookups in the stacked id space. One selection for all
+  ``(example, row)`` lists the batch's lookups in the stacked id space (``distinct``: the
+  distinct pairs, sorted, as the per-example row gradients hold them). One selection for all
   tables (:func:`~sparse_dp.mechanisms.select_stacked_rows`).
   """
-  (example, row), batch_size = _gather_across_replicas((example, row), batch_size)
+  (example, row), gathered_size = _gather_across_replicas((example, row), batch_size)
   return mechanisms.select_stacked_rows(
-      example, row, stacked, batch_size, noise.contribution_clip, noise.threshold,
-      noise.contribution_multiplier * noise.contribution_clip, seed)
+      example, row, stacked, gathered_size, noise.contribution_clip, noise.threshold,
+      noise.contribution_multiplier * noise.contribution_clip, seed,
+      distinct=distinct and gathered_size is batch_size)  # gathered replicas' are not sorted
 
 
 def _gather_across_replicas(pairs, batch_size):
@@ -239,7 +242,7 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selection,
   """
   rows = recorded.rows
   if rows is not None and selection is not None:
-    rows = mechanisms.restrict_to_rows(rows, selection.rows)
+    rows = mechanisms.restrict_to_rows(rows, selection.rows, sorted_rows=True)
   batch_size = recorded.batch_size
   squared = [tf.zeros([batch_size])]
   if rows is not None:
@@ -388,7 +391,8 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: St
   first_table = next((i for i, layer in enumerate(leaves) if isinstance(layer, Embedding)), None)
   if first_table is not None and noise.sparse:  # DP-AdaFEST: noise on the selected rows only
     rows = selection.rows
-    kept = mechanisms.sum_on_rows(tf.IndexedSlices(sums.tables[1], sums.tables[0]), rows)
+    kept = mechanisms.sum_on_rows(tf.IndexedSlices(sums.tables[1], sums.tables[0]), rows,
+                                  sorted_indices=True)
     draw = mechanisms.row_sparse_noise(rows, kept, std * adds_noise, seeds[2 * first_table],
                                        stacked.coordinate_mask(rows))
     signal.append(tf.reduce_sum(tf.square(kept)))

@@ -82,3 +82,20 @@ def test_bad_sizes_or_widths_are_refused():
     StackedTables([3, 4], [2])
   with pytest.raises(ValueError, match="one positive size and width per table"):
     StackedTables([3, 0], [2, 2])
+
+
+@pytest.mark.parametrize("num_tables", [3, 100])  # compared pairwise, and searched
+def test_table_of_and_bounds_agree_with_numpy(num_tables):
+  rng = np.random.default_rng(num_tables)
+  sizes = rng.integers(1, 20, num_tables)
+  stacked = StackedTables(sizes, [2] * num_tables)
+  rows = np.sort(rng.choice(stacked.num_rows, stacked.num_rows // 2, replace=False))
+  padded = tf.constant(np.concatenate([rows, [PAD] * 4]), tf.int64)
+  ends = np.cumsum(sizes)
+  np.testing.assert_array_equal(stacked.table_of(padded).numpy(),
+                                np.concatenate([np.searchsorted(ends, rows, side="right"),
+                                                [num_tables] * 4]))
+  first, last = stacked.bounds(padded)
+  starts = np.concatenate([[0], ends[:-1]])
+  np.testing.assert_array_equal(first.numpy(), np.searchsorted(rows, starts, side="left"))
+  np.testing.assert_array_equal(last.numpy(), np.searchsorted(rows, ends, side="left"))
