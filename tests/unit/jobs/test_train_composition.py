@@ -39,7 +39,8 @@ def trained_settings(monkeypatch, algorithm, settings, **shares):
   """The settings ``train_and_evaluate`` hands its fit, and the preselection it made."""
   seen = {}
 
-  def stub(algorithm, settings, train, held_out, sizes, preselection=None, observers=()):
+  def stub(algorithm, settings, train, held_out, sizes, preselection=None, observers=(),
+           phases=None):
     seen.update(settings=settings, preselection=preselection)
     return types.SimpleNamespace(metrics={"poisson_sampling": True})
 
