@@ -15,17 +15,18 @@ in-place update. Not fingerprinted: engine-held tables and models on
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from sparse_dp.mechanisms.rows.padding import PAD, is_valid, mask_rows, safe_rows
+from sparse_dp.mechanisms.rows.padding import PAD, is_valid, safe_rows
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
 _ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525
 _CHUNK_ROWS = 1 << 16
+_STACKED_ROWS = 1 << 12  # a variable updated whole is read in a stack up to this many rows
 RELATIVE_TOLERANCE = 1e-10
 
 
@@ -79,7 +80,7 @@ def _as_rows(values: tf.Tensor) -> tf.Tensor:
 
 def _rows_of(variable, rows: tf.Tensor) -> tf.Tensor:
   """Rows ``rows`` (a padded row list) of a table; the padding reads as zeros."""
-  return mask_rows(tf.gather(variable, safe_rows(rows)), is_valid(rows))
+  return tf.where(is_valid(rows)[:, None], tf.gather(variable, safe_rows(rows)), 0.0)
 
 
 def variable_sum(index, variable) -> tf.Tensor:
@@ -191,31 +192,41 @@ class Fingerprint:
     A row-sparse gradient's indices are a sorted row list (the DP step's: its selected rows,
     then ``PAD``, or all row 0 in a refused step), read once each. Indices that were not sorted
     would be read as often as they repeat, and the fingerprint would then differ from the
-    weights': a refusal, never a pass. Every table's rows are read as one stack
-    (:class:`_TableRows`): the graph does not grow by a read per table.
+    weights': a refusal, never a pass. Every table's updated rows are read as one stack, and
+    the variables of at most ``_STACKED_ROWS`` rows updated whole (a ``Dense`` layer's) as
+    one stack per width (:class:`_StackedRead`): the graph does not grow by a read per
+    variable.
 
     ``read`` is handed to :meth:`after_update`; ``gradients`` are the ones to apply: the
     same values, under XLA made to depend on the sums read (see the module docstring).
     """
-    read, ordered, sparse = _Read([], None, None), dict(gradients), []
+    read, ordered, tables, small = _Read([], []), dict(gradients), [], []
     for index, variable in enumerate(self.variables):
       gradient = gradients.get(variable.ref())
       if gradient is None:
         continue
       if _row_sparse(gradient, variable):  # a table's selected rows (padded list)
-        sparse.append((index, variable, _first_of_each(tf.cast(gradient.indices, tf.int64))))
+        tables.append((index, variable, _first_of_each(tf.cast(gradient.indices, tf.int64))))
+      elif _num_rows(variable) <= _STACKED_ROWS:  # a Dense layer's weight, read whole
+        small.append((index, variable, None))
+      else:  # a table updated on every row (DP-SGD), a chunk at a time
+        before = variable_sum(index, variable)
+        read.whole.append((index, before))
+        if compiling_with_xla():
+          ordered[variable.ref()] = _after(gradient, before)
+    widths = sorted({_width(variable) for _, variable, _ in small})
+    # One stack of the tables' rows (few: the selected ones), one per width of the others,
+    # which are read whole (padding a narrow table to a kernel's width would be costly).
+    groups = [tables] + [[e for e in small if _width(e[1]) == width] for width in widths]
+    for entries in groups:
+      if not entries:
         continue
-      before = variable_sum(index, variable)  # every row: a dense variable, a DP-SGD table
-      read.whole.append((index, before))
+      stack = _StackedRead(entries)
+      before = stack.sums()
+      read.stacks.append((stack, before))
       if compiling_with_xla():
-        ordered[variable.ref()] = _after(gradient, before)
-    if sparse:
-      read = read._replace(tables=_TableRows(sparse))
-      read = read._replace(tables_before=read.tables.sums())
-      if compiling_with_xla():
-        total = tf.reduce_sum(read.tables_before)
-        for _, variable, _ in sparse:
-          ordered[variable.ref()] = _after(gradients[variable.ref()], total)
+        for _, variable, _ in entries:
+          ordered[variable.ref()] = _after(gradients[variable.ref()], tf.reduce_sum(before))
     return read, ordered
 
   def after_update(self, read: "_Read") -> tuple[tf.Operation, dict]:
@@ -227,52 +238,67 @@ class Fingerprint:
     """
     deltas = {index: variable_sum(index, self.variables[index]) - before
               for index, before in read.whole}
-    if read.tables is not None:
-      changes = read.tables.sums() - read.tables_before
-      deltas.update(zip(read.tables.indices, tf.unstack(changes)))
+    for stack, before in read.stacks:
+      deltas.update(zip(stack.indices, tf.unstack(stack.sums() - before)))
     if not deltas:
       return tf.no_op(), deltas
     return self.value.assign_add(tf.add_n(list(deltas.values()))), deltas
 
 
-class _TableRows:
-  """The rows of several tables that an update changes, read as one stack.
+class _StackedRead:
+  """Rows of several variables, read as one stack.
 
-  Table ``k`` (fingerprint index ``indices[k]``) contributes its rows ``rows_k`` (a padded
-  row list); the stack holds every table's rows, their ``a(i)``, and each row's ``b`` padded
-  to the widest table, so that ``s`` of every table's rows is one product and one segment sum.
+  Entry ``k`` is ``(index, variable, rows)``: ``rows`` a padded row list of a table, or
+  ``None`` for every row of a small variable (read whole, :func:`_as_rows`). The stack holds
+  every entry's rows, their ``a(i)`` and their ``b`` padded to the widest, so that ``s`` of
+  every entry is one product and one segment sum.
   """
 
-  def __init__(self, tables: list):
-    self.indices = [index for index, _, _ in tables]
-    self.variables = [variable for _, variable, _ in tables]
-    self.rows = [rows for _, _, rows in tables]
-    self.width = max(int(variable.shape[-1]) for variable in self.variables)
+  def __init__(self, entries: list):
+    self.indices = [index for index, _, _ in entries]
+    self.variables = [variable for _, variable, _ in entries]
+    self.rows = [tf.range(_num_rows(variable), dtype=tf.int64) if rows is None else rows
+                 for _, variable, rows in entries]
+    self.whole = [rows is None for _, _, rows in entries]
+    self.widths = [_width(variable) for variable in self.variables]
+    self.width = max(self.widths)
     self.owner = tf.concat([tf.fill(tf.shape(rows), k) for k, rows in enumerate(self.rows)], 0)
     self.coefficients = _coefficients(tf.gather(tf.constant(self.indices, tf.int64), self.owner),
                                       tf.concat(self.rows, 0), _ROW)
     self.columns = tf.constant(np.stack([
-        np.pad(_column_coefficients(index, int(variable.shape[-1])),
-               (0, self.width - int(variable.shape[-1])))
-        for index, variable in zip(self.indices, self.variables)]))
+        np.pad(_column_coefficients(index, width), (0, self.width - width))
+        for index, width in zip(self.indices, self.widths)]))
 
   def sums(self) -> tf.Tensor:
-    """float64 ``[K]``: ``s`` of each table's rows now."""
+    """float64 ``[K]``: ``s`` of each entry's rows now."""
     values = tf.concat([
-        tf.pad(tf.cast(_rows_of(variable, rows), tf.float64),
-               [[0, 0], [0, self.width - int(variable.shape[-1])]])
-        for variable, rows in zip(self.variables, self.rows)], 0)
+        tf.pad(tf.cast(_as_rows(tf.convert_to_tensor(variable)) if whole
+                       else _rows_of(variable, rows), tf.float64),
+               [[0, 0], [0, self.width - width]])
+        for variable, rows, whole, width in zip(self.variables, self.rows, self.whole,
+                                                self.widths)], 0)
     per_row = self.coefficients * tf.reduce_sum(values * tf.gather(self.columns, self.owner), 1)
     return tf.math.unsorted_segment_sum(per_row, self.owner, len(self.indices))
 
 
-class _Read(NamedTuple):
-  """What :meth:`Fingerprint.before_update` read: each wholly updated variable's ``s``, and
-  the updated tables' rows with their ``s`` before the update."""
+def _num_rows(variable) -> int:
+  """The rows of a variable as rows (:func:`_as_rows`)."""
+  shape = variable.shape
+  return int(np.prod(shape[:-1])) if shape.rank >= 2 else 1
 
-  whole: list  # (index, s before) per variable read whole
-  tables: Optional[_TableRows]
-  tables_before: Optional[tf.Tensor]  # float64 [K]
+
+def _width(variable) -> int:
+  """The width of a variable as rows (:func:`_as_rows`)."""
+  shape = variable.shape
+  return int(shape[-1]) if shape.rank >= 2 else max(1, int(shape.num_elements()))
+
+
+class _Read(NamedTuple):
+  """What :meth:`Fingerprint.before_update` read: each large variable read whole and its
+  ``s``, and the stacks of the other variables' rows with their ``s`` before the update."""
+
+  whole: list  # (index, s before) per variable read whole, a chunk at a time
+  stacks: list  # (_StackedRead, float64 [K] s before)
 
 
 def _first_of_each(sorted_rows: tf.Tensor) -> tf.Tensor:
