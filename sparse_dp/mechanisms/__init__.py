@@ -24,7 +24,7 @@ from sparse_dp.mechanisms.noise.row_noise import add_row_sparse_noise, row_spars
 from sparse_dp.mechanisms.randomness.gaussian import standard_normal
 from sparse_dp.mechanisms.randomness.seeds import fold_in, portable, split
 from sparse_dp.mechanisms.rows.activations import Activations, activations, distinct_pairs
-from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows
+from sparse_dp.mechanisms.rows.padding import PAD, is_valid, padded_unique, safe_rows, sum_by_row
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.mechanisms.selection.contribution_map import (
@@ -44,9 +44,9 @@ from sparse_dp.mechanisms.selection.row_selection import (
 )
 from sparse_dp.mechanisms.selection.table_selection import (
     StackedSelection,
+    false_positive_rooms,
     select_rows_of_tables,
     select_stacked_rows,
-    table_rooms,
 )
 from sparse_dp.mechanisms.selection.top_k import bucket_counts, dp_top_k, public_top_k
 
@@ -58,9 +58,10 @@ __all__ = [
     "clipped_rows",
     "contribution_clip_weights",
     "contribution_maps", "distinct_pairs", "dp_top_k", "false_positive_capacity", "fold_in",
-    "false_positive_probability", "is_valid", "padded_bernoulli_positions", "padded_unique",
+    "false_positive_probability", "false_positive_rooms", "is_valid",
+    "padded_bernoulli_positions", "padded_unique",
     "per_example_row_gradients", "portable", "public_top_k", "restrict_to_rows",
     "row_sparse_noise", "safe_rows", "sample_zero_rows", "select_rows", "select_rows_of_tables",
-    "select_stacked_rows", "table_rooms",
-    "split", "squared_norms", "standard_normal", "sum_on_rows", "zero_examples",
+    "select_stacked_rows",
+    "split", "squared_norms", "standard_normal", "sum_by_row", "sum_on_rows", "zero_examples",
 ]

@@ -146,10 +146,8 @@ def clipped_rows(gradients: RowGradients, factors: tf.Tensor) -> tuple[tf.Tensor
     ``(rows, values)`` as long as ``gradients``: a padded row list (the distinct rows, sorted,
       then ``PAD``) and each row's summed vector (zeros on the padding).
   """
-  scaled = gradients.values * tf.gather(factors, gradients.example)[:, None]
-  rows = padding.padded_unique(gradients.row)
-  size = tf.size(gradients.row, out_type=tf.int64)
-  return rows.values, tf.math.unsorted_segment_sum(scaled, rows.slot, size)
+  return padding.sum_by_row(gradients.row,
+                            gradients.values * tf.gather(factors, gradients.example)[:, None])
 
 
 def clipped_row_sum(gradients: RowGradients, factors: tf.Tensor,

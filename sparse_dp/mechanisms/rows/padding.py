@@ -81,6 +81,25 @@ def padded_unique(values: tf.Tensor, is_sorted: bool = False) -> PaddedUnique:
   return PaddedUnique(distinct, slot, count)
 
 
+def sum_by_row(rows: tf.Tensor, values: tf.Tensor,
+               is_sorted: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+  """The values of each distinct row summed, in a buffer of the inputs' length.
+
+  Args:
+    rows: int64 ``[n]``, each ``>= 0`` or :data:`PAD`; they may repeat.
+    values: ``[n, ...]``, one value per entry of ``rows``.
+    is_sorted: whether ``rows`` are sorted already (:func:`padded_unique`).
+
+  Returns:
+    ``(rows, sums)``: the distinct rows, sorted, then ``PAD`` (:func:`padded_unique`), and
+      each one's sum of ``values`` (zeros past the distinct rows; ``PAD`` entries' values sum
+      into the first ``PAD`` slot).
+  """
+  unique = padded_unique(rows, is_sorted)
+  return unique.values, tf.math.unsorted_segment_sum(values, unique.slot,
+                                                     tf.size(rows, out_type=tf.int64))
+
+
 def safe_rows(rows: tf.Tensor) -> tf.Tensor:
   """Rows to gather or scatter at, the padding replaced by row 0.
 

@@ -60,16 +60,19 @@ class StackedTables:
     Returns:
       ``(rows [sum n_t], values [sum n_t, D])``, the tables' in order.
     """
-    stacked = [self.shifted(t, row) for t, row in enumerate(rows)]
     padded = [tf.pad(value, [[0, 0], [0, self.width - width]]) if width < self.width else value
               for value, width in zip(values, self.widths)]
-    return tf.concat(stacked, 0), tf.concat(padded, 0)
+    return self.stack_rows(rows), tf.concat(padded, 0)
 
-  def shifted(self, table: int, rows: tf.Tensor) -> tf.Tensor:
-    """Rows of ``table`` as stacked rows, ``PAD`` kept."""
-    rows = tf.cast(rows, tf.int64)
-    offset = int(self.offsets[table])
-    return tf.where(padding.is_valid(rows), rows + offset, rows) if offset else rows
+  def stack_rows(self, rows: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Each table's rows (int64 ``[n_t]`` in ``[0, c_t)`` or ``PAD``) as stacked rows, in
+    order: ``[sum n_t]``, ``PAD`` kept."""
+    shifted = []
+    for offset, table_rows in zip(self.offsets, rows):
+      table_rows = tf.cast(table_rows, tf.int64)
+      shifted.append(tf.where(padding.is_valid(table_rows), table_rows + int(offset), table_rows)
+                     if offset else table_rows)
+    return tf.concat(shifted, 0)
 
   def table_of(self, rows: tf.Tensor) -> tf.Tensor:
     """The table of each stacked row (int64), ``num_tables`` for ``PAD``."""

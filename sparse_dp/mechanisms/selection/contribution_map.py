@@ -97,12 +97,8 @@ def clipped_contribution_maps(per_table: Sequence[Activations],
       pairs.
   """
   weights = contribution_clip_weights(per_table, clip_norm)
-  return [_sum_by_row(a.row, padding.mask_rows(tf.gather(weights, a.example),
-                                               padding.is_valid(a.row)))
+  # Activations.row is sorted by construction: no sort to find its distinct rows.
+  return [ContributionMap(*padding.sum_by_row(
+              a.row, padding.mask_rows(tf.gather(weights, a.example), padding.is_valid(a.row)),
+              is_sorted=True))
           for a in per_table]
-
-
-def _sum_by_row(rows: tf.Tensor, values: tf.Tensor) -> ContributionMap:
-  unique = padding.padded_unique(rows, is_sorted=True)  # Activations.row is sorted
-  summed = tf.math.unsorted_segment_sum(values, unique.slot, tf.size(rows, out_type=tf.int64))
-  return ContributionMap(unique.values, summed)

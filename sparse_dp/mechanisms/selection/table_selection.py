@@ -64,20 +64,18 @@ class StackedSelection(NamedTuple):
     return tf.logical_or(self.cut, num_rows > tf.stack([tf.cast(r, tf.int64) for r in rooms]))
 
 
-def table_rooms(lookups: Sequence, vocabulary_sizes: Sequence[int], threshold: float,
-                noise_stddev: float) -> list:
-  """Per table, the room of its selected rows: its lookups plus
-  ``false_positive_capacity(c_t, p)`` (static where the lookups are, as under XLA).
+def false_positive_rooms(vocabulary_sizes: Sequence[int], threshold: float,
+                         noise_stddev: float) -> list[int]:
+  """Per table, the room for its false positives, ``false_positive_capacity(c_t, p)``; a
+  table's selected rows have room for its lookups plus these.
 
   Args:
-    lookups: per table, its lookups in the batch (int scalars or int64 scalar tensors).
     vocabulary_sizes: ``c_t``.
     threshold: ``tau``.
     noise_stddev: ``sigma1 * C1``.
   """
   probability = false_positive_probability(threshold, noise_stddev)
-  return [lookup + false_positive_capacity(int(size), probability)
-          for lookup, size in zip(lookups, vocabulary_sizes)]
+  return [false_positive_capacity(int(size), probability) for size in vocabulary_sizes]
 
 
 def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTables,
@@ -171,11 +169,10 @@ def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],
   stacked = StackedTables(vocabulary_sizes, [1] * len(pairs))
   selection = select_stacked_rows(
       tf.concat([tf.cast(example, tf.int64) for example, _ in pairs], 0),
-      tf.concat([stacked.shifted(t, _checked(row, size))
-                 for t, ((_, row), size) in enumerate(zip(pairs, vocabulary_sizes))], 0),
+      stacked.stack_rows([_checked(row, size) for (_, row), size in zip(pairs, vocabulary_sizes)]),
       stacked, batch_size, clip_norm, threshold, noise_stddev, seed)
-  rooms = table_rooms([tf.size(row, out_type=tf.int64) for _, row in pairs], vocabulary_sizes,
-                      threshold, noise_stddev)
+  rooms = [tf.size(row, out_type=tf.int64) + room for (_, row), room in zip(
+      pairs, false_positive_rooms(vocabulary_sizes, threshold, noise_stddev))]
   parts = stacked.split(selection.rows, rooms=rooms)
   counts = zip(*(tf.unstack(n) for n in (selection.num_true_positives, selection.num_dropped,
                                          selection.num_false_positives,

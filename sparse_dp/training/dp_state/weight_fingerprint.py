@@ -225,8 +225,9 @@ class Fingerprint:
       before = stack.sums()
       read.stacks.append((stack, before))
       if compiling_with_xla():
+        total = tf.reduce_sum(before)
         for _, variable, _ in entries:
-          ordered[variable.ref()] = _after(gradients[variable.ref()], tf.reduce_sum(before))
+          ordered[variable.ref()] = _after(gradients[variable.ref()], total)
     return read, ordered
 
   def after_update(self, read: "_Read") -> tuple[tf.Operation, dict]:

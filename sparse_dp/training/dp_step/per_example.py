@@ -196,7 +196,7 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> 
     by_table = lookups.by_layer()
     ids = [_concat([lookup.row for lookup in by_table.get(t, [])], tf.int64, []) for t in tables]
     per_example_lookups[:] = [i.shape[0] for i in ids]
-    return tf.concat([stacked.shifted(t, i) for t, i in enumerate(ids)], 0)
+    return stacked.stack_rows(ids)
 
   found = _over_examples(one_example, data, _spec([None], tf.int64))
   example, ids, _ = _flat(found, None, stacked.width)

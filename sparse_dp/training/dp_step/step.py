@@ -161,11 +161,13 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     _, labels, predictions = losses_of(data)
     if labels is not None:
       on_outputs(labels, predictions, None if in_batch is None else tf.cast(in_batch, tf.float32))
-  over_capacity = None
+  over_capacity = rooms = None
   if selection is not None:
-    over_capacity = selection.over_capacity(tables.rooms(_false_positive_rooms(stacked, noise)))
+    rooms = tables.rooms(mechanisms.false_positive_rooms(
+        stacked.sizes, noise.threshold, noise.contribution_multiplier * noise.contribution_clip))
+    over_capacity = selection.over_capacity(rooms)
   with tf.control_dependencies(_refuse_over_capacity(over_capacity)):
-    gradients, stats = _add_noise(leaves, tables, sums, selection, noise, noise_seed,
+    gradients, stats = _add_noise(leaves, tables, sums, selection, rooms, noise, noise_seed,
                                   debug_metrics)
   if compiling_with_xla():  # for the host's refusals (host_guards)
     if over_capacity is not None:
@@ -173,12 +175,6 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     stats.update({f"{IDS_OUTSIDE}/{layer.name}": tf.cast(count > 0, tf.float32)
                   for layer, count in ids_outside.items()})
   return gradients, losses, stats
-
-
-def _false_positive_rooms(stacked, noise: StepNoise) -> list:
-  """Per table, the room for its false positives (``false_positive_capacity(c_t, p)``)."""
-  return mechanisms.table_rooms([0] * stacked.num_tables, stacked.sizes, noise.threshold,
-                                noise.contribution_multiplier * noise.contribution_clip)
 
 
 def _refuse_over_capacity(over_capacity: Optional[tf.Tensor]) -> list:
@@ -205,18 +201,24 @@ def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed,
   distinct pairs, sorted, as the per-example row gradients hold them). One selection for all
   tables (:func:`~sparse_dp.mechanisms.select_stacked_rows`).
   """
-  (example, row), gathered_size = _gather_across_replicas((example, row), batch_size)
+  replicas = _replicas()
+  if replicas > 1:
+    (example, row), batch_size = _gather_across_replicas((example, row), batch_size)
   return mechanisms.select_stacked_rows(
-      example, row, stacked, gathered_size, noise.contribution_clip, noise.threshold,
+      example, row, stacked, batch_size, noise.contribution_clip, noise.threshold,
       noise.contribution_multiplier * noise.contribution_clip, seed,
-      distinct=distinct and gathered_size is batch_size)  # gathered replicas' are not sorted
+      distinct=distinct and replicas == 1)  # replicas' lists together are not sorted
+
+
+def _replicas() -> int:
+  """The replicas in sync in the current replica context (1 outside one)."""
+  context = tf.distribute.get_replica_context()
+  return 1 if context is None else context.num_replicas_in_sync
 
 
 def _gather_across_replicas(pairs, batch_size):
   """All replicas' ``(example, row)`` pairs, examples numbered across replicas."""
   context = tf.distribute.get_replica_context()
-  if context is None or context.num_replicas_in_sync == 1:
-    return pairs, batch_size
   sizes = context.all_gather(batch_size[None], axis=0)
   offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
   example, row = pairs
@@ -362,16 +364,19 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noi
   _, dense, table_rows, table_values, losses, non_finite, outside = tf.while_loop(
       lambda index, *_: tf.cast(index, tf.int64) < tf.cast(chunks.count, tf.int64), body, start,
       maximum_iterations=chunks.count if chunks.static else None)
-  table_sums = _distinct(table_rows.concat(), table_values.concat()) if tables else None
+  # The micro-batches' rows repeat: summed per distinct row, as one batch's are.
+  table_sums = (mechanisms.sum_by_row(table_rows.concat(), table_values.concat()) if tables
+                else None)
   sums = _ClippedSums(table_sums, dict(zip(dense_refs, dense)), non_finite)
   losses = losses.concat()
   return (sums, losses[:chunks.rows] if chunks.static else losses, dict(zip(tables, outside)),
           list(chunk_lookups))
 
 
-def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: StepNoise, seed,
-               debug_metrics: bool = False):
-  """Clipped sums plus noise, divided by the expected batch size, per variable."""
+def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
+               noise: StepNoise, seed, debug_metrics: bool = False):
+  """Clipped sums plus noise, divided by the expected batch size, per variable; ``rooms``:
+  each table's part of the selection under XLA (``None`` in graph mode)."""
   context = tf.distribute.get_replica_context()
   adds_noise = 1.0 if context is None else tf.cast(
       tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
@@ -397,8 +402,7 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: St
                                        stacked.coordinate_mask(rows))
     signal.append(tf.reduce_sum(tf.square(kept)))
     noise_squared.append(tf.reduce_sum(tf.square(draw)))
-    parts = stacked.split(rows, (kept + draw) / noise.expected_batch_size,
-                          tables.rooms(_false_positive_rooms(stacked, noise)))
+    parts = stacked.split(rows, (kept + draw) / noise.expected_batch_size, rooms)
     for layer, (table_rows, values) in zip(tables.layers, parts):
       gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
           values, table_rows, tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
@@ -455,13 +459,6 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, noise: St
                                              tf.float32)
   # Keras sums (or takes the first of) per-replica logs: report once.
   return gradients, {name: value * adds_noise for name, value in stats.items()}
-
-
-def _distinct(rows: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-  """Stacked rows that may repeat (micro-batches' sums) as a padded row list and their sums."""
-  unique = mechanisms.padded_unique(rows)
-  return unique.values, tf.math.unsorted_segment_sum(values, unique.slot,
-                                                     tf.size(rows, out_type=tf.int64))
 
 
 def _divided(gradient, divisor: float):

@@ -111,9 +111,7 @@ def apply_round(optimizer, variables: dict, rows: tf.Tensor, gradients: tf.Tenso
   """One table's training round: ``gradients`` (``[n, d]``) summed per row of ``rows``
   (``[n]``, rows of ``variables``), then the optimizer's rule on each row present."""
   # A unique of static shape (XLA compiles it): distinct rows, then padding.
-  unique = padding.padded_unique(tf.cast(rows, tf.int64))
-  summed = tf.math.unsorted_segment_sum(gradients, unique.slot, tf.size(rows))
-  return _apply_rule(optimizer, variables, unique.values, summed)
+  return _apply_rule(optimizer, variables, *padding.sum_by_row(tf.cast(rows, tf.int64), gradients))
 
 
 def check_modelled(optimizer) -> None:
