@@ -19,7 +19,6 @@ import pandas as pd
 from sparse_dp.data.criteo_format import CATEGORICAL_NAMES, INTEGER_NAMES, NUM_FIELDS
 
 COLUMNS = ("label",) + INTEGER_NAMES + CATEGORICAL_NAMES
-_INTEGER = r"-?\d+"
 
 
 class MalformedLineError(ValueError):
@@ -92,7 +91,9 @@ class CriteoReader:
       fields.columns = list(COLUMNS)
       label_ok = fields["label"].isin(["0", "1"]).to_numpy()
       ints = fields[list(INTEGER_NAMES)]
-      int_ok = (ints.eq("") | ints.apply(lambda c: c.str.fullmatch(_INTEGER))).to_numpy()
+      # -?\d+ matched whole: one optional "-", then decimal digits (Unicode Nd, as \d).
+      int_ok = (ints.eq("") | ints.apply(
+          lambda c: c.str.removeprefix("-").str.isdecimal())).to_numpy()
       good_index = np.flatnonzero(~bad)
       for row in np.flatnonzero(~label_ok):
         bad[good_index[row]] = True

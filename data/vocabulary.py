@@ -51,8 +51,7 @@ class FeatureVocabulary:
     """int64 ids of ``values`` (``None`` for missing)."""
     missing = values.isna().to_numpy()
     if self.hash_buckets:
-      ids = FIRST_BUCKET_ID + hash_buckets(values.fillna("").to_numpy(dtype=str),
-                                           self.hash_buckets)
+      ids = FIRST_BUCKET_ID + hash_buckets(values.to_numpy(dtype=object), self.hash_buckets)
     else:
       lookup = {bucket: FIRST_BUCKET_ID + i for i, bucket in enumerate(self.buckets)}
       ids = values.map(lookup).fillna(OOV_ID).to_numpy(dtype=np.int64, copy=True)
@@ -148,8 +147,10 @@ class Vocabulary:
 def hash_buckets(values: np.ndarray, num_buckets: int) -> np.ndarray:
   """``values`` (strings) hashed to ``[0, num_buckets)`` by FarmHash Fingerprint64.
 
-  Hashes each distinct value once: Criteo features repeat heavily.
+  Hashes each distinct value once (Criteo features repeat heavily), found by a hash
+  table (``pd.factorize``, O(n)), not a sort. A missing value (``None``) gets bucket 0.
   """
   import tensorflow as tf
-  distinct, inverse = np.unique(values, return_inverse=True)
-  return tf.strings.to_hash_bucket_fast(distinct, num_buckets).numpy()[inverse]
+  codes, distinct = pd.factorize(values)  # a missing value's code is -1
+  hashed = tf.strings.to_hash_bucket_fast(np.asarray(distinct, dtype=str), num_buckets).numpy()
+  return np.append(hashed, 0)[codes]

@@ -16,6 +16,7 @@ from sparse_dp.accounting.noise_calibration import (
                                              calibrate,
                                              calibrate_after,
                                              calibrate_noise_multiplier,
+                                             release_noise_multiplier,
 )
 from sparse_dp.accounting.report import Epsilon, PrivacyReport
 from sparse_dp.accounting.schedule import BatchPhase, BatchSchedule, steps_for_epochs
@@ -26,5 +27,6 @@ __all__ = [
     "AccountantKind", "Algorithm", "BatchPhase", "BatchSchedule", "Epsilon", "PrivacyAccountant",
     "PrivacyReport", "PrivacySpec", "TopKSelectionCost", "Truncation", "UnreachableTargetError",
     "calibrate", "calibrate_after", "calibrate_noise_multiplier", "effective_noise_multiplier",
-    "gaussian_steps_event", "split_noise_multiplier", "steps_for_epochs",
+    "gaussian_steps_event", "release_noise_multiplier", "split_noise_multiplier",
+    "steps_for_epochs",
 ]

@@ -8,6 +8,7 @@ found by doubling, so that unreachable targets fail with a clear message.
 from __future__ import annotations
 
 import copy
+import math
 
 import dp_accounting
 
@@ -67,41 +68,63 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float,
 
 
 def calibrate_after(spent: PrivacyAccountant, target_epsilon: float, delta: float,
-                    steps: int) -> float:
-  """Smallest ``sigma`` of ``steps`` more full-batch Gaussian steps within the target.
+                    steps: int, sampling_rate: float = 1.0) -> float:
+  """Smallest ``sigma`` of ``steps`` more Gaussian steps on one sample, within the target.
 
-  The new steps (sampling rate 1, noise multiplier ``sigma``) are composed with
-  ``spent``'s events by ``dp_accounting``: one accountant over ``ComposedDpEvent([spent's
-  steps, SelfComposedDpEvent(GaussianDpEvent(sigma), steps)])``. Pure spends add. The
-  new steps get no budget of their own: the same ``delta`` covers all of it.
+  The new steps read one Poisson sample of rate ``q`` (``q = 1``: every example) and
+  each releases a sum of sensitivity 1 plus ``N(0, sigma^2)``. Adaptively composed, ``T``
+  such steps are exactly one Gaussian mechanism of noise multiplier ``sigma / sqrt(T)``
+  (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Cor. 3.3), so they
+  are accounted as one ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma / sqrt(T)))``
+  (:func:`release_noise_multiplier`), composed with ``spent``'s events by
+  ``dp_accounting``. Pure spends add. The new steps get no budget of their own: the
+  same ``delta`` covers all of it.
 
   Args:
     spent: what was spent before the new steps.
     target_epsilon: the total epsilon, ``spent``'s included.
     delta: the target delta.
-    steps: the number of new steps, an integer >= 1.
+    steps: the number of new steps ``T``, an integer >= 1.
+    sampling_rate: ``q`` of the one sample all ``T`` steps read, in ``(0, 1]``.
 
   Returns:
-    The least ``sigma`` that keeps ``spent`` plus the new steps ``<= target_epsilon``.
+    The least per-step ``sigma`` that keeps ``spent`` plus the new steps
+    ``<= target_epsilon``.
 
   Raises:
     UnreachableTargetError: ``spent`` already uses the target, or no ``sigma`` in the
       searched range meets it.
-    ValueError: ``target_epsilon`` is not a finite number > 0, or ``steps < 1``.
+    ValueError: ``target_epsilon`` is not a finite number > 0, ``steps < 1`` or
+      ``sampling_rate`` is outside ``(0, 1]``.
   """
   check_positive("target epsilon", target_epsilon)
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
+  BatchSchedule.constant(sampling_rate, 1)  # validates q
   remaining = target_epsilon - spent.pure_epsilon
   if remaining <= 0 or spent.get_training_epsilon(delta) >= remaining:
     raise UnreachableTargetError(
         f"epsilon {spent.get_epsilon(delta):g} is already spent of the target "
         f"{target_epsilon:g}: nothing is left for {steps} more steps")
 
-  def event(sigma: float):
-    return copy.deepcopy(spent).step(sigma, 1.0, steps).training_event()
+  def event(release: float):
+    return copy.deepcopy(spent).step(release, sampling_rate, 1).training_event()
 
-  return _least_noise(event, remaining, delta, spent.kind)
+  # Searched as the release's one Gaussian, whose noise multiplier the search's range bounds.
+  return _least_noise(event, remaining, delta, spent.kind) * math.sqrt(steps)
+
+
+def release_noise_multiplier(noise_multiplier: float, steps: int) -> float:
+  """``sigma / sqrt(T)``: the one Gaussian that ``T`` steps of ``sigma`` on one sample are.
+
+  Args:
+    noise_multiplier: ``sigma`` of each step.
+    steps: ``T``, an integer >= 1.
+
+  Returns:
+    The noise multiplier of the single equivalent Gaussian mechanism.
+  """
+  return noise_multiplier / math.sqrt(steps)
 
 
 def _least_noise(event, target_epsilon: float, delta: float, kind: AccountantKind) -> float:

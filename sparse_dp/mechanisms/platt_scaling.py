@@ -1,14 +1,15 @@
-"""Private Platt scaling: ``p = sigmoid(a z + b)`` fitted by full-batch noisy gradient descent.
+"""Private Platt scaling: ``p = sigmoid(a z + b)`` fitted by noisy gradient descent on a sample.
 
 Platt scaling (Platt, 1999) recalibrates a trained model's logit ``z`` by a logistic
 regression on it; with ``a > 0`` (kept ``>= MIN_SLOPE``) it changes no ranking. Each logit is
 clipped to ``[-Z, Z]``, so an example's logistic-loss gradient in ``(a, b)``,
 ``(sigmoid(a z~ + b) - y) (z~, 1)``, has norm at most ``C = sqrt(Z^2 + 1)``, whatever the
-model. Each of ``T`` steps releases the *sum* of the gradients plus ``N(0, (sigma C)^2 I_2)``:
-no sampling, a Gaussian mechanism of sensitivity ``C`` under add/remove, ``T`` of them
-composing as ``SelfComposedDpEvent(GaussianDpEvent(sigma), T)``
-(:func:`sparse_dp.accounting.calibrate_after`). The noisy sum is divided by a *public*
-``num_examples`` and the Adam update (Kingma & Ba, ICLR 2015) after it is post-processing.
+model. The fit reads one Poisson sample of rate ``q`` of the examples; each of ``T`` steps
+releases the *sum* of the sample's gradients plus ``N(0, (sigma C)^2 I_2)``. The ``T`` steps
+are one Gaussian of noise multiplier ``sigma / sqrt(T)`` on that sample, accounted as
+``PoissonSampledDpEvent(q, GaussianDpEvent(sigma / sqrt(T)))``
+(:func:`sparse_dp.accounting.calibrate_after`). The noisy sum is divided by the *public*
+``q N`` and the Adam update (Kingma & Ba, ICLR 2015) after it is post-processing.
 See docs/calibration.md ("Private Platt scaling").
 """
 
@@ -31,12 +32,13 @@ NOISE_STREAM = 2 ** 48
 
 @dataclasses.dataclass(frozen=True)
 class PlattMechanism:
-  """``steps`` noisy full-batch gradients of sensitivity ``sqrt(logit_clip^2 + 1)``."""
+  """``steps`` noisy gradient sums of sensitivity ``sqrt(logit_clip^2 + 1)`` on one sample."""
 
   noise_multiplier: float  # sigma
   steps: int = DEFAULT_STEPS  # T
   logit_clip: float = DEFAULT_LOGIT_CLIP  # Z
   learning_rate: float = DEFAULT_LEARNING_RATE
+  sampling_rate: float = 1.0  # q of the one Poisson sample the steps read
 
   def __post_init__(self):
     if not self.noise_multiplier > 0:
@@ -45,6 +47,8 @@ class PlattMechanism:
       raise ValueError(f"steps must be >= 1, got {self.steps}")
     if not self.logit_clip > 0:
       raise ValueError(f"logit_clip must be > 0, got {self.logit_clip}")
+    if not 0 < self.sampling_rate <= 1:
+      raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
 
   @property
   def sensitivity(self) -> float:
@@ -80,16 +84,29 @@ class PlattScaling:
   intercept: float
 
   @classmethod
-  def fit(cls, logits, labels, mechanism: PlattMechanism, num_examples: int,
+  def fit(cls, logits, labels, mechanism: PlattMechanism, expected_examples: float,
           noise_seed: int) -> "PlattScaling":
     """Fits ``(a, b)`` from ``mechanism.steps`` noisy gradient sums of ``(logits, labels)``.
 
-    ``num_examples`` is public (the training's), so it reveals nothing; the
-    noise of step ``t`` is keyed by ``(noise_seed, NOISE_STREAM + t)``. Starts at the
-    identity ``(1, 0)``.
+    Starts at the identity ``(1, 0)``; the noise of step ``t`` is keyed by
+    ``(noise_seed, NOISE_STREAM + t)``.
+
+    Args:
+      logits: the sample's logits ``z``.
+      labels: their labels ``y`` in ``{0, 1}``.
+      mechanism: the noise, steps, clip and step size.
+      expected_examples: the public ``q N`` each noisy sum is divided by (the sample's
+        size would reveal it).
+      noise_seed: the secret seed of the noise.
+
+    Returns:
+      The fitted map.
+
+    Raises:
+      ValueError: ``expected_examples <= 0``.
     """
-    if num_examples < 1:
-      raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+    if not expected_examples > 0:
+      raise ValueError(f"expected_examples must be > 0, got {expected_examples}")
     z = tf.reshape(tf.cast(logits, tf.float64), [-1])
     y = tf.reshape(tf.cast(labels, tf.float64), [-1])
     theta = tf.Variable(tf.constant([1.0, 0.0], tf.float64))
@@ -97,7 +114,7 @@ class PlattScaling:
     for t in range(mechanism.steps):
       seed = tf.constant([noise_seed, NOISE_STREAM + t], tf.int64)
       gradient = mechanism.noisy_gradient_sum(z, y, theta[0], theta[1], seed)
-      optimizer.apply_gradients([(gradient / num_examples, theta)])
+      optimizer.apply_gradients([(gradient / expected_examples, theta)])
       theta.assign(tf.stack([tf.maximum(theta[0], MIN_SLOPE), theta[1]]))
     slope, intercept = theta.numpy().tolist()
     return cls(slope, intercept)

@@ -313,11 +313,12 @@ def _calibrate(fit: FitResult, train, held_out, preselection: Optional[Preselect
                job_epsilon: float, noise_seed: Optional[int]) -> None:
   """Folds a private Platt scaling into ``fit.model`` and re-evaluates its calibration."""
   (x_train, y_train), (x_eval, y_eval) = train, held_out
-  x_train, x_eval = kept_buckets(x_train, preselection), kept_buckets(x_eval, preselection)
+  x_eval = kept_buckets(x_eval, preselection)
   before = {f"uncalibrated_{name}": fit.metrics[name]
             for name in ("logloss", "ece", "mean_predicted")}
-  recalibration = private_calibration.recalibrate(fit.model, x_train, y_train, job_epsilon,
-                                                  fit.metrics["delta"], noise_seed)
+  recalibration = private_calibration.recalibrate(
+      fit.model, x_train, y_train, job_epsilon, fit.metrics["delta"], noise_seed,
+      features=lambda x: kept_buckets(x, preselection))
   calibration, fit.reliability = private_calibration.held_out_metrics(fit.model,
                                                                       (x_eval, y_eval))
   fit.metrics.update(before, **calibration, **recalibration.metrics())

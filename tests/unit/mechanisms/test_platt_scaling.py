@@ -12,6 +12,7 @@ from sparse_dp import keras
 from sparse_dp.accounting import PrivacyAccountant, calibrate_after
 from sparse_dp.cli import main
 from sparse_dp.jobs.train import private_calibration
+from sparse_dp.mechanisms import bernoulli_positions
 from sparse_dp.mechanisms.platt_scaling import PlattMechanism, PlattScaling, noisy_gradient_sum
 from sparse_dp.models.calibration import log_loss
 from sparse_dp.training.dp_state.state import saved_state
@@ -62,6 +63,25 @@ def test_the_calibration_s_sigma_composes_with_training_to_the_job_s_epsilon():
     calibrate_after(PrivacyAccountant().step(1.0, q, steps), 0.1, delta, 50)
 
 
+def test_steps_on_one_sample_are_one_gaussian_and_amplified_by_its_rate():
+  # T Gaussian steps of sigma are the one Gaussian of sigma / sqrt(T): RDP adds exactly.
+  rdp = dp_accounting.rdp.RdpAccountant()
+  assert rdp.compose(dp_accounting.GaussianDpEvent(3.0), 50).get_epsilon(1e-6) == pytest.approx(
+      dp_accounting.rdp.RdpAccountant().compose(
+          dp_accounting.GaussianDpEvent(3.0 / np.sqrt(50))).get_epsilon(1e-6), rel=1e-12)
+  # On one Poisson sample of rate 0.2: the sampled Gaussian, built from dp_accounting alone.
+  spent, delta, rate = PrivacyAccountant().step(1.0, 0.01, 100), 1e-5, 0.2
+  sigma = calibrate_after(spent, 2.0, delta, 50, sampling_rate=rate)
+  accountant = pld.PLDAccountant()
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)),
+                     100)
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      rate, dp_accounting.GaussianDpEvent(sigma / np.sqrt(50))))
+  assert 0.99 * 2.0 <= accountant.get_epsilon(delta) <= 2.0 * (1 + 1e-3)
+  with pytest.raises(ValueError, match="sampling rate"):
+    calibrate_after(spent, 2.0, delta, 50, sampling_rate=1.5)
+
+
 def _logit_model() -> keras.Model:
   """``z = 3 x - 4``: a ranking as good as the truth's, its probabilities far too low."""
   inputs = keras.Input(shape=(1,))
@@ -97,16 +117,22 @@ def test_the_fitted_scaling_improves_log_loss_and_keeps_the_auc():
   assert log_loss(after[held_out], y[held_out]) < 0.5 * log_loss(before[held_out], y[held_out])
 
 
-def test_the_saved_model_s_record_includes_the_calibration(tmp_path):
+def _trained_logit_model(config) -> tuple:
+  """``_logit_model`` trained one epoch by ``make_private`` on 1,024 examples."""
   rng = np.random.default_rng(2)
   x = rng.normal(0, 1, (1024, 1)).astype(np.float32)
   y = (rng.random((1024, 1)) < 1 / (1 + np.exp(-x))).astype(np.float32)
   model = _logit_model()
   model.compile(optimizer=keras.optimizers.SGD(0.1),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  config = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, epsilon_budget=None, noise_seed=1)
   private = sparse_dp.make_private(model, config, num_examples=1024, batch_size=128)
   model.fit(private.poisson_dataset(x, y, epochs=1), verbose=0, callbacks=[private.callback()])
+  return model, private, x, y
+
+
+def test_the_saved_model_s_record_includes_the_calibration(tmp_path):
+  config = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, epsilon_budget=None, noise_seed=1)
+  model, private, x, y = _trained_logit_model(config)
   delta = 1 / 1024
   training = private.epsilon(delta=delta)
   recalibration = private_calibration.recalibrate(model, x, y, 2 * training, delta, noise_seed=1)
@@ -116,11 +142,36 @@ def test_the_saved_model_s_record_includes_the_calibration(tmp_path):
   model.save(tmp_path / "model")
   record = saved_state(str(tmp_path / "model"))
   platt = [run for run in record.runs if run.algorithm == private_calibration.PLATT_RUN]
-  assert len(platt) == 1 and platt[0].sampling_rate == 1.0
-  assert record.steps_by_run()[platt[0].run_id] == recalibration.mechanism.steps
+  assert len(platt) == 1 and platt[0].sampling_rate == 1.0  # N <= CALIBRATION_EXAMPLES
+  assert record.steps_by_run()[platt[0].run_id] == 1  # the T steps' one Gaussian
+  assert platt[0].noise_multiplier == pytest.approx(
+      recalibration.mechanism.noise_multiplier / np.sqrt(recalibration.mechanism.steps))
   reloaded = keras.models.load_model(tmp_path / "model")
   assert sparse_dp.make_private(reloaded, config, num_examples=1024, batch_size=128).epsilon(
       delta=delta) == pytest.approx(recalibration.epsilon, rel=1e-3)
+
+
+def test_a_large_training_set_is_calibrated_on_a_poisson_sample(monkeypatch):
+  monkeypatch.setattr(private_calibration, "CALIBRATION_EXAMPLES", 256)  # q = 256 / 1,024
+  config = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, epsilon_budget=None, noise_seed=1)
+  model, private, x, y = _trained_logit_model(config)
+  delta, logits = 1 / 1024, model.predict(x, verbose=0)
+  spent = private.accountant
+  recalibration = private_calibration.recalibrate(model, x, y, 1.5 * spent.get_epsilon(delta),
+                                                  delta, noise_seed=4)
+  mechanism = recalibration.mechanism
+  assert mechanism.sampling_rate == 0.25
+  # The fit read the examples at the positions of one Bernoulli(q) draw keyed by the seed.
+  sample = bernoulli_positions(
+      1024, 0.25, tf.constant([4, private_calibration.SAMPLE_STREAM], tf.int64)).numpy()
+  assert 0 < len(sample) < 1024
+  assert recalibration.scaling == PlattScaling.fit(logits[sample], y[sample], mechanism, 256, 4)
+  # Its epsilon: the training's events and the sample's one Gaussian, by dp_accounting.
+  release = dp_accounting.GaussianDpEvent(mechanism.noise_multiplier / np.sqrt(mechanism.steps))
+  event = dp_accounting.ComposedDpEvent(
+      [spent.training_event(), dp_accounting.PoissonSampledDpEvent(0.25, release)])
+  assert recalibration.epsilon == pytest.approx(
+      pld.PLDAccountant().compose(event).get_epsilon(delta), rel=1e-3)
 
 
 @pytest.mark.parametrize("share", ["-0.1", "1", "1.5"])
