@@ -44,6 +44,7 @@ class CriteoReader:
     self.chunk_size = chunk_size
     self.on_bad_line = on_bad_line
     self.skipped_lines = 0
+    self.lines_read = 0
 
   def __iter__(self) -> Iterator[pd.DataFrame]:
     for path in self.paths:
@@ -67,6 +68,23 @@ class CriteoReader:
       return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     return pd.concat(frames, ignore_index=True)
 
+  def refuse_no_examples(self, examples: int) -> None:
+    """Refuses a read of ``examples == 0`` valid examples, saying why: no lines, or every
+    line malformed and skipped.
+
+    Raises:
+      ValueError: naming the files and the cause.
+    """
+    if examples:
+      return
+    files = ", ".join(str(p) for p in self.paths)
+    if not self.lines_read:
+      raise ValueError(f"{files}: no lines to read (an empty file): give Criteo files of "
+                       f"{NUM_FIELDS} tab-separated fields a line")
+    raise ValueError(f"{files}: every one of the {self.lines_read:,} lines read is malformed "
+                     "and was skipped (--on-bad-line skip): run with --on-bad-line error to "
+                     "see the first one's line number and fault")
+
   def _read(self, path: pathlib.Path) -> Iterator[pd.DataFrame]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as handle:
@@ -76,6 +94,7 @@ class CriteoReader:
                  zip(range(self.chunk_size), handle)]
         if not lines:
           return
+        self.lines_read += len(lines)
         frame = self.parse_lines(lines, path, first_line)
         first_line += len(lines)
         if len(frame):

@@ -37,6 +37,7 @@ class CriteoSplit:
            on_bad_line: str) -> "CriteoSplit":
     reader = CriteoReader(paths, on_bad_line=on_bad_line)
     frame = reader.read_all(max_examples)
+    reader.refuse_no_examples(len(frame))
     split = held_out_start(len(frame))
     return cls(frame.iloc[:split], frame.iloc[split:], reader.skipped_lines)
 
@@ -71,6 +72,7 @@ class EncodedSplit:
         x["categorical"] = np.ascontiguousarray(x["categorical"][:, list(categorical)])
       chunks.append((x, y))
     total = sum(len(y) for _, y in chunks)
+    reader.refuse_no_examples(total)
     split = held_out_start(total)
     examples = ({name: np.concatenate([x[name] for x, _ in chunks]) for name in chunks[0][0]},
                 np.concatenate([y for _, y in chunks]))

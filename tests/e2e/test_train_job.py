@@ -135,13 +135,57 @@ def test_vocabulary_scale_1_is_the_default_job_s_data(tmp_path):
 ])
 def test_bad_scale_dimension_and_learning_rate_are_refused_naming_the_flag(
     tmp_path, capsys, flags, message):
-  assert main(["train", *flags, "--max-examples", "100", "--out", str(tmp_path)]) == 2
+  assert main(["train", *flags, "--max-examples", "100", "--batch-size", "64",
+               "--out", str(tmp_path)]) == 2
   assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--epsilon", "-1"], "--epsilon must be a finite number > 0, got -1.0"),
+    (["--epsilon", "nan"], "--epsilon must be a finite number > 0, got nan"),
+    (["--epochs", "0"], "--epochs must be a finite number > 0, got 0.0"),
+    (["--l2-norm-clip", "-2"], "--l2-norm-clip must be a finite number > 0"),
+    (["--delta", "1"], "--delta must be in (0, 1)"),
+    (["--fest-k", "0"], "--fest-k must be an integer >= 1"),
+    (["--batch-size", "91"], "--batch-size 91 is more than the 90 training examples"),
+])
+def test_bad_flags_are_refused_before_any_data_is_drawn_or_written(tmp_path, capsys, flags,
+                                                                   message):
+  out = tmp_path / "out"
+  assert main(["train", *flags, "--max-examples", "100", "--out", str(out)]) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0]
+  assert not out.exists()
+
+
+def test_an_out_folder_that_holds_anything_is_refused_and_kept(tmp_path, capsys):
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "mine.txt").write_text("the user's")
+  assert main(["train", "--max-examples", "100", "--batch-size", "64", "--out", str(out)]) == 2
+  assert "already holds mine.txt" in capsys.readouterr().err
+  assert main(["train", "--max-examples", "100", "--batch-size", "64", "--out", str(out),
+               "--overwrite"]) == 2
+  assert "which no sparse-dp run wrote" in capsys.readouterr().err
+  assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
+@pytest.mark.parametrize("lines,message", [
+    ([], "no lines to read (an empty file)"),
+    (["1\t2", "x"], "every one of the 2 lines read is malformed and was skipped"),
+])
+def test_a_file_without_a_valid_example_is_refused_saying_why(tmp_path, capsys, lines, message):
+  data = tmp_path / "day_0"
+  data.write_text("".join(line + "\n" for line in lines))
+  assert main(["train", "--data", str(data), "--on-bad-line", "skip",
+               "--out", str(tmp_path / "o")]) == 2
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and message in error[0] and str(data) in error[0]
 
 
 def test_a_private_run_refuses_a_vocabulary_counted_on_its_data(tmp_path, capsys):
   assert main(["train", "--algorithm", "dpsgd", "--vocabulary", "counted",
-               "--max-examples", "100", "--out", str(tmp_path)]) == 2
+               "--max-examples", "100", "--batch-size", "64", "--out", str(tmp_path)]) == 2
   assert "--vocabulary counted counts the private training data" in capsys.readouterr().err
 
 
@@ -187,6 +231,9 @@ def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, 
   lines[41] = "0\tx" + lines[41][1:]
   held_out.write_text("\n".join(lines) + "\n")
   assert main([*common, "--eval-data", str(held_out), "--out", str(tmp_path / "o")]) == 2
+  assert "already holds" in capsys.readouterr().err  # the run's outputs: --overwrite clears
+  assert main([*common, "--eval-data", str(held_out), "--out", str(tmp_path / "o"),
+               "--overwrite"]) == 2
   assert "day_3:42: expected 40 tab-separated fields" in capsys.readouterr().err
 
 

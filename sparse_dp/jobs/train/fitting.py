@@ -35,7 +35,7 @@ from sparse_dp.distribute.parameter_servers import is_parameter_server
 from sparse_dp.jobs.job_output import Phases
 from sparse_dp.jobs.sample.batches import SampledBatches
 from sparse_dp.jobs.train import private_calibration
-from sparse_dp.jobs.train.job_flags import FitSettings
+from sparse_dp.jobs.train.job_flags import FitSettings, check_batch_fits
 from sparse_dp.jobs.train.step_clock import StepClock
 from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
@@ -89,7 +89,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   sampled = isinstance(train, SampledBatches)
   x_eval, y_eval = held_out
   num_examples = train.num_examples if streamed or sampled else len(train[1])
-  batch_size = min(settings.batch_size, num_examples)
+  check_batch_fits(settings.batch_size, num_examples)
+  batch_size = settings.batch_size
   full_rows = float(sum(vocabulary_sizes))
   sizes = list(vocabulary_sizes)
   if preselection is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Optional
 
 from sparse_dp.data.criteo_format import NUM_CATEGORICAL
@@ -129,9 +130,48 @@ def categorical_features(args: argparse.Namespace) -> Optional[int]:
   return count
 
 
+def check_positive_flag(flag: str, value: Optional[float]) -> None:
+  """Refuses a ``flag`` whose ``value`` is not a finite number > 0 (``None``: not given).
+
+  Raises:
+    ValueError: naming the flag and the value given.
+  """
+  if value is not None and not (math.isfinite(value) and value > 0):
+    raise ValueError(f"{flag} must be a finite number > 0, got {value}")
+
+
+def check_fit_flags(args: argparse.Namespace) -> None:
+  """Refuses, before any data is read or written, a fit flag out of its range.
+
+  Raises:
+    ValueError: the first flag out of range, named with the value given.
+  """
+  for flag in ("--epochs", "--l2-norm-clip", "--contribution-clip", "--sigma-ratio", "--tau",
+               "--tau-sigmas"):
+    check_positive_flag(flag, getattr(args, flag[2:].replace("-", "_")))
+  if args.delta is not None and not 0 < args.delta < 1:
+    raise ValueError(f"--delta must be in (0, 1) (default 1/N), got {args.delta}")
+  for flag, value in (("--batch-size", args.batch_size), ("--fest-k", args.fest_k)):
+    if value is not None and value < 1:
+      raise ValueError(f"{flag} must be an integer >= 1, got {value}")
+
+
+def check_batch_fits(batch_size: int, num_examples: int) -> None:
+  """Refuses a ``--batch-size`` above the ``num_examples`` training examples.
+
+  Raises:
+    ValueError: naming both numbers and the fixes.
+  """
+  if batch_size > num_examples:
+    raise ValueError(f"--batch-size {batch_size:,} is more than the {num_examples:,} training "
+                     f"examples: give a --batch-size of at most {num_examples:,}, or more "
+                     "examples (--max-examples)")
+
+
 def fit_settings(args: argparse.Namespace, epsilon: float,
                  delta: Optional[float] = None) -> FitSettings:
   """The settings of ``args``, checked, with the training's own ``epsilon``."""
+  check_fit_flags(args)
   if not 0 <= args.selection_share < 1:
     raise ValueError(f"--selection-share must be in [0, 1), got {args.selection_share}")
   if not args.learning_rate > 0:

@@ -30,6 +30,7 @@ import time
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.jobs import job_output
+from sparse_dp.jobs.output_folder import claim_output_folder
 from sparse_dp.jobs.sample import sample_job
 from sparse_dp.jobs.train import job_flags
 
@@ -74,7 +75,11 @@ def add_parser(commands) -> None:
                            "scaling of the logit, fitted on the training examples "
                            "(docs/calibration.md; default 0.05 for a DP run with --reader "
                            "pandas on one machine, else 0; 0: off)")
-  parser.add_argument("--out", default="sparse-dp-train", help="output folder")
+  parser.add_argument("--out", default="sparse-dp-train",
+                      help="output folder, new or empty (see --overwrite)")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="clear --out first when it holds an earlier run's outputs (a "
+                           "folder that holds anything else is refused all the same)")
   parser.add_argument("--secrets-dir", metavar="DIR",
                       help="where the key of the training examples' record is written "
                            "(--reader pandas; 'distill --teacher' needs it), outside --out: "
@@ -182,6 +187,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   """Runs the job for each algorithm; returns the metrics it also writes under ``--out``."""
   if args.max_examples < 0 or 0 < args.max_examples < 10:
     raise ValueError(f"--max-examples must be >= 10 (or 0: every line), got {args.max_examples}")
+  job_flags.check_positive_flag("--epsilon", args.epsilon)
   private = [a for a in algorithms if Algorithm.parse(a).is_private]
   from sparse_dp.data import training_examples
   from sparse_dp.distribute import roles
@@ -199,7 +205,11 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   secrets = training_examples.secrets_dir(args.secrets_dir)
   if args.reader == "pandas":  # before any work: the record's key stays out of --out
     training_examples.refuse_secrets_inside(secrets, out, "--out")
-  out.mkdir(parents=True, exist_ok=True)
+  if args.data == "synthetic" and args.reader == "pandas":  # its N is known before the draw
+    from sparse_dp.models.pctr_data import held_out_start
+    job_flags.check_batch_fits(settings.batch_size, held_out_start(args.max_examples))
+  claim_output_folder(out, args.overwrite, "sparse-dp train",
+                      keep=("workers",) if roles.is_chief() else ())
   data = job_output.Phases("sparse-dp train")
   with data.phase("data"):
     train_inputs, held_out, vocabulary, skipped, recorded, settings = _inputs(

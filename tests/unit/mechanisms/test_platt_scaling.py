@@ -183,7 +183,7 @@ def test_bad_shares_are_refused_naming_the_flag(tmp_path, capsys, share):
 
 def test_a_non_private_run_refuses_a_calibration_share(tmp_path, capsys):
   assert main(["train", "--algorithm", "none", "--calibration-share", "0.1",
-               "--max-examples", "100", "--out", str(tmp_path)]) == 2
+               "--max-examples", "100", "--batch-size", "64", "--out", str(tmp_path)]) == 2
   assert "--algorithm none has none" in capsys.readouterr().err
 
 
