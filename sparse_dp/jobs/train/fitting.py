@@ -47,6 +47,7 @@ from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import DPConfig, make_private
 from sparse_dp.training.poisson.poisson_sampling import head
 from sparse_dp.training.tpu_loop import TPUTrainer
+from sparse_dp.training.wrappers.callbacks import NOT_POISSON_KEY
 
 
 @dataclasses.dataclass
@@ -79,7 +80,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   print statistics of un-noised private data. ``phases`` times the model's making, the
   training and the evaluation.
   """
-  verbose = 2 if progress else 0
+  # A bar within each epoch where someone watches (a terminal), a line per epoch elsewhere.
+  verbose = (1 if sys.stdout.isatty() else 2) if progress else 0
   kind = Algorithm.parse(algorithm)
   if kind.uses_top_k_selection != (preselection is not None):
     raise ValueError(f"algorithm {kind.value!r} " + (
@@ -130,6 +132,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                      "TPU embedding engine train in TPUTrainer's loop: use --embedding cpu")
   clock = StepClock()
   callbacks = ([private.callback()] if private.is_private else []) + list(observers) + [clock]
+  if progress:
+    callbacks.append(_progress_bar())
   with _phase(phases, "training"):
     start = time.perf_counter()
     steps, history = _train(private, settings, train, preselection, callbacks, verbose,
@@ -353,6 +357,13 @@ def check_hardware(settings: FitSettings) -> None:
   if settings.strategy in ("default", "tpu", "multi-worker"):
     embedding_backends.choose_backend(settings.embedding,
                                       strategy_named(settings.strategy, settings.tpu))
+
+
+def _progress_bar() -> keras.callbacks.ProgbarLogger:
+  """Keras's progress bar, showing the epsilon as logged (spent so far), not its mean over
+  the epoch's steps as Keras shows a statistic it does not know."""
+  return keras.callbacks.ProgbarLogger(count_mode="steps",
+                                       stateful_metrics=["epsilon", NOT_POISSON_KEY])
 
 
 def _fit_batches(private, batches: tf.data.Dataset, callbacks: list, verbose: int) -> dict:

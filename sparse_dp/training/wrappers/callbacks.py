@@ -21,9 +21,11 @@ NOT_POISSON_KEY = "epsilon_not_poisson"
 class PrivacyCallback(keras.callbacks.Callback):
   """Logs ``epsilon`` and stops training before the budget is exceeded.
 
-  Made by :meth:`PrivateTraining.callback`. Batch logs carry ``epsilon`` as an upper
-  bound: the exact epsilon at the next multiple of ``log_every_steps``. PLD accounting is
-  too slow to run every step. Epoch logs carry the exact epsilon after the epoch. The key
+  Made by :meth:`PrivateTraining.callback`. Batch logs carry ``epsilon`` already spent:
+  the exact epsilon of the steps taken when the step count last passed a multiple of
+  ``log_every_steps`` (or when this ``fit`` began), never one of a step not yet taken;
+  PLD accounting is too slow to run every step. Epoch logs carry the exact epsilon after
+  the epoch. The key
   is ``epsilon`` only when every step of the model so far, and this ``fit``'s input, are
   the package's Poisson batches. Otherwise the same number is logged as
   ``epsilon_not_poisson``, since the proof does not cover it, and the progress bar says
@@ -33,15 +35,15 @@ class PrivacyCallback(keras.callbacks.Callback):
 
   Args:
     training (PrivateTraining): the run whose epsilon is logged.
-    log_every_steps: batch logs carry the exact epsilon at the next multiple of this
-      many steps (at least 1).
+    log_every_steps: batch logs refresh the epsilon spent each time the steps pass a
+      multiple of this many (at least 1).
   """
 
   def __init__(self, training, log_every_steps: int = 50):
     super().__init__()
     self.training = training
     self.log_every_steps = max(1, int(log_every_steps))
-    self._bound_at: tuple[int, float] = (-1, math.nan)
+    self._spent_at: tuple[int, float] = (-1, math.nan)
     self._steps_before_epoch = 0
     self._step_limit = -1
     self._key = "epsilon"
@@ -67,13 +69,15 @@ class PrivacyCallback(keras.callbacks.Callback):
           f"further step (one more would bring epsilon to "
           f"{training.epsilon_text(training.epsilon(training.accountant.steps + 1))}); raise "
           "the budget or the noise, or lower the sampling rate")
-    self._epsilon_bound(taken + 1)  # the first bound before Keras times the batches
+    self._epsilon_spent(taken)  # the first value before Keras times the batches
 
-  def _epsilon_bound(self, steps: int) -> float:
-    checkpoint = -(-steps // self.log_every_steps) * self.log_every_steps
-    if self._bound_at[0] != checkpoint:
-      self._bound_at = (checkpoint, self.training.epsilon(checkpoint))
-    return self._bound_at[1]
+  def _epsilon_spent(self, steps: int) -> float:
+    """The exact epsilon of the steps taken, read again when ``steps`` passes a multiple
+    of ``log_every_steps``: a value already spent (refused steps spend nothing)."""
+    mark = steps // self.log_every_steps
+    if self._spent_at[0] != mark:
+      self._spent_at = (mark, self.training.epsilon(int(self.training.steps_taken.numpy())))
+    return self._spent_at[1]
 
   def on_epoch_begin(self, epoch, logs=None):
     """Reads the steps taken before the epoch, once."""
@@ -84,13 +88,13 @@ class PrivacyCallback(keras.callbacks.Callback):
     self._steps_before_epoch = int(self.training.steps_taken.numpy())
 
   def on_train_batch_end(self, batch, logs=None):
-    """Logs the epsilon bound and stops after the budget's last step."""
+    """Logs the epsilon spent and stops after the budget's last step."""
     training = self.training
     if not training.is_private:
       return
     steps = self._steps_before_epoch + batch + 1  # ``batch``: the last step run, from 0
     if logs is not None:
-      logs[self._key] = self._epsilon_bound(steps)
+      logs[self._key] = self._epsilon_spent(steps)
     if 0 <= self._step_limit <= steps:
       self.model.stop_training = True
       print(f"\nsparse-dp: stopping after step {steps}: one more step would exceed the "

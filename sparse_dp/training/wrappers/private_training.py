@@ -381,8 +381,8 @@ class PrivateTraining(PoissonInputs):
     """The Keras callback that logs ``epsilon`` and stops training at the budget.
 
     Args:
-      log_every_steps: batch logs carry the exact epsilon at the next multiple of this
-        many steps, an upper bound.
+      log_every_steps: batch logs refresh the epsilon spent each time the steps pass
+        a multiple of this many.
 
     Returns:
       (PrivacyCallback): a :class:`PrivacyCallback` of this run, for ``fit(callbacks=...)``.

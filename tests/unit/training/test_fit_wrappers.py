@@ -7,6 +7,7 @@ from dp_accounting import pld
 
 import sparse_dp
 from sparse_dp import keras
+from sparse_dp.accounting import PrivacyAccountant
 from sparse_dp.training.checks.validation import ModelValidationError
 
 from support.keras_models import N, functional_model, synthetic_data
@@ -59,6 +60,31 @@ def test_recompiling_with_an_ordinary_loss_keeps_training_privately():
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       BATCH / N, dp_accounting.GaussianDpEvent(SIGMA)), steps)
   assert history.history["epsilon"][-1] == pytest.approx(accountant.get_epsilon(1 / N), rel=1e-3)
+
+
+class BatchEpsilons(keras.callbacks.Callback):
+  """The epsilon of every batch log."""
+
+  def __init__(self):
+    super().__init__()
+    self.values = []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.values.append(float(logs["epsilon"]))
+
+
+def test_batch_logs_carry_only_an_epsilon_already_spent():
+  model, private = private_model()
+  recorder = BatchEpsilons()
+  ids, labels = synthetic_data()
+  model.fit(private.poisson_dataset(ids, labels, epochs=0.5), verbose=0,
+            callbacks=[private.callback(log_every_steps=3), recorder])  # 8 steps
+  def spent(steps):
+    return PrivacyAccountant().step(SIGMA, BATCH / N, steps).get_epsilon(1 / N)
+  # Step k logs the epsilon of the last multiple of 3 within k: never that of a later step.
+  assert recorder.values == pytest.approx([spent(k) for k in (0, 0, 3, 3, 3, 6, 6, 6)],
+                                          rel=1e-6)
+  assert recorder.values[0] == 0 and recorder.values[-1] < private.epsilon()
 
 
 def test_recompiling_with_an_optimizer_without_sparse_updates_is_refused():
