@@ -20,7 +20,7 @@ def progress_output(json_output: bool):
 
 
 class Phases:
-  """Seconds of a job's phases, each announced on the progress output as it ends.
+  """Seconds of a job's phases, each announced on the progress output as it starts and ends.
 
   Args:
     job: the job's name, which starts each line (``sparse-dp train``).
@@ -33,6 +33,7 @@ class Phases:
   @contextlib.contextmanager
   def phase(self, name: str):
     """Times the phase ``name`` (added to an earlier phase of that name)."""
+    print(f"{self.job}: {name} ...", flush=True)
     start = time.perf_counter()
     yield
     took = time.perf_counter() - start

@@ -130,7 +130,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   if private.embedding_choice.name == "tpu" and observers:
     raise ValueError("the audit's per-step observers are Keras callbacks, and tables in the "
                      "TPU embedding engine train in TPUTrainer's loop: use --embedding cpu")
-  clock = StepClock()
+  clock = StepClock(phases.job if phases is not None and progress else None)
   callbacks = ([private.callback()] if private.is_private else []) + list(observers) + [clock]
   if progress:
     callbacks.append(_progress_bar())

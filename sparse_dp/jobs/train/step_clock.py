@@ -22,19 +22,30 @@ class StepClock(keras.callbacks.Callback):
 
   With ``steps_per_execution = n`` the first call runs ``n`` steps; Keras then
   passes the last step's index, so the steps done by then are ``batch + 1``.
+
+  Args:
+    job: where given, the first call's seconds are printed as ``job: first step ...``.
   """
 
-  def __init__(self):
+  def __init__(self, job: Optional[str] = None):
     super().__init__()
+    self.job = job
+    self.begin: Optional[float] = None
     self.first_end: Optional[float] = None
     self.first_steps = 0
     # Reads no log values, so Keras need not copy them to NumPy (a wait) every step.
     self._supports_tf_logs = True
 
+  def on_train_begin(self, logs=None):
+    self.begin = time.perf_counter()
+
   def on_train_batch_end(self, batch, logs=None):
     if self.first_end is None:
       self.first_end = time.perf_counter()
       self.first_steps = int(batch) + 1
+      if self.job is not None:
+        print(f"\n{self.job}: first step (tracing and compiling the train step, then running "
+              f"it) took {self.first_end - self.begin:.1f} s", flush=True)
 
   def rates(self, start: float, end: float, steps: int, batch_size: float) -> dict:
     """``first_step_seconds`` and ``examples_per_second_after_first_step`` of a ``fit``

@@ -1,5 +1,6 @@
 """Throughput after the first step, which traces the train function (jobs/train/step_clock.py)."""
 
+import re
 import time
 
 import numpy as np
@@ -39,6 +40,16 @@ def test_the_first_call_is_timed_apart_from_the_steps_after_it(steps_per_executi
   whole = 12 * 8 / (end - start)
   assert later == pytest.approx((12 - steps_per_execution) * 8 / (end - clock.first_end))
   assert later > 2 * whole
+
+
+def test_a_job_s_clock_says_once_how_long_the_first_step_took(capsys):
+  model = keras.Sequential([keras.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss="mse")
+  x, y = np.ones((32, 4), np.float32), np.ones((32, 1), np.float32)
+  model.fit(x, y, batch_size=8, callbacks=[SlowFirstCall(0.2), StepClock("job")], verbose=0)
+  said = re.findall(r"job: first step \(tracing and compiling the train step, then running "
+                    r"it\) took ([0-9.]+) s", capsys.readouterr().out)
+  assert len(said) == 1 and float(said[0]) >= 0.2
 
 
 def test_rates_are_none_where_nothing_was_measured():
