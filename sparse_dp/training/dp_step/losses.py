@@ -22,6 +22,13 @@ MULTI_TASK_FIX = (
     "(each [batch]); see docs/epsilon.md, 'Multi-task'")
 
 
+def _feature_names(data) -> str:
+  """The names of the features in a batch's dicts, for an error message."""
+  parts = data if isinstance(data, (tuple, list)) else (data,)
+  names = sorted(str(name) for part in parts if isinstance(part, dict) for name in part)
+  return ", ".join(names) or "none by name"
+
+
 def per_example_loss_fn(model: keras.Model):
   """``f(data) -> (losses [B], y, y_pred)`` for ``model``.
 
@@ -42,7 +49,15 @@ def per_example_loss_fn(model: keras.Model):
   if hasattr(model, "compute_loss") and _is_tfrs(model):
     def tfrs_losses(data):
       with _metrics_frozen_when_recording(model):
-        losses = model.compute_loss(data, training=True)
+        try:  # its own dicts: a compute_loss that pops its labels leaves the caller's whole
+          losses = model.compute_loss(tf.nest.map_structure(lambda leaf: leaf, data),
+                                      training=True)
+        except KeyError as missing:
+          raise ValueError(
+              f"{type(model).__name__}.compute_loss reads the feature {missing.args[0]!r}, "
+              f"which the batch does not have (its features: {_feature_names(data)}): give "
+              "the dataset that feature, or read the one it has under another name"
+          ) from missing
       check_no_data_dependent_losses(model)
       if losses.shape.rank != 1:
         raise ValueError(f"{type(model).__name__}.compute_loss returned a loss of shape "

@@ -85,6 +85,42 @@ def test_tfrs_ranking_with_labels_of_shape_batch_names_the_labels_shape():
     _fit(_compiled(_Ranking(labels_shape=[-1])))
 
 
+class _PoppedLabels(tfrs.Model):
+  """TFRS's ranking tutorial's way: ``compute_loss`` pops the labels from its features."""
+
+  def __init__(self, label="rating"):
+    super().__init__()
+    self.label = label
+    self.table = Embedding(VOCAB, 4)
+    self.score = keras.layers.Dense(1)
+    self.task = tfrs.tasks.Ranking(loss=keras.losses.MeanSquaredError(
+        reduction=keras.losses.Reduction.NONE))
+
+  def call(self, features):
+    return self.score(self.table(features["ids"]))
+
+  def compute_loss(self, features, training=False):
+    labels = features.pop(self.label)
+    return self.task(labels=labels[:, None], predictions=self(features))
+
+
+def _fit_popping(model):
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.1))
+  model({"ids": IDS[:2]})  # builds it
+  private = _make_private(model)
+  features = {"ids": IDS, "rating": LABELS}
+  model.fit(private.poisson_dataset(features, epochs=0.5), verbose=0,
+            callbacks=[private.callback()])
+  return private
+
+
+def test_a_compute_loss_that_pops_its_labels_trains_and_a_missing_one_is_named():
+  assert int(_fit_popping(_PoppedLabels()).steps_taken.numpy()) == N // BATCH // 2
+  with pytest.raises(ValueError, match=r"compute_loss reads the feature 'user_rating', which "
+                                       r"the batch does not have \(its features: ids, rating\)"):
+    _fit_popping(_PoppedLabels(label="user_rating"))
+
+
 def test_loss_of_shape_one_is_refused_at_the_loss():
   def mean_squared(y, p):
     return tf.reshape(tf.reduce_mean(tf.square(y - p[:, 0])), [1])
