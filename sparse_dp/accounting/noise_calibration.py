@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import dp_accounting
 
@@ -110,8 +111,10 @@ def calibrate_after(spent: PrivacyAccountant, target_epsilon: float, delta: floa
   def event(release: float):
     return copy.deepcopy(spent).step(release, sampling_rate, 1).training_event()
 
-  # Searched as the release's one Gaussian, whose noise multiplier the search's range bounds.
-  return _least_noise(event, remaining, delta, spent.kind) * math.sqrt(steps)
+  # Searched as the release's one Gaussian, whose noise multiplier the search's range bounds;
+  # rounded up a few ulps, so that sigma / sqrt(T) is never below the one searched.
+  release = _least_noise(event, remaining, delta, spent.kind)
+  return release * math.sqrt(steps) * (1 + 4 * sys.float_info.epsilon)
 
 
 def release_noise_multiplier(noise_multiplier: float, steps: int) -> float:

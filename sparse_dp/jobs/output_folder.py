@@ -2,7 +2,9 @@
 
 A job never writes into a folder that holds something, so nothing a user wrote is lost
 and no stale file of an earlier run is mistaken for this one's. A run marks its folder
-(:data:`RUN_MARKER`); ``--overwrite`` clears a marked folder first and refuses any other. A
+(:data:`RUN_MARKER`) when it starts and lists there what it wrote when it ends
+(:func:`record_outputs`); ``--overwrite`` deletes those entries and refuses a folder that
+holds any other (an unfinished run's folder, whose marker lists nothing, is cleared). A
 folder that holds the marker alone (a run refused before it wrote anything) counts as empty.
 """
 
@@ -42,8 +44,27 @@ def claim_output_folder(folder: pathlib.Path, overwrite: bool, command: str,
     if RUN_MARKER not in entries:
       raise ValueError(f"--out {folder} holds {shown}, which no sparse-dp run wrote: "
                        "--overwrite clears only an earlier run's folder; give another --out")
+    written = (folder / RUN_MARKER).read_text().splitlines()[1:]
+    others = [name for name in entries if written and name not in written + [RUN_MARKER]]
+    if others:
+      raise ValueError(f"--out {folder} holds {', '.join(others[:3])} beside the earlier "
+                       "run's outputs, which that run did not write: --overwrite clears only "
+                       "what a run wrote; move them, or give another --out")
     for name in entries:
       entry = folder / name
       shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
   folder.mkdir(parents=True, exist_ok=True)
   (folder / RUN_MARKER).write_text(f"{command}\n")
+
+
+def record_outputs(folder: pathlib.Path, command: str, keep: Sequence[str] = ()) -> None:
+  """Lists in ``folder``'s marker the entries the run wrote there, as it ends.
+
+  Args:
+    folder: the run's output folder, claimed by :func:`claim_output_folder`.
+    command: the job's name, the marker's first line.
+    keep: entries that are not the run's (as in :func:`claim_output_folder`).
+  """
+  written = sorted(entry.name for entry in folder.iterdir()
+                   if entry.name not in (*keep, RUN_MARKER))
+  (folder / RUN_MARKER).write_text("\n".join([command, *written]) + "\n")

@@ -105,6 +105,7 @@ def run_period(state, job: dict, plan: dict, data: StreamData, held_out, args,
   ledger, sizes = state.ledger, data.vocabulary.sizes
   seed = int(np.random.SeedSequence([state.seed, period]).generate_state(1, np.uint64)[0]) >> 2
   train = data.inputs(plan["days"], args.examples_per_day)
+  job_flags.check_batch_fits(args.batch_size, len(train[1]))  # before any spend is recorded
   preselection = None
   if plan["selection_epsilon"] > 0:
     counted = _counted_days(job, plan, args.fest_frequencies, first_day)

@@ -30,7 +30,7 @@ import time
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.report import epsilon_caveat
 from sparse_dp.jobs import job_output
-from sparse_dp.jobs.output_folder import claim_output_folder
+from sparse_dp.jobs.output_folder import claim_output_folder, record_outputs
 from sparse_dp.jobs.sample import sample_job
 from sparse_dp.jobs.train import job_flags
 
@@ -161,6 +161,20 @@ def check_memory(args, algorithms: list[str], settings) -> None:
           "--vocabulary-scale or --embedding-dim")
 
 
+def _check_data_flags(args, settings) -> None:
+  """Refuses, before ``--out`` is claimed (or cleared), a ``--data`` that matches no file
+  and, where the training examples' number is known before the draw (synthetic data,
+  ``--reader pandas``), a ``--batch-size`` above it."""
+  if args.data != "synthetic" and args.reader != "batches" and "://" not in args.data:
+    if not glob.glob(args.data):
+      raise ValueError(f"--data {args.data!r} matches no file")
+  elif args.data == "synthetic" and args.reader == "pandas":
+    if args.max_examples == 0:
+      raise ValueError("--data synthetic writes --max-examples lines: give a number >= 10")
+    from sparse_dp.models.pctr_data import held_out_start
+    job_flags.check_batch_fits(settings.batch_size, held_out_start(args.max_examples))
+
+
 def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
   """The Criteo files to read and the scale of their tables relative to Table 3."""
   if args.data != "synthetic":
@@ -205,11 +219,9 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   secrets = training_examples.secrets_dir(args.secrets_dir)
   if args.reader == "pandas":  # before any work: the record's key stays out of --out
     training_examples.refuse_secrets_inside(secrets, out, "--out")
-  if args.data == "synthetic" and args.reader == "pandas":  # its N is known before the draw
-    from sparse_dp.models.pctr_data import held_out_start
-    job_flags.check_batch_fits(settings.batch_size, held_out_start(args.max_examples))
-  claim_output_folder(out, args.overwrite, "sparse-dp train",
-                      keep=("workers",) if roles.is_chief() else ())
+  _check_data_flags(args, settings)
+  keep = ("workers",) if roles.is_chief() else ()
+  claim_output_folder(out, args.overwrite, "sparse-dp train", keep)
   data = job_output.Phases("sparse-dp train")
   with data.phase("data"):
     train_inputs, held_out, vocabulary, skipped, recorded, settings = _inputs(
@@ -240,6 +252,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     (out / "compare.json").write_text(json.dumps({"results": results}, indent=2))
     (out / "compare.md").write_text(_markdown_table(results) + "\n")
     _plot_comparison(results, out / "compare.png")
+  record_outputs(out, "sparse-dp train", keep)
   return results
 
 

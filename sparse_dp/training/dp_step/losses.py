@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import tensorflow as tf
 
@@ -22,11 +23,24 @@ MULTI_TASK_FIX = (
     "(each [batch]); see docs/epsilon.md, 'Multi-task'")
 
 
-def _feature_names(data) -> str:
-  """The names of the features in a batch's dicts, for an error message."""
+def _own_containers(data):
+  """``data`` with new dicts and lists (the same tensors), in their own key order."""
+  if isinstance(data, dict):
+    copied = copy.copy(data)
+    for key in copied:
+      copied[key] = _own_containers(copied[key])
+    return copied
+  if isinstance(data, list):
+    return [_own_containers(part) for part in data]
+  if type(data) is tuple:
+    return tuple(_own_containers(part) for part in data)
+  return data
+
+
+def _feature_names(data) -> list:
+  """The names of the features in a batch's dicts (top level and ``(x, y)``'s parts)."""
   parts = data if isinstance(data, (tuple, list)) else (data,)
-  names = sorted(str(name) for part in parts if isinstance(part, dict) for name in part)
-  return ", ".join(names) or "none by name"
+  return sorted(str(name) for part in parts if isinstance(part, dict) for name in part)
 
 
 def per_example_loss_fn(model: keras.Model):
@@ -50,13 +64,16 @@ def per_example_loss_fn(model: keras.Model):
     def tfrs_losses(data):
       with _metrics_frozen_when_recording(model):
         try:  # its own dicts: a compute_loss that pops its labels leaves the caller's whole
-          losses = model.compute_loss(tf.nest.map_structure(lambda leaf: leaf, data),
-                                      training=True)
+          losses = model.compute_loss(_own_containers(data), training=True)
         except KeyError as missing:
+          names = _feature_names(data)
+          if not (missing.args and isinstance(missing.args[0], str)
+                  and names and missing.args[0] not in names):
+            raise
           raise ValueError(
               f"{type(model).__name__}.compute_loss reads the feature {missing.args[0]!r}, "
-              f"which the batch does not have (its features: {_feature_names(data)}): give "
-              "the dataset that feature, or read the one it has under another name"
+              f"which the batch does not have (its features: {', '.join(names)}): give the "
+              "dataset that feature, or read the one it has under another name"
           ) from missing
       check_no_data_dependent_losses(model)
       if losses.shape.rank != 1:

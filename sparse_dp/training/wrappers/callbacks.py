@@ -22,8 +22,8 @@ class PrivacyCallback(keras.callbacks.Callback):
   """Logs ``epsilon`` and stops training before the budget is exceeded.
 
   Made by :meth:`PrivateTraining.callback`. Batch logs carry ``epsilon`` already spent:
-  the exact epsilon of the steps taken when the step count last passed a multiple of
-  ``log_every_steps`` (or when this ``fit`` began), never one of a step not yet taken;
+  the exact epsilon of the steps taken, read once per block of ``log_every_steps`` steps
+  (when a step or the ``fit`` first enters the block), never one of a step not yet taken;
   PLD accounting is too slow to run every step. Epoch logs carry the exact epsilon after
   the epoch. The key
   is ``epsilon`` only when every step of the model so far, and this ``fit``'s input, are

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sparse_dp.jobs.output_folder import RUN_MARKER, claim_output_folder
+from sparse_dp.jobs.output_folder import RUN_MARKER, claim_output_folder, record_outputs
 
 
 def test_a_new_or_empty_folder_is_claimed_and_marked(tmp_path):
@@ -22,6 +22,19 @@ def test_an_earlier_run_s_folder_needs_overwrite_which_clears_it(tmp_path):
   with pytest.raises(ValueError, match=r"already holds \.sparse-dp-run, metrics\.json, model: "
                                        r".*add --overwrite"):
     claim_output_folder(tmp_path, overwrite=False, command="sparse-dp train")
+  claim_output_folder(tmp_path, overwrite=True, command="sparse-dp train")
+  assert sorted(p.name for p in tmp_path.iterdir()) == [RUN_MARKER]
+
+
+def test_overwrite_deletes_what_a_finished_run_wrote_and_nothing_beside_it(tmp_path):
+  claim_output_folder(tmp_path, overwrite=False, command="sparse-dp train")
+  (tmp_path / "metrics.json").write_text("{}")
+  record_outputs(tmp_path, "sparse-dp train")
+  (tmp_path / "notes.md").write_text("mine, written after the run")
+  with pytest.raises(ValueError, match="holds notes.md beside the earlier run's outputs"):
+    claim_output_folder(tmp_path, overwrite=True, command="sparse-dp train")
+  assert sorted(p.name for p in tmp_path.iterdir()) == [RUN_MARKER, "metrics.json", "notes.md"]
+  (tmp_path / "notes.md").unlink()
   claim_output_folder(tmp_path, overwrite=True, command="sparse-dp train")
   assert sorted(p.name for p in tmp_path.iterdir()) == [RUN_MARKER]
 

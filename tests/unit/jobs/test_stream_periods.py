@@ -138,3 +138,11 @@ def test_two_jobs_started_at_once_spend_the_budget_once(tmp_path, monkeypatch):
   assert len(finished) == 1 and len(refused) == 1, outcomes
   assert "only 0 of the total epsilon 2 remains" in str(refused[0])
   assert sum(epsilon for _, _, epsilon in spends(state)) == pytest.approx(2.0)
+
+
+def test_a_batch_larger_than_a_period_s_examples_is_refused_before_any_spend(tmp_path,
+                                                                           monkeypatch):
+  state = tmp_path / "state"
+  with pytest.raises(ValueError, match="--batch-size 700 is more than the 300 training"):
+    run(state, monkeypatch, StubTrainer(), "--batch-size", "700", "--streaming-period", "1")
+  assert not (state / "ledger.jsonl").exists() or spends(state) == []
