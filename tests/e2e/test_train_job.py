@@ -199,7 +199,7 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
   lines.insert(7, "1\t2")
   data.write_text("\n".join(lines) + "\n")
   assert main(["train", "--data", str(data), "--algorithm", "none", "--vocabulary", "counted",
-               "--categorical-features", "2",
+               "--categorical-features", "2", "--batch-size", "64",
                "--hidden-units", "8", "--on-bad-line", "skip", "--out", str(tmp_path / "o"),
                "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)  # stdout: one JSON object
