@@ -31,9 +31,10 @@ RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def test_a_run_is_trained_once_and_then_read_from_its_cache(tmp_path):
-  inputs = StudyInputs.load("synthetic", 60, 0.01, (2,), tmp_path / "data")
+  # 90 training examples: the smoke preset's batch of 64 fits (a larger one is refused).
+  inputs = StudyInputs.load("synthetic", 100, 0.01, (2,), tmp_path / "data")
   assert inputs.vocabulary_sizes == (hashed_vocabulary(0.01).sizes[2],)
-  assert inputs.source["train_examples"] == 54 and inputs.train[0]["categorical"].shape == (54, 1)
+  assert inputs.source["train_examples"] == 90 and inputs.train[0]["categorical"].shape == (90, 1)
   runner = Runner(inputs, SMOKE, tmp_path)
   first = runner.summary(Point("none", None))
   (cached,) = list((tmp_path / "runs").glob("*.json"))
