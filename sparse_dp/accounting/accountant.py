@@ -190,12 +190,37 @@ def gaussian_steps_event(noise_multiplier: float, sampling_rate: float, steps: i
       steps)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _GaussianRun:
   noise_multiplier: float
   sampling_rate: float
   steps: int
   truncation: Optional[Truncation] = None
+
+
+def _training_event(runs: tuple[_GaussianRun, ...]) -> dp_accounting.DpEvent:
+  return dp_accounting.ComposedDpEvent([
+      gaussian_steps_event(r.noise_multiplier, r.sampling_rate, r.steps, r.truncation)
+      for r in runs])
+
+
+def _grid_event(runs: tuple[_GaussianRun, ...]) -> dp_accounting.DpEvent:
+  """What sizes the PLD grid: a truncated step's losses are at most sensitivity 2's."""
+  return dp_accounting.ComposedDpEvent([
+      gaussian_steps_event(r.noise_multiplier / (2 if r.truncation else 1), r.sampling_rate,
+                           r.steps) for r in runs])
+
+
+@functools.lru_cache(maxsize=1024)
+def _training_epsilon(kind: AccountantKind, runs: tuple[_GaussianRun, ...],
+                      delta: float) -> float:
+  """Epsilon at ``delta`` of ``runs``, once per process for each distinct question.
+
+  A run asks the same question many times over (its callback's queries, the budget's
+  step search, ``epsilon_after``'s what-ifs), and each answer composes every step anew.
+  """
+  return float(kind.new(event=_grid_event(runs)).compose(_training_event(runs))
+               .get_epsilon(delta))
 
 
 class PrivacyAccountant:
@@ -224,7 +249,6 @@ class PrivacyAccountant:
     self.kind = AccountantKind.parse(kind)
     self._runs: list[_GaussianRun] = []
     self._pure_epsilons: list[float] = []
-    self._cache: dict[float, float] = {}
 
   def step(self, noise_multiplier: float, sampling_rate: float, num_steps: int = 1,
            truncation: Optional[Truncation] = None) -> "PrivacyAccountant":
@@ -252,11 +276,10 @@ class PrivacyAccountant:
     last = self._runs[-1] if self._runs else None
     if (last is not None and last.noise_multiplier == noise_multiplier
         and last.sampling_rate == sampling_rate and last.truncation == truncation):
-      last.steps += num_steps
+      self._runs[-1] = dataclasses.replace(last, steps=last.steps + num_steps)
     else:
       self._runs.append(_GaussianRun(noise_multiplier, schedule.phases[0].sampling_rate,
                                      num_steps, truncation))
-    self._cache.clear()
     return self
 
   def step_schedule(self, noise_multiplier: float,
@@ -291,7 +314,6 @@ class PrivacyAccountant:
     """
     check_positive("pure-DP epsilon", epsilon)
     self._pure_epsilons.append(float(epsilon))
-    self._cache.clear()
     return self
 
   @property
@@ -310,16 +332,7 @@ class PrivacyAccountant:
     Returns:
       A ``dp_accounting.ComposedDpEvent`` of the steps, pure spends left out.
     """
-    return dp_accounting.ComposedDpEvent([
-        gaussian_steps_event(r.noise_multiplier, r.sampling_rate, r.steps, r.truncation)
-        for r in self._runs
-    ])
-
-  def _grid_event(self) -> dp_accounting.DpEvent:
-    """What sizes the PLD grid: a truncated step's losses are at most sensitivity 2's."""
-    return dp_accounting.ComposedDpEvent([
-        gaussian_steps_event(r.noise_multiplier / (2 if r.truncation else 1), r.sampling_rate,
-                             r.steps) for r in self._runs])
+    return _training_event(tuple(self._runs))
 
   def get_training_epsilon(self, delta: float) -> float:
     """Epsilon at ``delta`` of the training steps alone.
@@ -328,7 +341,7 @@ class PrivacyAccountant:
       delta: the target delta, in ``(0, 1)``.
 
     Returns:
-      The training steps' epsilon (0 without steps), cached per ``delta``.
+      The training steps' epsilon (0 without steps), cached per process.
 
     Raises:
       ValueError: ``delta`` is not in ``(0, 1)``.
@@ -336,10 +349,7 @@ class PrivacyAccountant:
     _check_delta(delta)
     if not self._runs:
       return 0.0
-    if delta not in self._cache:
-      event, grid_event = self.training_event(), self._grid_event()
-      self._cache[delta] = float(self.kind.new(event=grid_event).compose(event).get_epsilon(delta))
-    return self._cache[delta]
+    return _training_epsilon(self.kind, tuple(self._runs), float(delta))
 
   def get_epsilon(self, delta: float) -> float:
     """Total epsilon at ``delta``: pure spends plus the training steps.

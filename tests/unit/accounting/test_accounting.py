@@ -53,14 +53,16 @@ def test_the_step_caching_pld_accountant_gives_dp_accountings_epsilon_bit_for_bi
       gaussian_steps_event(1.3, Q, 700), gaussian_steps_event(0.8, 2 * Q, 300),
       gaussian_steps_event(1.3, Q, 50)])  # the first step again: built once
   unsampled = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(20.0), 3)
-  for interval in (1e-4, 1e-3):
-    for event in (gaussian_steps_event(0.9, Q, 2000), two_runs, unsampled,
-                  dp_accounting.ComposedDpEvent([two_runs, unsampled])):
-      for repeat in range(2):
-        cached = StepCachingPLDAccountant(value_discretization_interval=interval).compose(event)
-        plain = pld.PLDAccountant(value_discretization_interval=interval).compose(event)
-        assert cached.get_epsilon(1 / N) == plain.get_epsilon(1 / N), (interval, event, repeat)
-        assert cached.get_delta(2.0) == plain.get_delta(2.0)
+  one_run = gaussian_steps_event(0.9, Q, 2000)
+  cases = [(1e-4, one_run)] + [  # the default grid, and the steps kept apart by grid
+      (1e-3, event) for event in (one_run, two_runs, unsampled,
+                                  dp_accounting.ComposedDpEvent([two_runs, unsampled]))]
+  for interval, event in cases:
+    for repeat in range(2):
+      cached = StepCachingPLDAccountant(value_discretization_interval=interval).compose(event)
+      plain = pld.PLDAccountant(value_discretization_interval=interval).compose(event)
+      assert cached.get_epsilon(1 / N) == plain.get_epsilon(1 / N), (interval, event, repeat)
+      assert cached.get_delta(2.0) == plain.get_delta(2.0)
   assert isinstance(PrivacyAccountant("pld").kind.new(), StepCachingPLDAccountant)
 
 
@@ -176,9 +178,9 @@ def test_the_few_orders_shortcut_gives_the_all_orders_interval():
   for sigma in (0.05, 0.1, 0.3, 1.0, 5.0):
     for q in (1e-4, 0.01, 0.1, 0.5, 1.0):
       for steps in (1, 100, 10_000):
+        event = gaussian_steps_event(sigma, q, steps)
+        loss_range = rdp.RdpAccountant().compose(event).get_epsilon(discretization._TAIL_DELTA)
         for interval in (1e-4, 1e-3):
-          event = gaussian_steps_event(sigma, q, steps)
-          loss_range = rdp.RdpAccountant().compose(event).get_epsilon(discretization._TAIL_DELTA)
           full = max(interval, loss_range / discretization.MAX_LOSS_POINTS)
           assert pld_interval(event, interval) == full, (sigma, q, steps, interval)
           checked.add(full > interval)
@@ -197,6 +199,19 @@ def test_accountant_step_by_step_equals_bulk():
   assert after > before
   assert stepwise.get_epsilon(1e-6) == before  # a hypothetical query spends nothing
   assert PrivacyAccountant().get_epsilon(1e-6) == 0.0
+
+
+def test_each_epsilon_is_composed_once_per_process_and_a_step_asks_anew():
+  from sparse_dp.accounting.accountant import _training_epsilon
+  accountant = PrivacyAccountant().step(1.0, Q, 100)
+  first = accountant.get_epsilon(1e-6)
+  before = _training_epsilon.cache_info()
+  assert PrivacyAccountant().step(1.0, Q, 60).step(1.0, Q, 40).get_epsilon(1e-6) == first
+  assert _training_epsilon.cache_info().hits == before.hits + 1  # the same 100 steps
+  accountant.step(1.0, Q, 1)
+  assert accountant.get_epsilon(1e-6) > first  # not the cached answer of 100 steps
+  assert accountant.spend_pure(0.25).get_epsilon(1e-6) == accountant.get_training_epsilon(
+      1e-6) + 0.25
 
 
 def test_accountant_includes_pure_spends():
