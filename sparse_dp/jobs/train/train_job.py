@@ -287,10 +287,6 @@ def _write_outputs(fit, metrics: dict, preselection, vocabulary, folder: pathlib
   from sparse_dp.data import training_examples
   fit.model.save(folder / "model")
   vocabulary.save(folder / "vocabulary.json")
-  stale = training_examples.remove_stale(folder)  # an earlier run's, of other data
-  if stale and (recorded is None or training_examples.LEGACY_FILE in stale):
-    print(f"sparse-dp train: removed {', '.join(stale)} of an earlier run from {folder}",
-          flush=True)
   if recorded is not None:
     key = training_examples.save(recorded, folder, secrets)
     print(f"sparse-dp train: the key of the training examples' record is {key} (keep it "
