@@ -6,10 +6,8 @@ register cuBLAS factory", "TF-TRT Warning" and the CPU-feature notice to the
 process's standard error, from C++. ``TF_CPP_MIN_LOG_LEVEL`` silences them
 on TF 2.15, but TF 2.21 logs through absl before its log level is read, so
 the command also points file descriptor 2 at a temporary file while
-TensorFlow loads, finds its devices and compiles its first XLA program (XLA's
-once-a-process lines: "All log messages before absl::InitializeLog()",
-"Compiled cluster using XLA!", "SetPriority unimplemented"), and shows what
-was written there only if that fails. Later C++ warnings and errors are shown as usual
+TensorFlow loads and finds its devices, and shows what was written there
+only if that fails. Later C++ warnings and errors are shown as usual
 (``TF_CPP_MIN_LOG_LEVEL=2`` keeps warnings and errors and hides INFO only).
 """
 
@@ -46,12 +44,10 @@ def _standard_error_held_back() -> Iterator[None]:
 
 
 def _load_quietly(load, module) -> None:
-  """Loads TensorFlow, finds its devices (CUDA's probing logs there) and compiles a one-op
-  XLA program (XLA's first compile logs there), with fd 2 held back."""
+  """Loads TensorFlow and finds its devices (CUDA's probing logs there) with fd 2 held back."""
   with _standard_error_held_back():
     load(module)
     module.config.list_physical_devices()
-    module.function(lambda x: x + 1, jit_compile=True)(module.constant(0.0))
 
 
 def quiet_tensorflow_start_up() -> None:
