@@ -205,10 +205,11 @@ def _training_event(runs: tuple[_GaussianRun, ...]) -> dp_accounting.DpEvent:
 
 
 def _grid_event(runs: tuple[_GaussianRun, ...]) -> dp_accounting.DpEvent:
-  """What sizes the PLD grid: a truncated step's losses are at most sensitivity 2's."""
-  return dp_accounting.ComposedDpEvent([
-      gaussian_steps_event(r.noise_multiplier / (2 if r.truncation else 1), r.sampling_rate,
-                           r.steps) for r in runs])
+  """What sizes the PLD grid: the runs, a truncated one's losses bounded by the untruncated
+  steps' of sensitivity 2 (noise multiplier ``sigma / 2``)."""
+  return _training_event(tuple(
+      dataclasses.replace(r, noise_multiplier=r.noise_multiplier / 2, truncation=None)
+      if r.truncation else r for r in runs))
 
 
 @functools.lru_cache(maxsize=1024)
