@@ -36,10 +36,10 @@ class TPUTrainer:
   """Trains a private model (``make_private``) with its tables in the TPU embedding engine.
 
   ``input_ids(x)``: each table's ids in a batch's features ``x``, by layer
-  name (default: for a functional model whose tables are each called once on
-  a model input, that input). ``api_factory(feature_config, optimizer)``: the
-  API object; default the real ``TPUEmbedding``, refused but on a TPU with the
-  V1 engine; tests pass
+  name (default: ``make_private``'s ``input_ids``, else, for a functional model whose tables
+  are each called once on a model input, that input).
+  ``api_factory(feature_config, optimizer)``: the API object; default the real
+  ``TPUEmbedding``, refused but on a TPU with the V1 engine; tests pass
   :class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
   The accountant is the private model's: ``private.epsilon()`` counts every
   step this loop takes. The model's tables are the engine's host copies:
@@ -75,7 +75,7 @@ class TPUTrainer:
                          f"{choice.reason}: train with model.fit")
     on_tpu = embedding_backends.on_tpu(self.strategy)
     if jit_compile is None:
-      jit_compile = on_tpu or bool(getattr(model, "_jit_compile", False))
+      jit_compile = private.compiled_by_xla
     replicas = self.strategy.num_replicas_in_sync
     if jit_compile and replicas > 1 and not on_tpu:
       raise ValueError(
@@ -90,7 +90,7 @@ class TPUTrainer:
           f"TPUTrainer: the tables of {', '.join(in_hbm)} are in every core's TensorCore HBM "
           "(table_placement='default_device') beside the embedding engine's copy, which is the "
           "one that trains: build these Embedding layers with table_placement='host'")
-    self.input_ids = input_ids or functional_input_ids(model, tables)
+    self.input_ids = input_ids or private.input_ids or functional_input_ids(model, tables)
     with self.strategy.scope():
       self.backend = TwoProgramBackend(
           tables, model.optimizer,

@@ -123,7 +123,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
     config = _dp_config(charged_as, settings, num_examples, batch_size)
     private = make_private(
         model, config, num_examples=num_examples, batch_size=batch_size, epochs=settings.epochs,
-        embedding=settings.embedding,
+        embedding=settings.embedding, input_ids=table_ids,
         max_batch_size=train.manifest.max_batch_size if sampled else None)
   if settings.embedding == "auto":
     print(f"sparse-dp: {private.embedding_choice.describe('auto')}", file=sys.stderr, flush=True)
@@ -374,7 +374,7 @@ def _fit_batches(private, batches: tf.data.Dataset, callbacks: list, verbose: in
   """
   if private.embedding_choice.name != "tpu":
     return private.model.fit(batches, callbacks=callbacks, verbose=verbose).history
-  steps = TPUTrainer(private, input_ids=table_ids).fit(batches)
+  steps = TPUTrainer(private).fit(batches)
   return {name: [step[name] for step in steps] for name in (steps[0] if steps else {})}
 
 

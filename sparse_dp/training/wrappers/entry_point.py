@@ -22,7 +22,7 @@ from sparse_dp.training.dp_state.provenance import fingerprinted_variables, refu
 from sparse_dp.training.dp_state.state import attach
 from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint
 from sparse_dp.training.dp_step import dense_layers, mixed_precision, update_guard
-from sparse_dp.training.dp_step.input_ids import functional_input_ids, ids_per_example
+from sparse_dp.training.dp_step.input_ids import InputIds, functional_input_ids, ids_per_example
 from sparse_dp.training.dp_step.penalties import penalty_of
 from sparse_dp.training.dp_step.step import StepNoise
 from sparse_dp.training.poisson.poisson_sampling import largest_plausible_batch
@@ -38,7 +38,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  resume_from: Optional[str] = None, embedding: str = "auto",
                  max_batch_size: Optional[int] = None,
                  public_layers: Sequence[str] = (),
-                 private_statistics: Sequence = ()) -> PrivateTraining:
+                 private_statistics: Sequence = (),
+                 input_ids: Optional[InputIds] = None) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
 
   Call it after ``model.compile``, on a built model. It installs a DP ``train_step``,
@@ -73,6 +74,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
     public_layers: names of preprocessing layers whose statistics come from public data.
     private_statistics: the :class:`sparse_dp.preprocessing.PrivateStatistic` objects
       of the model's preprocessing layers; their epsilons are spent once, at the start.
+    input_ids: ``x -> {table layer name: its ids in the batch's features x}``, for a TPU
+      embedding engine, which looks the ids up before the model runs (the SparseCore backend
+      here, ``TPUTrainer`` later). Default: each table's model input, for a functional
+      model that calls every table once directly on an input.
 
   Returns:
     The run's :class:`PrivateTraining`: its accountant, sampler and callback. With
@@ -149,6 +154,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                              statistics_epsilon=sum(s.epsilon for s in statistics.values()))
   training.step_noise = noise
   training.loss_scale = loss_scale
+  training.input_ids = input_ids
   model.train_step = types.MethodType(dp_train_step(leaves, noise, penalty, training), model)
   if model.distribute_reduction_method == "auto":
     # The step's logs are the same on every replica (one selection, the run's statistics)
@@ -164,10 +170,11 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       training.use_embedding_backend(embedding_backends.SparseCoreBackend(
           tables, model.optimizer, update_bounds(tables, noise, num_examples, batch_size),
           {layer: training.largest_batch * ids_per_example(layer) for layer in tables},
-          functional_input_ids(model, tables)))
+          input_ids or functional_input_ids(model, tables)))
   else:
     training.track_weights()
   fit_wrappers.install(training)
+  fit_wrappers.unnest_tpu_step(model)
   model.train_function = None
   return training
 

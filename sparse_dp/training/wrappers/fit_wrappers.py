@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.distribute import parameter_servers, workers
+from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
 from sparse_dp.optimizers import sparse_optimizer
 from sparse_dp.training.checks.model_checks import ModelValidationError
@@ -83,6 +84,20 @@ def _checked_save(training: PrivateTraining, name: str):
   return checked_save
 
 
+def unnest_tpu_step(model: keras.Model) -> None:
+  """Under a ``TPUStrategy``, turns Keras's ``jit_compile`` off: the TPU compiles the step.
+
+  With ``jit_compile=True`` Keras wraps the train step in a ``tf.function(jit_compile=True)``
+  inside ``strategy.run``. On a TPU that nesting buys nothing (the replicated program is
+  compiled whole) and breaks ``TPUEmbeddingV2``: its enqueue refuses to be traced in a
+  function nested in ``strategy.run`` (``_raise_error_for_incorrect_control_flow_context``).
+  The step still takes its XLA branches, and ``fit`` its host guards
+  (``PrivateTraining.compiled_by_xla``).
+  """
+  if embedding_backends.on_tpu(model.distribute_strategy):
+    model.jit_compile = False
+
+
 def check_steps_per_execution(model: keras.Model, epsilon_budget: Optional[float],
                               steps_per_execution=None) -> None:
   """Refuses ``steps_per_execution`` other than 1 when an epsilon budget must stop training.
@@ -137,6 +152,7 @@ def _private_compile(training: PrivateTraining):
     scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
     call.arguments["optimizer"] = optimizer if scaled else private_optimizer
     compile_(*call.args, **call.kwargs)
+    unnest_tpu_step(self)
     self.optimizer, training.loss_scale = private_optimizer, loss_scale  # the step scales
     training.require_probe()
     per_example_loss_fn(self)
@@ -170,7 +186,7 @@ def _private_fit(training: PrivateTraining):
     poisson = training.feeds_poisson(x)
     if not poisson:
       _warn_if_transformed(training.transformations_to(x))
-    compiled = getattr(self, "_jit_compile", False)  # the step's asserts are compiled away
+    compiled = training.compiled_by_xla  # the step's asserts are compiled away
     if compiled:
       _refuse_uncompilable_optimizer(self.optimizer)
       _refuse_uncompilable_inputs(x)
@@ -344,7 +360,7 @@ def _private_train_on_batch(training: PrivateTraining):
                              reset_metrics=True, return_dict=False):
     parameter_servers.refuse_keras_fit(self)
     _refuse_engine_tables(training)
-    if getattr(self, "_jit_compile", False):  # the step's asserts are compiled away
+    if training.compiled_by_xla:  # the step's asserts are compiled away
       _refuse_uncompilable_inputs(x)
       host_guards.refuse_past_budget(training)
       host_guards.refuse_batch_size(training, _leading_size(x))

@@ -8,6 +8,7 @@ from typing import Optional
 import tensorflow as tf
 
 from sparse_dp.accounting import steps_for_epochs
+from sparse_dp.layers import embedding_backends
 from sparse_dp.training.poisson.poisson_sampling import (
   PoissonSample,
   batch_capacity,
@@ -21,6 +22,14 @@ class PoissonInputs:
   """Poisson datasets of one private run; ``PrivateTraining`` sets the attributes read here
   (``sampling_rate``, ``num_examples``, ``max_batch_size``, ``seed``, ``state``, ``model``,
   ``is_private``, ``_poisson_datasets``, ``_streams``)."""
+
+  @property
+  def compiled_by_xla(self) -> bool:
+    """Whether the model's train step runs compiled by XLA, its asserts compiled away: the
+    model is compiled with ``jit_compile=True``, or trains under a ``TPUStrategy`` (a TPU
+    compiles every program, whatever ``jit_compile`` says)."""
+    return (bool(getattr(self.model, "_jit_compile", False))
+            or embedding_backends.on_tpu(self.model.distribute_strategy))
 
   def poisson_sample(self, data) -> PoissonSample:
     """The Poisson sampler of ``data``'s rows at this run's rate ``q``.
@@ -55,7 +64,8 @@ class PoissonInputs:
       epochs: expected visits of each example in one pass of the dataset, which has
         ``ceil(epochs / q)`` batches.
       padded: pad every batch to one static size, with its example mask, for steps
-        compiled with XLA. Default: when the model is private and has ``jit_compile``.
+        compiled with XLA. Default: when the model is private and its step is compiled by
+        XLA (``jit_compile=True``, or a ``TPUStrategy``).
 
     Returns:
       The batches: ``x``, ``(x, y)`` or ``(x, y, sample_weight)`` each.
@@ -72,7 +82,7 @@ class PoissonInputs:
     stream = (int(self.state.datasets_made.assign_add(1).numpy()) if self.is_private
               else next(self._streams))
     if padded is None:
-      padded = self.is_private and bool(getattr(self.model, "_jit_compile", False))
+      padded = self.is_private and self.compiled_by_xla
     if padded and not self.is_private:
       raise ValueError("poisson_dataset(padded=True): algorithm 'none' trains with Keras's own "
                        "train_step, which has no example mask; pass padded=False")

@@ -87,6 +87,9 @@ class PrivateTraining(PoissonInputs):
     # tables train in the V1 engine through TPUTrainer, and fit is refused.
     self.embedding_choice = embedding_backends.BackendChoice("cpu", "requested")
     self.step_noise: Optional[StepNoise] = None  # the DP step's noise (make_private sets it)
+    # Each table's ids in a batch's features, for a TPU embedding engine (make_private's
+    # input_ids=); None: each table's model input (functional_input_ids).
+    self.input_ids = None
     # The fixed loss scale of mixed_float16 (:mod:`~sparse_dp.training.dp_step.mixed_precision`).
     self.loss_scale = 1.0
     # The noise and the sample must be unpredictable: without a seed from the

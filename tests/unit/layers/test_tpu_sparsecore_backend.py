@@ -25,6 +25,7 @@ v3 = pytest.importorskip("tensorflow.python.tpu.tpu_embedding_v3", reason=(
 
 # These need TF 2.16+ (the adapter; the double imports tpu_embedding_v3): after the skip.
 from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as adapter  # noqa: E402
+from tensorflow.python.tpu import tpu_replication  # noqa: E402
 from tensorflow.python.trackable.base import ShardInfo  # noqa: E402
 
 import sparse_dp  # noqa: E402
@@ -34,6 +35,7 @@ from sparse_dp.layers.embedding_backends.doubles.sparsecore_api_double import ( 
   TPUEmbeddingV2APIDouble,
 )
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine  # noqa: E402
+from sparse_dp.models.pctr import NUM_INTEGER, build_pctr_model, table_ids  # noqa: E402
 from sparse_dp.training.dp_step.input_ids import functional_input_ids  # noqa: E402
 from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
 from sparse_dp.training.wrappers.entry_point import update_bounds  # noqa: E402
@@ -169,6 +171,70 @@ def test_the_double_keeps_the_call_rules_of_tpu_embedding_v3():
         allow_id_dropping=True))
 
 
+def _on_sparse_core_hardware(monkeypatch):
+  """V2 hardware (``tpu_hardware_feature.embedding_feature``), ``TPUEmbeddingV2`` and
+  ``on_tpu``, doubles here (no TPU)."""
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V2)
+  monkeypatch.setattr(API, "TPUEmbeddingV2", TPUEmbeddingV2APIDouble)
+  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+
+
+def test_tables_that_read_columns_of_one_input_train_with_the_input_ids_given(monkeypatch):
+  """The pCTR model's table ``i`` reads column ``i`` of ``categorical``, no model input of
+  its own: on SparseCore hardware ``make_private`` refuses it without ``input_ids=`` and
+  trains it with ``input_ids=table_ids``, as ``sparse-dp train --strategy tpu`` passes."""
+  _on_sparse_core_hardware(monkeypatch)
+  sizes, n = [16, 24, 8], 512
+
+  def private_pctr(**input_ids):
+    model = build_pctr_model(sizes, [8], table_placement="host")
+    model.compile(optimizer=sparse_dp.keras.optimizers.legacy.SGD(0.1),
+                  loss=sparse_dp.keras.losses.BinaryCrossentropy(from_logits=True))
+    return model, sparse_dp.make_private(model, sparse_dp.DPConfig("adafest", **ADAFEST),
+                                         num_examples=n, batch_size=64, **input_ids)
+
+  with pytest.raises(ValueError, match="embedding_0 is not called once directly on a model "
+                                       "input.*input_ids="):
+    private_pctr()
+  model, private = private_pctr(input_ids=table_ids)
+  assert private.embedding_backend.name == "tpu-sparsecore-api-double"
+  rng = np.random.default_rng(0)
+  x = {"integers": rng.normal(size=(n, NUM_INTEGER)).astype(np.float32),
+       "categorical": np.stack([rng.integers(0, size, n) for size in sizes], 1)}
+  model.fit(private.poisson_dataset(x, rng.integers(0, 2, n).astype(np.float32)).take(2),
+            verbose=0)
+  assert int(private.steps_taken.numpy()) == 2
+
+
+def _traced_in_a_replicate_context(body):
+  """Traces ``body`` as ``strategy.run`` traces a replica's program on a TPU: inside a
+  ``TPUReplicateContext`` of a function's graph (TF allows it off TPU; nothing runs)."""
+  @tf.function
+  def program():
+    context = tpu_replication.TPUReplicateContext(b"replicate", num_replicas=1,
+                                                  pivot=tf.no_op())
+    context.Enter()
+    try:
+      return body()
+    finally:
+      context.Exit()
+
+  return program.get_concrete_function()
+
+
+def test_the_double_refuses_a_lookup_nested_in_strategy_run_as_tf_does():
+  """TF's own control-flow check: a lookup traced straight in the replica's program is
+  allowed; in a function nested in it (Keras's ``jit_compile=True`` step) it is refused."""
+  api = TPUEmbeddingV2APIDouble(*_table_features(), sparse_core_embedding_config=_config())
+  api.build()
+  ids = {"a": tf.constant([1, 2, 3, 3]), "b": tf.constant([5] * 8)}
+  _traced_in_a_replicate_context(lambda: api.embedding_lookup(ids)[0]["a"])
+  nested = tf.function(lambda: api.embedding_lookup(ids)[0]["a"], jit_compile=True)
+  with pytest.raises(RuntimeError, match="does not match graph which contains "
+                                         "TPUReplicateContext"):
+    _traced_in_a_replicate_context(nested)
+
+
 def test_the_double_fails_a_lookup_past_a_sparse_cores_bounds():
   """Rows are sharded mod 4 SparseCores here: 0, 4 and 8 land on the same one."""
   api = TPUEmbeddingV2APIDouble(*_table_features(), sparse_core_embedding_config=_config(
@@ -298,10 +364,7 @@ def test_on_sparse_core_hardware_auto_trains_in_fit_through_the_engine(monkeypat
   optimizer, tolerance = OPTIMIZERS["adam"]
   cpu, _, data = _private(optimizer, engine=False)
   cpu.fit(data.take(3), verbose=0)
-  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V2)
-  monkeypatch.setattr(API, "TPUEmbeddingV2", TPUEmbeddingV2APIDouble)
-  # On a TPU (a double here) host tables are what the SparseCore backend takes.
-  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+  _on_sparse_core_hardware(monkeypatch)  # on a TPU host tables are what the engine takes
   model, private, data = _private(optimizer, engine=False, embedding="auto",
                                   table_placement="host")
   assert private.embedding_choice.describe("auto").startswith(

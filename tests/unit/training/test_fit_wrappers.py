@@ -8,6 +8,8 @@ from dp_accounting import pld
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.accounting import PrivacyAccountant
+from sparse_dp.layers import embedding_backends
+from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.checks.validation import ModelValidationError
 
 from support.keras_models import N, functional_model, synthetic_data
@@ -60,6 +62,28 @@ def test_recompiling_with_an_ordinary_loss_keeps_training_privately():
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       BATCH / N, dp_accounting.GaussianDpEvent(SIGMA)), steps)
   assert history.history["epsilon"][-1] == pytest.approx(accountant.get_epsilon(1 / N), rel=1e-3)
+
+
+def test_on_a_tpu_the_step_counts_as_compiled_and_keras_never_nests_it(monkeypatch):
+  """A TPU compiles every program and drops its asserts, whatever ``jit_compile`` says
+  (``on_tpu`` is a double here): ``poisson_dataset`` pads its batches and ``fit`` refuses a
+  too large batch on the host, before any step. Keras's ``jit_compile`` is off after
+  ``make_private`` and after a recompile: it would nest the step in a compiled function inside
+  ``strategy.run``, where ``TPUEmbeddingV2``'s enqueue refuses to run."""
+  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+  model = functional_model()
+  model.jit_compile = True
+  private = sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=SIGMA),
+                                   num_examples=N, batch_size=BATCH)
+  assert not model.jit_compile and private.compiled_by_xla
+  ids, labels = synthetic_data()
+  assert padded_batches.is_padded(private.poisson_dataset(ids, labels).element_spec)
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                jit_compile=True)
+  assert not model.jit_compile
+  with pytest.raises(ValueError, match="larger than any Poisson sample"):
+    model.fit(ids, labels, batch_size=4 * BATCH, verbose=0)
+  assert int(private.steps_taken.numpy()) == 0 == int(private.refused_steps.numpy())
 
 
 class BatchEpsilons(keras.callbacks.Callback):

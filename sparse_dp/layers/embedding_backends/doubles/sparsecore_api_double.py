@@ -3,9 +3,10 @@
 ``tf.tpu.experimental.embedding.TPUEmbeddingV2`` (TF 2.16+, ``tpu_embedding_v3.py``, read at
 TF 2.21) refuses to be created outside a ``TPUStrategy``. :class:`TPUEmbeddingV2APIDouble`
 takes its calls (``build``, ``embedding_lookup``, ``apply_gradients(gradients,
-preserved_outputs)``) with the checks of that file, lays its tables out as on the SparseCores
-by TF's own code (:mod:`..sparse_core_layout`), enforces the per-SparseCore id bounds, and
-applies the SparseCore kernels' update rules (those of
+preserved_outputs)``) with the checks of that file (a lookup's control-flow check is TF's
+own), lays its tables out as on the SparseCores by TF's own code
+(:mod:`..sparse_core_layout`), enforces the per-SparseCore id bounds, and applies the
+SparseCore kernels' update rules (those of
 :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`; Adam always
 lazy). Its checkpoints restore into ``TPUEmbeddingForServing``. Not modelled, and refused where
 a setting asks for it: table stacking, id dropping, pipelining, FTRL, sparse and ragged
@@ -56,6 +57,9 @@ class TPUEmbeddingV2APIDouble(tpu_embedding_base.TPUEmbeddingBase):
   _initialize_stacked_table_for_device = _V2._initialize_stacked_table_for_device
   _track_restore_info_for_cpu = _V2._track_restore_info_for_cpu
   _maybe_build = _V2._maybe_build
+  # enqueue's check: never inside a function nested in strategy.run's TPUReplicateContext.
+  _raise_error_for_incorrect_control_flow_context = (
+      _V2._raise_error_for_incorrect_control_flow_context)
   embedding_layouts = _V2.embedding_layouts
   variables = _V2.variables
 
@@ -120,7 +124,9 @@ class TPUEmbeddingV2APIDouble(tpu_embedding_base.TPUEmbeddingBase):
     self._built = True
 
   def embedding_lookup(self, features, weights=None) -> tuple:
-    """``(activations, preserved_outputs)`` of one lookup (changes nothing)."""
+    """``(activations, preserved_outputs)`` of one lookup (changes nothing), refused as
+    TF's ``enqueue`` refuses it inside a function nested in a ``TPUReplicateContext``."""
+    self._raise_error_for_incorrect_control_flow_context()
     if weights is not None:
       raise ValueError("TPUEmbeddingV2 double: weights are not modelled")
     self._maybe_build()
