@@ -16,14 +16,18 @@ from sparse_dp.mechanisms.noise import dense_noise
 from sparse_dp.mechanisms.selection import row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step.step import private_gradients
 from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.poisson.poisson_sampling import (
   PoissonSample,
   batch_capacity,
   largest_plausible_batch,
 )
+from sparse_dp.training.wrappers import dp_train_step
 
 import support
+import support.replicas
 from support.keras_models import VOCAB, N, functional_model, synthetic_data
 
 NOISE = {"dpsgd": dict(noise_multiplier=0.8),
@@ -298,3 +302,47 @@ def test_a_padded_batch_behind_a_map_is_checked_by_its_sampled_examples():
   with pytest.warns(UserWarning, match="through map"):
     model.fit(private.poisson_dataset(ids, labels).map(lambda batch: batch).take(2), verbose=0)
   assert private.accountant.steps == 2 and not private.poisson_sampling
+
+
+@pytest.mark.parametrize("algorithm,microbatch_size", [
+    ("dpsgd", None), ("adafest", None),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("adafest+", None), ("adafest", 8)])])
+def test_the_replica_program_of_eight_replicas_compiles_with_static_shapes(
+    monkeypatch, algorithm, microbatch_size):
+  """A TPU host of 8 replicas compiles one DP step for all: each replica's slice of a padded
+  batch (a capacity that is a multiple of 8), the replicas' lookups exchanged, the replica id
+  a value of the program. Compiled by XLA on one device with static-size collectives
+  (:class:`support.replicas.StaticReplicaContext`); a shape that depends on the replica id or
+  on an exchanged value does not compile."""
+  replicas = 8
+  model = functional_model(seed=3)
+  config = sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=microbatch_size,
+                              **CONFIGS[algorithm])
+  private = sparse_dp.make_private(model, config, num_examples=N, batch_size=256)
+  capacity = batch_capacity(N, 256 / N, replicas)
+  assert capacity % replicas == 0 and capacity >= batch_capacity(N, 256 / N)
+  rows = capacity // replicas
+  ids, labels = synthetic_data()
+  in_batch = tf.range(rows) < rows - 3  # the last replica's slice ends in padding
+
+  def replica_program(replica_id):
+    @tf.function(jit_compile=True)
+    def program(x, y):
+      monkeypatch.setattr(tf.distribute, "get_replica_context",
+                          lambda: support.replicas.StaticReplicaContext(replicas, replica_id))
+      try:
+        size = dp_train_step._batch_size((x, y), in_batch)
+        gradients, _, stats = private_gradients(
+            private.leaves, per_example_loss_fn(model), (x, y), private.step_noise,
+            tf.constant([1, 2], tf.int64), microbatch_size, in_batch=in_batch)
+      finally:
+        monkeypatch.undo()
+      return size, tf.nest.flatten(list(gradients.values()), expand_composites=True), stats
+
+    return program
+
+  for replica_id in (0, 5):
+    size, gradients, stats = replica_program(replica_id)(ids[:rows], labels[:rows])
+    assert int(size) == replicas * (rows - 3)
+    assert all(np.isfinite(g).all() for g in gradients)

@@ -217,16 +217,33 @@ def _replicas() -> int:
 
 
 def _gather_across_replicas(pairs, batch_size):
-  """All replicas' ``(example, row)`` pairs, examples numbered across replicas."""
+  """All replicas' ``(example, row)`` pairs, examples numbered across replicas.
+
+  ``batch_size``: this replica's example slots (padding rows included). Replica ``r``'s
+  examples follow the slots of replicas ``0..r-1``. Under XLA a TPU compiles one program for
+  all replicas, so every replica has this one's static slots and lookups (padded batches split
+  evenly: ``batch_capacity``): the offset is ``r`` times the slots (``r`` is a value of the
+  running program, never a shape) and no length is exchanged. In graph mode the replicas'
+  slots are exchanged and lists of different lengths padded (row ``PAD``) to the longest.
+  """
   context = tf.distribute.get_replica_context()
-  sizes = context.all_gather(batch_size[None], axis=0)
-  offset = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
+  replicas, replica = context.num_replicas_in_sync, context.replica_id_in_sync_group
   example, row = pairs
+  if compiling_with_xla():
+    if row.shape[0] is None:
+      raise ValueError(
+          "sparse-dp: under XLA on several replicas each replica's batch must have one static "
+          "size, for one program compiled for all: feed private.poisson_dataset(..., "
+          "padded=True), made under the strategy (its capacity is a multiple of the replicas)")
+    example += tf.cast(replica, tf.int64) * batch_size
+    return ((context.all_gather(example, axis=0), context.all_gather(row, axis=0)),
+            batch_size * replicas)
+  sizes = context.all_gather(batch_size[None], axis=0)
+  example += tf.reduce_sum(sizes[:replica])
   length = tf.shape(row, out_type=tf.int64)[0]
-  longest = tf.reduce_max(context.all_gather(length[None], axis=0))
-  # Padding (row PAD) brings every replica's pairs to one length.
-  row = tf.pad(row, [[0, longest - length]], constant_values=mechanisms.PAD)
-  example = tf.pad(example + offset, [[0, longest - length]])
+  missing = tf.reduce_max(context.all_gather(length[None], axis=0)) - length
+  row = tf.pad(row, [[0, missing]], constant_values=mechanisms.PAD)
+  example = tf.pad(example, [[0, missing]])
   return ((context.all_gather(example, axis=0), context.all_gather(row, axis=0)),
           tf.reduce_sum(sizes))
 

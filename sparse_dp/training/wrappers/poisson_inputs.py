@@ -31,6 +31,13 @@ class PoissonInputs:
     return (bool(getattr(self.model, "_jit_compile", False))
             or embedding_backends.on_tpu(self.model.distribute_strategy))
 
+  @property
+  def padded_capacity(self) -> int:
+    """Rows of this run's padded Poisson batches: exceeded with probability ``<= 1e-18``, a
+    multiple of the strategy's replicas (:func:`batch_capacity`)."""
+    return batch_capacity(self.num_examples, self.sampling_rate,
+                          self.model.distribute_strategy.num_replicas_in_sync)
+
   def poisson_sample(self, data) -> PoissonSample:
     """The Poisson sampler of ``data``'s rows at this run's rate ``q``.
 
@@ -89,8 +96,7 @@ class PoissonInputs:
     passes = poisson_passes(data if len(data) > 1 else data[0], self.sampling_rate,
                             steps_for_epochs(epochs, self.sampling_rate), self.seed, stream,
                             num_examples=self.num_examples,
-                            capacity=(batch_capacity(self.num_examples, self.sampling_rate)
-                                      if padded else None))
+                            capacity=self.padded_capacity if padded else None)
     dataset = passes.dataset()
     self._poisson_datasets[dataset] = passes
     return dataset

@@ -31,10 +31,7 @@ from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint, WeightsM
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.run_statistics import RunStatistics
 from sparse_dp.training.dp_step.step import StepNoise
-from sparse_dp.training.poisson.poisson_sampling import (
-  batch_capacity,
-  examples_in_batch,
-)
+from sparse_dp.training.poisson.poisson_sampling import examples_in_batch
 from sparse_dp.training.wrappers.callbacks import PrivacyCallback
 from sparse_dp.training.wrappers.poisson_inputs import PoissonInputs
 
@@ -156,10 +153,10 @@ class PrivateTraining(PoissonInputs):
     """The most examples one step's batch holds (a TPU engine's static bound).
 
     ``max_batch_size``, else the capacity of a padded Poisson batch
-    (:func:`~sparse_dp.training.poisson.poisson_sampling.batch_capacity`). That capacity
-    bounds an unpadded batch too, and any replica's slice of it.
+    (:attr:`padded_capacity`). That capacity bounds an unpadded batch too, and any
+    replica's slice of it.
     """
-    return self.max_batch_size or batch_capacity(self.num_examples, self.sampling_rate)
+    return self.max_batch_size or self.padded_capacity
 
   @property
   def is_private(self) -> bool:

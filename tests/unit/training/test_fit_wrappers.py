@@ -9,8 +9,8 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.accounting import PrivacyAccountant
 from sparse_dp.layers import embedding_backends
-from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.checks.validation import ModelValidationError
+from sparse_dp.training.poisson import padded_batches
 
 from support.keras_models import N, functional_model, synthetic_data
 
