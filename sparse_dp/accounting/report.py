@@ -74,7 +74,8 @@ class Epsilon(float):
     return self._with_caveats(float.__repr__(self))
 
   def __format__(self, spec: str) -> str:
-    return self._with_caveats(float.__format__(self, spec))
+    # float.__format__ with an empty spec is str(self), which has the caveats already.
+    return self._with_caveats(float.__format__(float(self), spec))
 
 
 @dataclasses.dataclass(frozen=True)

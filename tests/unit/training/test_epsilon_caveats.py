@@ -61,4 +61,5 @@ def test_a_fixed_noise_seed_is_named_with_the_epsilon_and_in_the_statement():
 def test_an_epsilon_object_keeps_its_caveats_in_every_format():
   epsilon = Epsilon(1.25, ("a caveat",))
   assert f"{epsilon:.2f}" == "1.25 (a caveat)" and str(epsilon) == "1.25 (a caveat)"
+  assert f"{epsilon}" == "1.25 (a caveat)" == repr(epsilon)  # once, not once per str
   assert Epsilon(1.25) == 1.25 and str(Epsilon(1.25)) == "1.25"
