@@ -31,6 +31,18 @@ from sparse_dp.training.wrappers import fit_wrappers, host_guards
 from sparse_dp.training.wrappers.entry_point import update_bounds
 from sparse_dp.training.wrappers.private_training import PrivateTraining
 
+# The models whose real engine this process made: TF allows one per TPU system initialisation
+# (TPUEmbedding.build: "TPU is already initialized for embeddings").
+_ENGINES_MADE: list = []
+ONE_ENGINE_ROUTE = (
+    "train each model in its own process (sparse-dp stream --strategy tpu: one period per "
+    "command, --train-days of that period, the state folder resuming its ledger; sparse-dp "
+    "train --strategy tpu: one algorithm per command, without --compare)")
+ONE_ENGINE_PER_PROCESS = (
+    "TPUTrainer: this process has made a TPU embedding engine already, and TensorFlow builds "
+    "one per TPU system initialisation ('TPU is already initialized for embeddings'): "
+    + ONE_ENGINE_ROUTE)
+
 
 class TPUTrainer:
   """Trains a private model (``make_private``) with its tables in the TPU embedding engine.
@@ -73,6 +85,8 @@ class TPUTrainer:
       if choice.name != "tpu":
         raise ValueError(f"TPUTrainer trains tables in the V1 TPU embedding engine; this is a "
                          f"{choice.reason}: train with model.fit")
+      if _ENGINES_MADE:
+        raise RuntimeError(ONE_ENGINE_PER_PROCESS)
     on_tpu = embedding_backends.on_tpu(self.strategy)
     if jit_compile is None:
       jit_compile = private.compiled_by_xla
@@ -99,6 +113,8 @@ class TPUTrainer:
           sum_inside_sqrt)
     private.use_embedding_backend(self.backend)
     self.engine = self.backend.engine
+    if api_factory is None:
+      _ENGINES_MADE.append(model.name)
     self.jit_compile = jit_compile
     self._enqueue = tf.function(self._host_enqueue)
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),

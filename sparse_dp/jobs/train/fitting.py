@@ -46,7 +46,7 @@ from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import DPConfig, make_private
 from sparse_dp.training.poisson.poisson_sampling import head
-from sparse_dp.training.tpu_loop import TPUTrainer
+from sparse_dp.training.tpu_loop import ONE_ENGINE_ROUTE, TPUTrainer
 from sparse_dp.training.wrappers.callbacks import NOT_POISSON_KEY
 
 
@@ -350,13 +350,18 @@ def embedding_dims(vocabulary_sizes, settings: FitSettings) -> list[int]:
   return [settings.embedding_dim or embedding_dim(v) for v in vocabulary_sizes]
 
 
-def check_hardware(settings: FitSettings) -> None:
-  """Refuses, before any data is read, a ``--strategy tpu`` without a TPU and an
-  ``--embedding`` the hardware cannot run, and joins a ``multi-worker`` cluster before
-  any op runs (the strategies built once per process)."""
+def check_hardware(settings: FitSettings, private_models: int = 1) -> None:
+  """Refuses, before any data is read, a ``--strategy tpu`` without a TPU, an
+  ``--embedding`` the hardware cannot run, and more than one private model (``private_models``,
+  the command's) for the V1 embedding engine, of which TensorFlow builds one per process; joins
+  a ``multi-worker`` cluster before any op runs (the strategies built once per process)."""
   if settings.strategy in ("default", "tpu", "multi-worker"):
-    embedding_backends.choose_backend(settings.embedding,
-                                      strategy_named(settings.strategy, settings.tpu))
+    choice = embedding_backends.choose_backend(settings.embedding,
+                                               strategy_named(settings.strategy, settings.tpu))
+    if choice.name == "tpu" and private_models > 1:
+      raise ValueError(f"--strategy tpu trains in the V1 TPU embedding engine, which TensorFlow "
+                       f"builds once per process, and this command trains {private_models} "
+                       f"private models: {ONE_ENGINE_ROUTE}")
 
 
 def _progress_bar() -> keras.callbacks.ProgbarLogger:

@@ -19,10 +19,12 @@ import tensorflow as tf
 import sparse_dp
 from sparse_dp import keras
 from sparse_dp.accounting.report import NOT_POISSON
+from sparse_dp.cli import main
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
 from sparse_dp.layers.embedding_backends.doubles.tpu_api_double import TPUEmbeddingAPIDouble
 from sparse_dp.models.pctr import build_pctr_model, table_ids
+from sparse_dp.training import tpu_loop
 from sparse_dp.training.tpu_loop import TPUTrainer
 
 import support
@@ -200,3 +202,27 @@ def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
     np.testing.assert_allclose(np.array(b), np.array(c), rtol=0, atol=1e-6)
   # XLA cannot compile a MirroredStrategy's strategy.run as one program: refused, not obscure.
   assert result["xla_refusal"].startswith("TPUTrainer(jit_compile=True) on 2 replicas off TPU")
+
+
+def test_one_real_engine_per_process_and_commands_that_would_make_two_are_refused_first(
+    monkeypatch, tmp_path, capsys):
+  """TF builds one ``TPUEmbedding`` per TPU system initialisation ('TPU is already initialized
+  for embeddings'). V1 hardware, ``on_tpu`` and the real API are doubles here: a second
+  ``TPUTrainer`` with the real engine is refused, and so are a ``--compare`` of two private
+  algorithms and a stream of two periods on V1, before any data is read."""
+  monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
+  monkeypatch.setattr(tf.tpu.experimental.embedding, "TPUEmbedding", TPUEmbeddingAPIDouble)
+  monkeypatch.setattr(tpu_loop, "_ENGINES_MADE", [])
+  TPUTrainer(_private("auto", table_placement="host")[1])
+  with pytest.raises(RuntimeError, match="already initialized for embeddings.*own process"):
+    TPUTrainer(_private("auto", table_placement="host")[1])
+  out = tmp_path / "out"
+  commands = [["train", "--compare", "dpsgd,adafest", "--out", str(out)],
+              ["stream", "--train-days", "0-3", "--streaming-period", "2", "--state",
+               str(tmp_path / "state")]]
+  for command in commands:
+    assert main(command) == 2
+    assert "trains 2 private models: train each model in its own process" in (
+        capsys.readouterr().err)
+  assert not out.exists() and not (tmp_path / "state").exists()
