@@ -69,8 +69,10 @@ class StaticFeatureEngine:
       ids = tf.reshape(tf.cast(features.get(name, tf.zeros([0], tf.int32)), tf.int32), [-1])
       count = tf.size(ids)
       # The message only: how many ids the batch has is an un-noised statistic of it.
-      fits = tf.debugging.Assert(count <= bound, [
-          f"sparse-dp: feature {name} has more ids than its static TPU bound {bound}"])
+      too_many = f"sparse-dp: feature {name} has more ids than its static TPU bound {bound}"
+      if ids.shape[0] is not None and ids.shape[0] > bound:  # static: refused as it is traced
+        raise ValueError(too_many)
+      fits = tf.debugging.Assert(count <= bound, [too_many])
       with tf.control_dependencies([fits]):
         padding = tf.fill([bound - count], self._dummy(name))
       padded[name] = tf.ensure_shape(tf.concat([ids, padding], 0), [bound])

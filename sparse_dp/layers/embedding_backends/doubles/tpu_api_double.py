@@ -8,9 +8,10 @@ TPU program, gradients summed over the cores), and keeps its tables in
 :class:`~sparse_dp.layers.embedding_backends.doubles.engine_double.EngineDouble`. Its queue and
 round state are TensorFlow variables, one copy per core, so that the host program and the TPU
 programs can be separate functions, compiled with XLA or not. Call-order errors are
-``RuntimeError`` eagerly and fail the function when traced. Not modelled: sparse and ragged
-inputs, weights, model parallelism, pipelining, checks that need a TPU replicate context. See
-docs/tpu.md ("The API doubles").
+``RuntimeError`` eagerly and fail the function when traced. An enqueue runs TF's own checks
+(control-flow context, inputs on the host, direct inputs inside a ``TPUReplicateContext``), so
+like the real one it takes graph tensors only. Not modelled: sparse and ragged inputs,
+weights, model parallelism, pipelining. See docs/tpu.md ("The API doubles").
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import weakref
 from typing import Optional
 
 import tensorflow as tf
+from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.util import nest  # the real API's nest (flatten_with_joined_string_paths)
 
 from sparse_dp.layers.embedding_backends.doubles.engine_double import EngineDouble
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 
+_V1 = tpu_embedding_v2.TPUEmbedding
 _DEADLOCK = "on a TPU the engine would wait forever (deadlock)"
 _CAPACITY = 8  # rounds the double's queue holds; the engine's is a few (pipelining)
 
@@ -46,6 +49,13 @@ class TPUEmbeddingAPIDouble:
   ``calls`` logs each call: ``("enqueue", training)``, ``("dequeue", training)``,
   ``("apply_gradients",)``.
   """
+
+  # TF's own checks of an enqueue: no function nested in strategy.run's TPUReplicateContext,
+  # inputs on the host, and inside that context the program's direct inputs only.
+  _raise_error_for_incorrect_control_flow_context = (
+      _V1._raise_error_for_incorrect_control_flow_context)
+  _raise_error_for_inputs_not_on_cpu = _V1._raise_error_for_inputs_not_on_cpu
+  _raise_error_for_non_direct_inputs = _V1._raise_error_for_non_direct_inputs
 
   def __init__(self, feature_config, optimizer):
     self._feature_config = feature_config
@@ -95,7 +105,13 @@ class TPUEmbeddingAPIDouble:
 
   def enqueue(self, features, weights=None, training: bool = True, name=None, device=None):
     del name
+    in_tpu_context = self._raise_error_for_incorrect_control_flow_context()
     tf.nest.assert_same_structure(self._feature_config, features)
+    self._raise_error_for_inputs_not_on_cpu(
+        nest.flatten(features), [path for path, _ in
+                                 nest.flatten_with_joined_string_paths(self._feature_config)])
+    if in_tpu_context:
+      self._raise_error_for_non_direct_inputs(features)
     if weights is not None:
       raise ValueError("Weight specified for dense input, which is not allowed. Weight will "
                        "always be 1 in this case.")
