@@ -49,6 +49,12 @@ class Algorithm(str, enum.Enum):
     """Whether each step adds the noisy contribution map of Algorithm 1."""
     return self in (Algorithm.ADAFEST, Algorithm.ADAFEST_PLUS)
 
+  @property
+  def noises_every_row(self) -> bool:
+    """Whether each step adds noise to every row of every table (DP-SGD, and DP-FEST on
+    its preselected buckets)."""
+    return self.is_private and not self.uses_contribution_map
+
   @classmethod
   def parse(cls, name: str) -> "Algorithm":
     """The algorithm named ``name``.

@@ -120,8 +120,7 @@ def stream(args: argparse.Namespace) -> dict:
   from sparse_dp.jobs.train import fitting
   # The training flags, and the hardware they need, are checked before any spend.
   periods = -(-len(train_days) // args.streaming_period)
-  fitting.check_hardware(job_flags.fit_settings(args, epsilon=1.0),
-                         periods if Algorithm.parse(args.algorithm).is_private else 0)
+  fitting.check_hardware(job_flags.fit_settings(args, epsilon=1.0), [args.algorithm] * periods)
   delta_total = args.delta if args.delta is not None else 1.0 / (
       len(train_days) * args.examples_per_day)
   check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)

@@ -107,7 +107,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
   on_ps = is_parameter_server(strategy)
   # Tables a TPU embedding engine (V1, SparseCore) trains keep their Keras copy on the host.
   in_engine = (kind.is_private and embedding_backends.choose_backend(
-      settings.embedding, strategy).name in ("tpu", "sparsecore"))
+      settings.embedding, strategy, kind.noises_every_row).name in ("tpu", "sparsecore"))
   with _phase(phases, "model and make_private"), strategy.scope():
     dims = embedding_dims(vocabulary_sizes, settings)
     model = build_pctr_model(sizes, settings.hidden_units or HIDDEN_UNITS, embedding_dims=dims,
@@ -350,18 +350,23 @@ def embedding_dims(vocabulary_sizes, settings: FitSettings) -> list[int]:
   return [settings.embedding_dim or embedding_dim(v) for v in vocabulary_sizes]
 
 
-def check_hardware(settings: FitSettings, private_models: int = 1) -> None:
+def check_hardware(settings: FitSettings, algorithms: Sequence[str] = ()) -> None:
   """Refuses, before any data is read, a ``--strategy tpu`` without a TPU, an
-  ``--embedding`` the hardware cannot run, and more than one private model (``private_models``,
-  the command's) for the V1 embedding engine, of which TensorFlow builds one per process; joins
-  a ``multi-worker`` cluster before any op runs (the strategies built once per process)."""
-  if settings.strategy in ("default", "tpu", "multi-worker"):
-    choice = embedding_backends.choose_backend(settings.embedding,
-                                               strategy_named(settings.strategy, settings.tpu))
-    if choice.name == "tpu" and private_models > 1:
-      raise ValueError(f"--strategy tpu trains in the V1 TPU embedding engine, which TensorFlow "
-                       f"builds once per process, and this command trains {private_models} "
-                       f"private models: {ONE_ENGINE_ROUTE}")
+  ``--embedding`` the hardware cannot run, and more than one of ``algorithms`` (the private
+  models the command trains, in order) for the V1 embedding engine, of which TensorFlow builds
+  one per process; joins a ``multi-worker`` cluster before any op runs (the strategies built
+  once per process)."""
+  if settings.strategy not in ("default", "tpu", "multi-worker"):
+    return
+  strategy = strategy_named(settings.strategy, settings.tpu)
+  embedding_backends.choose_backend(settings.embedding, strategy)
+  kinds = [Algorithm.parse(name) for name in algorithms]
+  engines = [kind for kind in kinds if kind.is_private and embedding_backends.choose_backend(
+      settings.embedding, strategy, kind.noises_every_row).name == "tpu"]
+  if len(engines) > 1:
+    raise ValueError(f"--strategy tpu trains in the V1 TPU embedding engine, which TensorFlow "
+                     f"builds once per process, and this command trains {len(engines)} "
+                     f"private models: {ONE_ENGINE_ROUTE}")
 
 
 def _progress_bar() -> keras.callbacks.ProgbarLogger:

@@ -213,7 +213,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
     private_calibration.check_share(args.calibration_share)
   sample_job.resolve_defaults(args)
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
-  fitting.check_hardware(settings, len(private))
+  fitting.check_hardware(settings, private)
   check_memory(args, algorithms, settings)
   out = roles.output_folder(pathlib.Path(args.out))  # the chief's is --out
   secrets = training_examples.secrets_dir(args.secrets_dir)

@@ -113,16 +113,20 @@ def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
   return getattr(hardware, "num_embedding_devices_per_chip", 0) or 4
 
 
-def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendChoice:
+def choose_backend(requested: str, strategy: tf.distribute.Strategy,
+                   noises_every_row: bool = False) -> BackendChoice:
   """Resolves ``--embedding requested`` under ``strategy``; refuses a backend it cannot run.
 
   ``tpu`` needs an engine: V1, or V2 where TF has ``TPUEmbeddingV2`` (TF 2.16+).
-  ``auto`` takes the engine where the hardware has one, else ``cpu``.
+  ``auto`` takes the engine where the hardware has one, else ``cpu``; for an algorithm that
+  noises every row each step (DP-SGD) it takes ``cpu``: an engine would move all ``V`` ids and
+  ``V x d`` gradients per replica and step.
   ``engine-double`` runs off TPU only, on one replica.
 
   Args:
     requested: one of :data:`BACKEND_NAMES`.
     strategy: the strategy the model trains under.
+    noises_every_row: whether the algorithm noises every row each step.
 
   Returns:
     The backend's name and the reason for it.
@@ -147,6 +151,12 @@ def choose_backend(requested: str, strategy: tf.distribute.Strategy) -> BackendC
                        f"{replicas} replicas: use 'cpu'")
     return BackendChoice("engine-double", "requested (the TPU engine's update in pure "
                                           "TensorFlow, for tests)")
+  engine = feature == EmbeddingFeature.V1 or (feature == EmbeddingFeature.V2
+                                              and hasattr(_API, "TPUEmbeddingV2"))
+  if engine and requested == "auto" and noises_every_row:
+    return BackendChoice("cpu", "the algorithm noises every row each step, so an embedding "
+                                "engine would move all V ids and V x d gradients per replica "
+                                "and step: ordinary TPU variables, the step compiled by XLA")
   if feature == EmbeddingFeature.V1:
     return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
                                 "trained by sparse_dp.training.tpu_loop.TPUTrainer")

@@ -102,7 +102,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   if not 0 < batch_size <= num_examples:
     raise ValueError(f"batch_size must be in (0, num_examples={num_examples}], got {batch_size}")
   algorithm = config.kind
-  choice = embedding_backends.choose_backend(embedding, model.distribute_strategy)
+  choice = embedding_backends.choose_backend(embedding, model.distribute_strategy,
+                                             algorithm.noises_every_row)
   if not algorithm.is_private:
     if embedding not in ("auto", "cpu"):
       raise ValueError(f"embedding {embedding!r} routes the DP step's update through the TPU "

@@ -170,6 +170,13 @@ def test_the_backend_follows_the_tpus_embedding_hardware(feature, replicas, auto
   assert embedding_backends.choose_backend("cpu", strategy).name == "cpu"
   with pytest.raises(ValueError, match="'engine-double' runs .* off TPU, for tests"):
     embedding_backends.choose_backend("engine-double", strategy)
+  # DP-SGD noises every row each step: auto keeps its tables off the engine, which would move
+  # all V ids and V x d gradients a step; asked for by name, the engine is what it gets.
+  dense = embedding_backends.choose_backend("auto", strategy, noises_every_row=True)
+  assert dense.name == "cpu"
+  assert ("noises every row" in dense.reason) == (auto != "cpu")
+  if refusal is None:
+    assert embedding_backends.choose_backend("tpu", strategy, noises_every_row=True).name == auto
 
 
 def test_sparse_cores_per_chip_is_the_hardwares_else_tpu_embedding_v2s_default():

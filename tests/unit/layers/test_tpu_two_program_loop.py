@@ -208,8 +208,9 @@ def test_one_real_engine_per_process_and_commands_that_would_make_two_are_refuse
     monkeypatch, tmp_path, capsys):
   """TF builds one ``TPUEmbedding`` per TPU system initialisation ('TPU is already initialized
   for embeddings'). V1 hardware, ``on_tpu`` and the real API are doubles here: a second
-  ``TPUTrainer`` with the real engine is refused, and so are a ``--compare`` of two private
-  algorithms and a stream of two periods on V1, before any data is read."""
+  ``TPUTrainer`` with the real engine is refused, and so are a ``--compare`` of two algorithms
+  that would train in the engine (DP-SGD's auto backend is TPU variables) and a stream of two
+  periods on V1, before any data is read."""
   monkeypatch.setattr(embedding_backends, "on_tpu", lambda strategy: True)
   monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
   monkeypatch.setattr(tf.tpu.experimental.embedding, "TPUEmbedding", TPUEmbeddingAPIDouble)
@@ -218,7 +219,7 @@ def test_one_real_engine_per_process_and_commands_that_would_make_two_are_refuse
   with pytest.raises(RuntimeError, match="already initialized for embeddings.*own process"):
     TPUTrainer(_private("auto", table_placement="host")[1])
   out = tmp_path / "out"
-  commands = [["train", "--compare", "dpsgd,adafest", "--out", str(out)],
+  commands = [["train", "--compare", "dpsgd,adafest,adafest+", "--out", str(out)],
               ["stream", "--train-days", "0-3", "--streaming-period", "2", "--state",
                str(tmp_path / "state")]]
   for command in commands:
