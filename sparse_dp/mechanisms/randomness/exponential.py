@@ -23,7 +23,7 @@ _HALF = 2 ** 63  # k >= 2^63 means U >= 1/2
 def standard_exponential(shape, seed: tf.Tensor) -> tf.Tensor:
   """float64 ``Exp(1)`` samples of ``shape`` from a ``[2]`` stateless seed."""
   bits = tf.random.stateless_uniform(shape, portable(seed), minval=None, maxval=None,
-                                     dtype=tf.uint64)
+                                     dtype=tf.uint64, alg="philox")  # on a TPU too
   return exponential_from_bits(bits)
 
 

@@ -2,9 +2,10 @@
 
 The Gaussian noise of every mechanism (``sigma2 C2`` on selected rows, ``sigma C2`` on dense
 weights and DP-SGD's tables; Ghazi et al., NeurIPS 2023, Algorithm 1, line 9) is drawn here
-from the raw 64-bit words of TensorFlow's stateless Philox stream, which graph mode and XLA
-share, rather than by ``tf.random.stateless_normal``, which converts them differently in the
-two. The conversion is Box-Muller on the two 32-bit halves ``a, b`` of one word:
+from the raw 64-bit words of TensorFlow's stateless Philox stream (asked for by name: on a TPU
+XLA's default generator is another), which graph mode and XLA share, rather than by
+``tf.random.stateless_normal``, which converts them differently in the two. The conversion is
+Box-Muller on the two 32-bit halves ``a, b`` of one word:
 ``U1 = (a + 1/2) 2^-32``, ``U2 = (b + 1/2) 2^-32``, ``R = sqrt(-2 log U1)``,
 ``(R cos 2 pi U2, R sin 2 pi U2)``, in float32. Element ``k`` depends only on word
 ``floor(k/2)``, so a draw of shape ``[m, d]`` is the first ``m`` rows of one of shape
@@ -46,7 +47,7 @@ def standard_normal(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
   count = tf.reduce_prod(shape)
   pairs = (count + 1) // 2
   words = tf.random.stateless_uniform(pairs[None], portable(seed), minval=None, maxval=None,
-                                      dtype=tf.uint64)
+                                      dtype=tf.uint64, alg="philox")  # on a TPU too
   high = tf.bitwise.right_shift(words, tf.constant(32, tf.uint64))
   low = tf.bitwise.bitwise_and(words, tf.constant(0xFFFFFFFF, tf.uint64))
   radius = tf.sqrt(-2.0 * tf.math.log(_uniform(high)))

@@ -28,8 +28,9 @@ def _batch_size(data, in_batch) -> tf.Tensor:
   else:
     size = tf.shape(first, out_type=tf.int64)[0]
   context = tf.distribute.get_replica_context()
-  if context is not None and context.num_replicas_in_sync > 1:
-    size = context.all_reduce(tf.distribute.ReduceOp.SUM, size)
+  if context is not None and context.num_replicas_in_sync > 1:  # summed in int32: any TPU's
+    size = tf.cast(context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(size, tf.int32)),
+                   tf.int64)
   return size
 
 
