@@ -115,13 +115,15 @@ class TPUTrainer:
     self.engine = self.backend.engine
     if api_factory is None:
       _ENGINES_MADE.append(model.name)
-    self.jit_compile = jit_compile
+    self.jit_compile = jit_compile or private.compiled_by_xla  # its asserts compiled away
     self._enqueue = tf.function(self._host_enqueue)
+    # A TPU compiles each program's replicated computation itself: no jit_compile around it.
+    outer_jit = jit_compile and not on_tpu
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
-                                  jit_compile=jit_compile)
+                                  jit_compile=outer_jit)
     self._program_b = tf.function(
         lambda gradients: self.strategy.run(self.backend.training_update, (gradients,)),
-        jit_compile=jit_compile)
+        jit_compile=outer_jit)
 
   def _host_enqueue(self, features: tuple, training: bool) -> None:
     """Enqueues each replica's ``features`` (``_local(...)``) on its core (``device=``)."""

@@ -17,6 +17,7 @@ from sparse_dp.mechanisms.selection import row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
 from sparse_dp.training.dp_step.losses import per_example_loss_fn
+from sparse_dp.training.dp_step import step
 from sparse_dp.training.dp_step.step import private_gradients
 from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.poisson.poisson_sampling import (
@@ -203,7 +204,7 @@ def test_a_compiled_step_refuses_ids_outside_the_vocabulary_and_ignores_them(mic
   ids[:50] = VOCAB + 7
   before = model.get_layer("ids").embeddings.numpy()
   with pytest.raises(ValueError,
-                     match=r"outside the vocabulary .*layer\(s\) ids\. Under jit_compile"):
+                     match=r"outside the vocabulary .*layer\(s\) ids\. Under XLA"):
     model.fit(private.poisson_dataset(ids, labels, epochs=1).take(2), verbose=0)
   after = model.get_layer("ids").embeddings.numpy()
   assert np.isfinite(after).all() and np.array_equal(after[-1], before[-1])
@@ -245,7 +246,7 @@ def test_ragged_inputs_under_xla_are_refused_before_any_step_naming_the_fix():
   private = sparse_dp.make_private(
       model, sparse_dp.DPConfig("adafest", noise_seed=1, **CONFIGS["adafest"]),
       num_examples=300, batch_size=30)
-  refused = r"jit_compile=True is fed ragged or sparse inputs.*Compile without jit_compile"
+  refused = r"jit_compile=True, or on a TPU\) is fed ragged or sparse inputs.*compile without"
   with pytest.raises(ValueError, match=refused):
     model.fit(private.poisson_dataset(histories, labels).take(1), verbose=0)
   with pytest.raises(ValueError, match=refused):
@@ -305,9 +306,9 @@ def test_a_padded_batch_behind_a_map_is_checked_by_its_sampled_examples():
 
 
 @pytest.mark.parametrize("algorithm,microbatch_size", [
-    ("dpsgd", None), ("adafest", None),
+    ("adafest", None), ("adafest", 8),  # the selection exchanges the replicas' lookups
     *(pytest.param(*case, marks=pytest.mark.slow) for case in [
-        ("adafest+", None), ("adafest", 8)])])
+        ("dpsgd", None), ("adafest+", None)])])
 def test_the_replica_program_of_eight_replicas_compiles_with_static_shapes(
     monkeypatch, algorithm, microbatch_size):
   """A TPU host of 8 replicas compiles one DP step for all: each replica's slice of a padded
@@ -346,3 +347,4 @@ def test_the_replica_program_of_eight_replicas_compiles_with_static_shapes(
     size, gradients, stats = replica_program(replica_id)(ids[:rows], labels[:rows])
     assert int(size) == replicas * (rows - 3)
     assert all(np.isfinite(g).all() for g in gradients)
+    assert float(stats.get(step.OVER_CAPACITY, 0.0)) == 0.0  # rooms for every replica's rows

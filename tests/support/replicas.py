@@ -7,7 +7,9 @@ The replica id and every collective's result are values of the running program, 
 XLA cannot fold them into the program when it compiles it (``tf.function(jit_compile=True)``
 would make a plain input or a variable's value a compile-time constant, and recompile for each),
 so a shape that depends on them does not compile. Collectives return a TPU's static shapes;
-their values are stand-ins (every replica holds this one's).
+their values are stand-ins (every replica holds this one's), and TF's TPU implementations of
+the collectives (an all-reduce of one-hot parts for int32, ``all_to_all`` for int64) are not
+modelled: only the shapes and what XLA can know of the values are.
 """
 
 from __future__ import annotations

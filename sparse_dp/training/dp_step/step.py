@@ -91,17 +91,18 @@ class _Tables:
   lookups_per_example: list  # per table, each example's lookups (int), None if ragged
   batch_size: Optional[tf.Tensor] = None  # the examples whose lookups a stacked list holds
 
-  def rooms(self, sizes: list):
-    """Per table, lengths ``B lookups_per_example + sizes`` for its part of a stacked list
+  def rooms(self, sizes: list, replicas: int = 1):
+    """Per table, lengths ``R B lookups_per_example + sizes`` for its part of a stacked list
     under XLA (constants once XLA knows the batch's shape); ``None`` (exact parts) in graph
-    mode."""
+    mode. ``replicas``: ``R``, the replicas whose lookups the list holds (the selection's:
+    every replica's; a replica's own sums: 1)."""
     if not compiling_with_xla():
       return None
     if any(count is None for count in self.lookups_per_example):
       raise ValueError("sparse-dp: under XLA (jit_compile=True) the DP step needs each "
                        "example's lookups of a table to be fixed in number: feed "
                        "private.poisson_dataset(..., padded=True) of dense tensors")
-    batch_size = tf.cast(self.batch_size, tf.int64)
+    batch_size = tf.cast(self.batch_size, tf.int64) * replicas
     return [batch_size * count + size for count, size in zip(self.lookups_per_example, sizes)]
 
 
@@ -164,7 +165,8 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   over_capacity = rooms = None
   if selection is not None:
     rooms = tables.rooms(mechanisms.false_positive_rooms(
-        stacked.sizes, noise.threshold, noise.contribution_multiplier * noise.contribution_clip))
+        stacked.sizes, noise.threshold, noise.contribution_multiplier * noise.contribution_clip),
+        _replicas())  # the selection is the whole batch's
     over_capacity = selection.over_capacity(rooms)
   with tf.control_dependencies(_refuse_over_capacity(over_capacity)):
     gradients, stats = _add_noise(leaves, tables, sums, selection, rooms, noise, noise_seed,
@@ -234,10 +236,11 @@ def _gather_across_replicas(pairs, batch_size):
       raise ValueError(
           "sparse-dp: under XLA on several replicas each replica's batch must have one static "
           "size, for one program compiled for all: feed private.poisson_dataset(..., "
-          "padded=True), made under the strategy (its capacity is a multiple of the replicas)")
-    example += tf.cast(replica, tf.int64) * batch_size
-    return ((context.all_gather(example, axis=0), context.all_gather(row, axis=0)),
-            batch_size * replicas)
+          "padded=True), whose capacity is a multiple of the model's strategy's replicas")
+    # Numbered in int32 across replicas (below R B), as every TPU's all-gather takes it.
+    example = tf.cast(example + tf.cast(replica, tf.int64) * batch_size, tf.int32)
+    return ((tf.cast(context.all_gather(example, axis=0), tf.int64),
+             context.all_gather(row, axis=0)), batch_size * replicas)
   sizes = context.all_gather(batch_size[None], axis=0)
   example += tf.reduce_sum(sizes[:replica])
   length = tf.shape(row, out_type=tf.int64)[0]

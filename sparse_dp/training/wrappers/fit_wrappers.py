@@ -201,7 +201,7 @@ def _private_fit(training: PrivateTraining):
       if not poisson:
         call.arguments["x"] = _host_checked(training, call.arguments["x"], call.arguments)
       else:
-        _warn_if_unpadded(x)
+        _warn_if_unpadded(x, self.distribute_strategy.num_replicas_in_sync)
     guards = [host_guards.HostGuards(training)] if compiled else []
     call.arguments["callbacks"] = _with_run_progress_bar(
         [_EngineTablesCopy(training.embedding_backend), *guards,
@@ -284,9 +284,9 @@ def _refuse_uncompilable_optimizer(optimizer) -> None:
   if isinstance(optimizer, keras.optimizers.legacy.Adagrad):
     raise ValueError(
         "sparse-dp: Adagrad's sparse update (ResourceSparseApplyAdagradV2) has no XLA kernel, "
-        "so a model compiled with jit_compile=True cannot train with it; use "
+        "so a step XLA compiles (jit_compile=True, or on a TPU) cannot train with it; use "
         "sparse_dp.optimizers.RowwiseAdagrad (--optimizer rowwise-adagrad), SGD or Adam "
-        "(sparse_dp.optimizers.LazyAdam), or compile without jit_compile")
+        "(sparse_dp.optimizers.LazyAdam), or off TPU compile without jit_compile")
 
 
 def _refuse_uncompilable_inputs(x) -> None:
@@ -296,11 +296,11 @@ def _refuse_uncompilable_inputs(x) -> None:
   kinds = (tf.RaggedTensor, tf.SparseTensor, tf.RaggedTensorSpec, tf.SparseTensorSpec)
   if any(isinstance(part, kinds) for part in tf.nest.flatten(spec, expand_composites=False)):
     raise ValueError(
-        "sparse-dp: a model compiled with jit_compile=True is fed ragged or sparse inputs; "
-        "the DP step computes each example alone by mapping over their rows, which XLA "
-        "cannot compile (no XLA kernel for RaggedTensorToVariant). Compile without "
-        "jit_compile (the graph-mode step takes ragged and sparse ids), or feed dense ids "
-        "of one fixed length per feature")
+        "sparse-dp: a model whose step XLA compiles (jit_compile=True, or on a TPU) is fed "
+        "ragged or sparse inputs; the DP step computes each example alone by mapping over "
+        "their rows, which XLA cannot compile (no XLA kernel for RaggedTensorToVariant). Feed "
+        "dense ids of one fixed length per feature, or off TPU compile without jit_compile "
+        "(the graph-mode step takes ragged and sparse ids)")
 
 
 def _leading_size(x) -> int:
@@ -321,21 +321,28 @@ def _host_checked(training: PrivateTraining, x, arguments: dict):
     return host_guards.checked_batches(training, x)
   if isinstance(x, (keras.utils.Sequence, collections.abc.Iterator)):
     raise ValueError(
-        "sparse-dp: a model compiled with jit_compile=True is fit on a generator or a "
+        "sparse-dp: a model whose step XLA compiles (jit_compile=True, or on a TPU) is fit on "
+        "a generator or a "
         "keras.utils.Sequence, whose batch sizes cannot be checked outside the compiled step. "
         "Feed private.poisson_dataset(...), a tf.data.Dataset, or arrays with batch_size")
   host_guards.refuse_batch_size(training, arguments.get("batch_size") or 32)
   return x
 
 
-def _warn_if_unpadded(dataset: tf.data.Dataset) -> None:
-  """Says that XLA compiles the step once per batch size of an unpadded Poisson dataset."""
-  if not padded_batches.is_padded(dataset.element_spec):
-    warnings.warn(
-        "sparse-dp: this model is compiled with jit_compile=True and fed Poisson batches "
-        "of varying sizes, so XLA compiles the DP step again for each new batch size. Make "
-        "the dataset after compile, or pass poisson_dataset(..., padded=True): every batch "
-        "then has one size, with an example mask", stacklevel=3)
+def _warn_if_unpadded(dataset: tf.data.Dataset, replicas: int) -> None:
+  """Says that XLA compiles the step once per batch size of an unpadded Poisson dataset;
+  refuses one on several replicas, which XLA compiles one program for."""
+  if padded_batches.is_padded(dataset.element_spec):
+    return
+  unpadded = ("sparse-dp: this model's step is compiled by XLA (jit_compile=True, or on a "
+              "TPU) and fed Poisson batches of varying sizes")
+  fix = ("Make the dataset after compile, or pass poisson_dataset(..., padded=True): every "
+         "batch then has one size, with an example mask")
+  if replicas > 1:
+    raise ValueError(f"{unpadded}, which {replicas} replicas cannot split into one static "
+                     f"shape for their one program. {fix}")
+  warnings.warn(f"{unpadded}, so XLA compiles the DP step again for each new batch size. {fix}",
+                stacklevel=3)
 
 
 def _warn_if_transformed(transformations: Optional[list[str]]) -> None:

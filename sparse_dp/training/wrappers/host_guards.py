@@ -93,8 +93,9 @@ def _refuse_ids_outside(logs) -> None:
     raise ValueError(
         "sparse-dp: ids outside the vocabulary were looked up in Embedding layer(s) "
         + ", ".join(bad)
-        + ". Under jit_compile=True the step zeroed those examples' gradients instead of "
-        "stopping; map the ids into [0, vocabulary_size) (hash or bucket them) before training")
+        + ". Under XLA (jit_compile=True, or on a TPU) the step zeroed those examples' "
+        "gradients instead of stopping; map the ids into [0, vocabulary_size) (hash or bucket "
+        "them) before training")
 
 
 def refuse_batch_size(training: PrivateTraining, size: int) -> None:
