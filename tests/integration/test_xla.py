@@ -16,8 +16,8 @@ from sparse_dp.mechanisms.noise import dense_noise
 from sparse_dp.mechanisms.selection import row_selection
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import BudgetExhaustedError
-from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step import step
+from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import private_gradients
 from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.poisson.poisson_sampling import (
