@@ -113,6 +113,18 @@ def sparse_cores_per_chip(strategy: tf.distribute.Strategy) -> int:
   return getattr(hardware, "num_embedding_devices_per_chip", 0) or 4
 
 
+def _engine(feature: Optional[EmbeddingFeature]) -> Optional[BackendChoice]:
+  """The embedding engine of ``feature``'s hardware whose API this TF has, or ``None``."""
+  if feature == EmbeddingFeature.V1:
+    return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
+                                "trained by sparse_dp.training.tpu_loop.TPUTrainer")
+  if feature == EmbeddingFeature.V2 and hasattr(_API, "TPUEmbeddingV2"):  # TF 2.16+
+    return BackendChoice("sparsecore", "TPU with the SparseCore (V2) embedding engine (v5p, "
+                                       "v6e): TPUEmbeddingV2, updated inside the step "
+                                       "model.fit runs")
+  return None
+
+
 def choose_backend(requested: str, strategy: tf.distribute.Strategy,
                    noises_every_row: bool = False) -> BackendChoice:
   """Resolves ``--embedding requested`` under ``strategy``; refuses a backend it cannot run.
@@ -151,19 +163,14 @@ def choose_backend(requested: str, strategy: tf.distribute.Strategy,
                        f"{replicas} replicas: use 'cpu'")
     return BackendChoice("engine-double", "requested (the TPU engine's update in pure "
                                           "TensorFlow, for tests)")
-  engine = feature == EmbeddingFeature.V1 or (feature == EmbeddingFeature.V2
-                                              and hasattr(_API, "TPUEmbeddingV2"))
-  if engine and requested == "auto" and noises_every_row:
-    return BackendChoice("cpu", "the algorithm noises every row each step, so an embedding "
-                                "engine would move all V ids and V x d gradients per replica "
-                                "and step: ordinary TPU variables, the step compiled by XLA")
-  if feature == EmbeddingFeature.V1:
-    return BackendChoice("tpu", "TPU with the V1 embedding engine (v2, v3, v4): "
-                                "trained by sparse_dp.training.tpu_loop.TPUTrainer")
-  if feature == EmbeddingFeature.V2 and hasattr(_API, "TPUEmbeddingV2"):  # TF 2.16+
-    return BackendChoice("sparsecore", "TPU with the SparseCore (V2) embedding engine (v5p, "
-                                       "v6e): TPUEmbeddingV2, updated inside the step "
-                                       "model.fit runs")
+  engine = _engine(feature)
+  if engine is not None:
+    if requested == "auto" and noises_every_row:
+      return BackendChoice("cpu", "the algorithm noises every row each step, so an embedding "
+                                  "engine would move all V ids and V x d gradients per "
+                                  "replica and step: ordinary TPU variables, the step "
+                                  "compiled by XLA")
+    return engine
   reason = _NO_ENGINE[feature]
   if requested == "auto":
     return BackendChoice("cpu", reason + ("" if feature is None else
