@@ -213,9 +213,12 @@ class Embedding(keras.layers.Layer):
       flat_ids, outside = self._outside_as_nan(tf.cast(flat_ids, tf.int64))
     else:
       flat_ids = self._checked(flat_ids)
-    vectors = (gather_rows(self.embeddings, flat_ids) if self.embedding_backend is None
-               else self.embedding_backend.lookup(self, flat_ids))
+    vectors, missing = ((gather_rows(self.embeddings, flat_ids), None)
+                        if self.embedding_backend is None
+                        else self.embedding_backend.lookup(self, flat_ids))
     vectors = tf.cast(vectors, self.compute_dtype)  # a mixed policy's 16 bits, as Keras's Embedding
+    if missing is not None:  # ids an engine's step cannot read: zeroed and reported as outside
+      outside = missing if outside is None else tf.logical_or(outside, missing)
     if outside is not None:
       vectors = tf.where(outside[:, None], tf.constant(float("nan"), vectors.dtype), vectors)
     record_lookup(Lookup(self, example, flat_ids, vectors, batch_size, outside))

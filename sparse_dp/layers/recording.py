@@ -27,7 +27,8 @@ class Lookup(NamedTuple):
   row: tf.Tensor  # int64 [n]
   vectors: tf.Tensor  # [n, d], the gathered rows, on the gradient tape
   batch_size: tf.Tensor  # int64 scalar
-  outside: Optional[tf.Tensor] = None  # bool [n]: id outside the vocabulary (under XLA)
+  outside: Optional[tf.Tensor] = None  # bool [n]: id outside the vocabulary (under XLA), or
+  # one an embedding engine's step cannot read for this example
 
 
 class Recorder:
@@ -35,13 +36,16 @@ class Recorder:
 
   Calls traced in another graph (Keras builds a lazily-built ``Sequential``
   by calling its layers in a scratch graph) are not part of the step and are
-  ignored.
+  ignored. ``example``: the position in the step's batch of the one example whose forward
+  pass it records (an int64 scalar), or ``None`` for a pass over a whole batch.
   """
 
-  def __init__(self, tape: Optional[tf.GradientTape] = None):
+  def __init__(self, tape: Optional[tf.GradientTape] = None,
+               example: Optional[tf.Tensor] = None):
     self.lookups: list[Lookup] = []
     self.graph = tf.compat.v1.get_default_graph()
     self.tape = tape
+    self.example = example
 
   def is_current(self) -> bool:
     return tf.compat.v1.get_default_graph() is self.graph
@@ -58,15 +62,18 @@ _state = threading.local()
 
 
 @contextlib.contextmanager
-def recording(tape: Optional[tf.GradientTape] = None) -> Iterator[Recorder]:
+def recording(tape: Optional[tf.GradientTape] = None,
+              example: Optional[tf.Tensor] = None) -> Iterator[Recorder]:
   """Activates a :class:`Recorder` for the lookups made inside the block.
 
   With ``tape``, each recorded lookup's vectors are watched by it, so the
   loss's gradient with respect to them exists whatever the lookup read: a
   table variable, or rows an embedding engine returned outside the tape.
+  ``example``: the batch position of the one example the block runs on
+  (:func:`recorded_example`).
   """
   stack = _state.__dict__.setdefault("stack", [])
-  recorder = Recorder(tape)
+  recorder = Recorder(tape, example)
   stack.append(recorder)
   try:
     yield recorder
@@ -78,6 +85,19 @@ def is_recording() -> bool:
   """Whether a :func:`recording` scope is open in the graph being built."""
   stack = getattr(_state, "stack", None)
   return bool(stack) and stack[-1].is_current()
+
+
+def recorded_example() -> Optional[tf.Tensor]:
+  """The batch position of the one example whose forward pass is being recorded.
+
+  ``None`` outside a :func:`recording` scope of one example: an embedding engine's step
+  reads an example's rows from that example's own part of the batch's lookup
+  (:class:`~sparse_dp.layers.embedding_backends.TPUEmbeddingBackend`).
+  """
+  stack = getattr(_state, "stack", None)
+  if stack and stack[-1].is_current():
+    return stack[-1].example
+  return None
 
 
 def record_lookup(lookup: Lookup) -> None:

@@ -25,7 +25,12 @@ from sparse_dp._keras import keras
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding import Embedding
 from sparse_dp.layers.embedding_backends.two_program import TwoProgramBackend
-from sparse_dp.training.dp_step.input_ids import InputIds, functional_input_ids, ids_per_example
+from sparse_dp.training.dp_step.input_ids import (
+  InputIds,
+  functional_input_ids,
+  ids_per_example,
+  per_example_input_ids,
+)
 from sparse_dp.training.poisson import padded_batches
 from sparse_dp.training.wrappers import fit_wrappers, host_guards
 from sparse_dp.training.wrappers.entry_point import update_bounds
@@ -49,7 +54,9 @@ class TPUTrainer:
 
   ``input_ids(x)``: each table's ids in a batch's features ``x``, by layer
   name (default: ``make_private``'s ``input_ids``, else, for a functional model whose tables
-  are each called once on a model input, that input).
+  are each called once on a model input, that input), run on each example alone
+  (:func:`~sparse_dp.training.dp_step.input_ids.per_example_input_ids`): an example's lookups
+  read only the rows of the ids it gave.
   ``api_factory(feature_config, optimizer)``: the API object; default the real
   ``TPUEmbedding``, refused but on a TPU with the V1 engine; tests pass
   :class:`~sparse_dp.layers.embedding_backends.doubles.tpu_api_double.TPUEmbeddingAPIDouble`.
@@ -104,7 +111,8 @@ class TPUTrainer:
           f"TPUTrainer: the tables of {', '.join(in_hbm)} are in every core's TensorCore HBM "
           "(table_placement='default_device') beside the embedding engine's copy, which is the "
           "one that trains: build these Embedding layers with table_placement='host'")
-    self.input_ids = input_ids or private.input_ids or functional_input_ids(model, tables)
+    self.input_ids = per_example_input_ids(
+        input_ids or private.input_ids or functional_input_ids(model, tables), tables)
     with self.strategy.scope():
       self.backend = TwoProgramBackend(
           tables, model.optimizer,
@@ -117,6 +125,8 @@ class TPUTrainer:
       _ENGINES_MADE.append(model.name)
     self.jit_compile = jit_compile or private.compiled_by_xla  # its asserts compiled away
     self._enqueue = tf.function(self._host_enqueue)
+    self._enqueue_lookup = tf.function(lambda features: self._host_enqueue(
+        tuple(self.input_ids(x) for x in features), False))
     # A TPU compiles each program's replicated computation itself: no jit_compile around it.
     outer_jit = jit_compile and not on_tpu
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
@@ -131,8 +141,8 @@ class TPUTrainer:
                else [None])  # one replica: the core the API enqueues on by default
     with tf.device("/cpu:0"):  # the API enqueues host tensors outside strategy.run
       for replica, device in zip(features, devices):
-        self.engine.enqueue_round({n: tf.identity(ids) for n, ids in replica.items()}, training,
-                                  device=device)
+        self.engine.enqueue_round({n: tf.reshape(ids, [-1]) for n, ids in replica.items()},
+                                  training, device=device)
 
   def _local(self, values) -> tuple:
     """Each replica's part of ``values`` (a nest of per-replica values), in replica order."""
@@ -177,8 +187,7 @@ class TPUTrainer:
       for data in self.strategy.experimental_distribute_dataset(dataset, on_host):
         if len(history) == steps or 0 <= limit <= int(private.steps_taken.numpy()):
           break
-        self._enqueue(tuple(self.input_ids(_features(replica)) for replica in self._local(data)),
-                      False)
+        self._enqueue_lookup(tuple(_features(replica) for replica in self._local(data)))
         features, gradients, stats = self._program_a(data)
         self._enqueue(self._local(features), True)
         self._program_b(gradients)

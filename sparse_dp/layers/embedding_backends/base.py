@@ -77,7 +77,7 @@ class EmbeddingBackend(abc.ABC):
     """Copies the tables an engine trains into the layers' Keras variables (none here)."""
 
   @abc.abstractmethod
-  def lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:
+  def lookup(self, layer, flat_ids: tf.Tensor) -> tuple:
     """Reads rows of ``layer``'s table.
 
     Args:
@@ -85,7 +85,9 @@ class EmbeddingBackend(abc.ABC):
       flat_ids: int64 ``[n]``, the rows to read.
 
     Returns:
-      ``[n, output_dim]``, the rows.
+      ``(rows, missing)``: ``[n, output_dim]``, the rows; ``missing``, bool ``[n]``, the ids
+        this step cannot read (their rows NaN, so the DP step zeroes the example), or
+        ``None`` where every id can be read.
     """
 
   def optimizer_variables(self, trainable_variables) -> list:
@@ -150,7 +152,7 @@ class CpuBackend(EmbeddingBackend):
   name = "cpu"
 
   def lookup(self, layer, flat_ids):
-    return gather_rows(layer.embeddings, flat_ids)
+    return gather_rows(layer.embeddings, flat_ids), None
 
   def apply_table_updates(self, optimizer, updates):
     raise AssertionError("CpuBackend applies tables with the dense weights")

@@ -30,6 +30,7 @@ from sparse_dp.layers.embedding_backends.live_engine import StaticFeatureEngine
 from sparse_dp.layers.embedding_backends.tpu import (
   TPUEmbeddingBackend,
   _initial_rows,
+  example_round,
   feature_bounds,
 )
 
@@ -140,8 +141,9 @@ class SparseCoreBackend(TPUEmbeddingBackend):
       one step selects but with probability ``<= 2e-9``; a step past it fails, as on V1.
     input_bounds: ``input_bounds[layer]``, the most ids the layer looks up per step (its
       model feature's static length).
-    input_ids: ``input_ids(x)`` gives each table's ids in a batch's features, by layer name
-      (:mod:`sparse_dp.training.dp_step.input_ids`).
+    input_ids: ``input_ids(x)`` gives each table's ids in a batch's features, by layer name:
+      int64 ``[B, k]``, row ``i`` example ``i``'s alone
+      (:func:`sparse_dp.training.dp_step.input_ids.per_example_input_ids`).
     sum_inside_sqrt: as :class:`~.tpu.TPUEmbeddingBackend`'s.
     sparse_core_config (tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig | None): a
       config whose other settings to keep; :func:`dp_sparse_core_config` gives the rules.
@@ -177,10 +179,9 @@ class SparseCoreBackend(TPUEmbeddingBackend):
   @contextlib.contextmanager
   def training_step(self, features):
     """Step 1: one engine lookup of the ids each table looks up in the batch's ``features``."""
-    ids = {name: tf.reshape(tf.cast(ids, tf.int64), [-1])
-           for name, ids in self.input_ids(features).items()}
-    activations = self.engine.lookup(ids)
-    self._tracing.round = {name: (ids[name], activations[name]) for name in ids}
+    ids = self.input_ids(features)
+    activations = self.engine.lookup({name: tf.reshape(value, [-1]) for name, value in ids.items()})
+    self._tracing.round = {name: example_round(ids[name], activations[name]) for name in ids}
     try:
       with super().training_step(features):
         yield

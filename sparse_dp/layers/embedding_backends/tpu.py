@@ -27,7 +27,9 @@ from sparse_dp.layers.embedding import gather_rows
 from sparse_dp.layers.embedding_backends.base import EmbeddingBackend
 from sparse_dp.layers.embedding_backends.doubles.engine_double import EngineDouble
 from sparse_dp.layers.embedding_backends.hardware import TRAINER_ONLY
+from sparse_dp.layers.recording import recorded_example
 from sparse_dp.mechanisms.rows.padding import is_valid
+from sparse_dp.mechanisms.rows.scans import compiling_with_xla
 from sparse_dp.mechanisms.rows.sorted_ids import sorted_lookup
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 
@@ -59,6 +61,32 @@ def update_feature(update, vocabulary_size: int, bound: int):
     ids = tf.concat([rows, tf.fill([bound], vocabulary_size)], 0)[:bound]
   gradients = tf.concat([values, tf.zeros([bound, values.shape[1]], values.dtype)], 0)[:bound]
   return ids, gradients
+
+
+def example_round(ids: tf.Tensor, activations: tf.Tensor) -> tuple:
+  """One table's engine lookup of a batch, by example: ``(ids [B + 1, k], rows [B + 1, k, d])``.
+
+  Args:
+    ids: int ``[B, k]`` (or ``[B]``, ``k = 1``), each example's ids
+      (:func:`~sparse_dp.training.dp_step.input_ids.per_example_input_ids`).
+    activations: ``[n >= B k, d]``, the engine's rows of the ids flattened, in their order.
+
+  Returns:
+    Example ``i``'s ids and rows at ``i``; at ``B``, ids ``-1`` (no id) and NaN rows, the
+    part of a position outside the batch.
+  """
+  width, dim = ids.shape[1:].num_elements(), activations.shape[-1]
+  ids = tf.reshape(tf.cast(ids, tf.int64), [-1, width])
+  rows = tf.reshape(activations[:tf.size(ids)], [-1, width, dim])
+  return (tf.concat([ids, tf.fill([1, width], tf.constant(-1, tf.int64))], 0),
+          tf.concat([rows, tf.fill([1, width, dim], tf.constant(float("nan"), rows.dtype))], 0))
+
+
+def _search(ids: tf.Tensor, queries: tf.Tensor) -> tuple:
+  """``(index, found)``: where ``ids[index] == queries``, in O((n + m) log m) by a sort."""
+  order = tf.argsort(ids, stable=True)
+  slot, found = sorted_lookup(tf.gather(ids, order), queries)
+  return tf.gather(order, tf.minimum(slot, tf.size(order, out_type=tf.int64) - 1)), found
 
 
 def feature_bounds(input_bounds: dict, update_bounds: dict) -> dict:
@@ -228,7 +256,9 @@ class TPUEmbeddingBackend(EmbeddingBackend):
       flat_ids (tf.Tensor): int64 ``[n]``, the rows to read.
 
     Returns:
-      (tf.Tensor): ``[n, output_dim]``, the rows.
+      ``(rows [n, output_dim], missing)``: ``missing``, bool ``[n]``, the ids an example
+        reads in the step that it did not send the engine (:meth:`_round_lookup`), else
+        ``None``.
 
     Raises:
       RuntimeError: in the DP step of an engine read in the step, with no lookup of the
@@ -236,32 +266,47 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     """
     if self._in_step and self.reads_engine_in_step:
       return self._round_lookup(layer, flat_ids)
-    return gather_rows(layer.embeddings, flat_ids)
+    return gather_rows(layer.embeddings, flat_ids), None
 
-  def _round_lookup(self, layer, flat_ids: tf.Tensor) -> tf.Tensor:
-    """The rows of ``flat_ids`` from the step's engine lookup of the batch's ids.
+  def _round_lookup(self, layer, flat_ids: tf.Tensor) -> tuple:
+    """The rows of ``flat_ids`` from the step's engine lookup, and the ids it cannot read.
 
-    ``self._tracing.round[layer.name]``: ``(ids, activations)`` of that lookup
-    (one engine lookup per step, before the per-example forward passes of
-    :mod:`sparse_dp.training.dp_step.per_example`): each example's lookup gathers its
-    rows there, which are the engine's, the same whichever example asked;
-    its ids are checked to be among the ones looked up.
+    ``self._tracing.round[layer.name]``: the engine's lookup of the batch by example
+    (:func:`example_round`), made once per step before the per-example forward passes of
+    :mod:`sparse_dp.training.dp_step.per_example`. An example reads only its own part, found
+    by its position (:func:`~sparse_dp.layers.recording.recorded_example`): an id it did not
+    send the engine is missing, whichever other example sent it, and reads a NaN row, so
+    the DP step zeroes that example and reports it. What an example reads depends on its own
+    features and the engine's rows alone. A pass over the whole batch (Keras metrics) reads
+    every example's part.
     """
     round_ = getattr(self._tracing, "round", None)
     if round_ is None:
       raise RuntimeError(TRAINER_ONLY)
-    looked_up, activations = round_[layer.name]
-    # A search in the sorted ids: O((n + m) log m), where comparing every pair was O(n m).
-    order = tf.argsort(tf.cast(looked_up, tf.int64), stable=True)
-    slot, found = sorted_lookup(tf.gather(tf.cast(looked_up, tf.int64), order),
-                                tf.cast(flat_ids, tf.int64))
-    check = tf.debugging.Assert(
-        tf.reduce_all(found),
-        [f"sparse-dp: layer {layer.name} looked up ids the engine did not look up for the "
-         "step (the input_ids of the TPU engine give each table's ids of a batch)"])
-    with tf.control_dependencies([check]):
-      last = tf.size(order, out_type=tf.int64) - 1
-      return tf.gather(activations, tf.gather(order, tf.minimum(slot, last)))
+    ids, rows = round_[layer.name]
+    position = recorded_example()
+    flat_ids = tf.cast(flat_ids, tf.int64)
+    if position is None:
+      rows = tf.reshape(rows, [-1, rows.shape[-1]])
+      index, found = _search(tf.reshape(ids, [-1]), flat_ids)
+    else:  # a position outside the batch (a discarded spare) reads the last part: no ids
+      last = tf.shape(ids, out_type=tf.int64)[0] - 1
+      position = tf.cast(position, tf.int64)
+      part = tf.where(tf.logical_and(position >= 0, position < last), position, last)
+      ids, rows = tf.gather(ids, part), tf.gather(rows, part)
+      # an example sends a few ids: comparing each pair is O(n k)
+      match = tf.equal(flat_ids[:, None], ids[None, :])
+      index = tf.argmax(tf.cast(match, tf.int32), axis=1, output_type=tf.int64)
+      found = tf.reduce_any(match, axis=1)
+    missing = tf.logical_not(found)
+    vectors = tf.gather(rows, index)
+    checks = [] if compiling_with_xla() else [tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(missing)),
+        [f"sparse-dp: an example looked up ids of layer {layer.name} that it did not send the "
+         "TPU embedding engine (make_private's input_ids gives each table's ids of an "
+         "example, as the layer looks them up)"])]
+    with tf.control_dependencies(checks):
+      return tf.where(missing[:, None], tf.constant(float("nan"), rows.dtype), vectors), missing
 
   def _table_initializer(self, layer) -> Callable:
     """The engine table's initializer: the layer's rows and a dummy row (:func:`_initial_rows`)."""

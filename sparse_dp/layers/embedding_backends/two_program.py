@@ -23,6 +23,7 @@ import tensorflow as tf
 from sparse_dp.layers.embedding_backends.live_engine import LiveEngine
 from sparse_dp.layers.embedding_backends.tpu import (
   TPUEmbeddingBackend,
+  example_round,
   feature_bounds,
   step_learning_rate,
 )
@@ -80,16 +81,18 @@ class TwoProgramBackend(TPUEmbeddingBackend):
 
     The program's one dequeue happens here, before the DP step's per-example forward passes
     (:mod:`sparse_dp.training.dp_step.per_example`).
-    Each example's lookup then reads its rows from the dequeued activations of the batch's ids.
+    Each example's lookup then reads its rows from its own part of the dequeued activations
+    (:meth:`~.tpu.TPUEmbeddingBackend._round_lookup`).
     Those are the engine's rows, the same whichever example asked.
 
     Args:
-      ids: the batch's ids of each table, by layer name.
+      ids: each table's ids in the batch, by layer name: int64 ``[B, k]``, row ``i`` example
+        ``i``'s alone (:func:`sparse_dp.training.dp_step.input_ids.per_example_input_ids`).
     """
     activations = self.engine.dequeue_round(
         {table.name: self.engine.input_bounds[table.name] for table in self.tables})
-    self._tracing.round = {name: (tf.reshape(tf.cast(ids[name], tf.int64), [-1]),
-                                  activations[name]) for name in ids}  # _round_lookup reads it
+    self._tracing.round = {name: example_round(ids[name], activations[name])
+                           for name in ids}  # _round_lookup reads it
     self._tracing.pending = None
     try:
       yield

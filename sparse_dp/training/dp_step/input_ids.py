@@ -15,6 +15,7 @@ from typing import Callable
 import tensorflow as tf
 
 from sparse_dp._keras import keras
+from sparse_dp.training.dp_step.per_example import over_examples
 
 InputIds = Callable[[object], dict]  # x -> {embedding layer name: its ids in the batch}
 
@@ -51,3 +52,44 @@ def functional_input_ids(model: keras.Model, tables: list) -> InputIds:
     return {layer: flat[i] for layer, i in positions.items()}
 
   return input_ids
+
+
+def per_example_input_ids(input_ids: InputIds, tables: list) -> InputIds:
+  """``input_ids`` run on each example alone: row ``i`` of a table's ids is example ``i``'s.
+
+  An engine's DP step reads an example's rows only from that example's row of the batch's
+  lookup (:class:`~sparse_dp.layers.embedding_backends.TPUEmbeddingBackend`). Built here
+  from the example's features alone, whatever ``input_ids`` does with a whole batch, that
+  row never depends on another example.
+
+  Args:
+    input_ids: ``x -> {table layer name: its ids in x}``.
+    tables: the model's engine tables; one example sends ``ids_per_example(table)`` ids.
+
+  Returns:
+    ``x -> {table layer name: int64 [B, k]}``, which raises ValueError when an example's ids
+      of a table are not ``k`` ids, or the names are not the tables'.
+  """
+  widths = {table.name: ids_per_example(table) for table in tables}
+
+  def one_example(example, position) -> dict:
+    del position
+    ids = {}
+    for name, value in input_ids(example).items():
+      if name not in widths:
+        raise ValueError(f"input_ids gives ids of '{name}', which is not an embedding table "
+                         f"of the model (its tables: {', '.join(widths)})")
+      value = tf.reshape(tf.cast(value, tf.int64), [-1])
+      if value.shape[0] != widths[name]:
+        raise ValueError(
+            f"input_ids gives {value.shape[0]} ids of one example for table '{name}', which "
+            f"looks up {widths[name]} per example; give the ids the layer is called on")
+      ids[name] = value
+    absent = sorted(set(widths) - set(ids))
+    if absent:
+      raise ValueError(f"input_ids gives no ids of table(s) {', '.join(absent)}; it gives "
+                       "each embedding table's ids by layer name")
+    return ids
+
+  signature = {name: tf.TensorSpec([k], tf.int64) for name, k in widths.items()}
+  return lambda x: over_examples(one_example, x, signature)

@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 import tensorflow as tf
 
 from sparse_dp._keras import keras
-from sparse_dp.layers.embedding import Embedding
+from sparse_dp.layers.embedding import Embedding, leading_dimension
 from sparse_dp.layers.recording import recording
 from sparse_dp.mechanisms import RowGradients, per_example_row_gradients
 from sparse_dp.mechanisms.rows import padding
@@ -64,7 +64,7 @@ class PerExampleGradients(NamedTuple):
 
 
 def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None,
-                          loss_scale: float = 1.0) -> PerExampleGradients:
+                          loss_scale: float = 1.0, positions=None) -> PerExampleGradients:
   """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.
 
   Each example's forward and backward pass runs on a batch of that example alone. Tables
@@ -82,6 +82,9 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
     loss_scale: ``S``, the fixed loss scale of ``mixed_float16``
       (:mod:`sparse_dp.training.dp_step.mixed_precision`). The backward pass starts from
       ``S l_i``, and its gradients are divided by ``S`` in float32, so they are ``l_i``'s.
+    positions (tf.Tensor): int64 ``[B]``, each example's position in the step's batch
+      (a micro-batch's); ``range(B)`` by default. An embedding engine's lookups read an
+      example's rows there (:func:`~sparse_dp.layers.recording.recorded_example`).
 
   Returns:
     The per-example losses and gradients, in float32 even when the layers compute in 16
@@ -96,9 +99,10 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
   stacked = stacked_tables(tables)
   per_example_lookups = []
 
-  def one_example(example) -> tuple:
+  def one_example(example, position) -> tuple:
     with tf.GradientTape() as tape:
-      with recording(tape) as lookups, dense_layers.recording_dense_calls(leaves) as calls:
+      with recording(tape, position) as lookups, \
+          dense_layers.recording_dense_calls(leaves) as calls:
         with forward_without_state_writes():
           losses, _, _ = losses_of(example)
       loss = _the_loss(losses)
@@ -118,8 +122,8 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
     per_example_lookups[:] = [ids.shape[0] for ids, _ in rows]
     return loss, _stacked_rows(stacked, rows), dense_parts, _per_table(outside)
 
-  loss, (ids, grads), dense_parts, outside = _over_examples(
-      one_example, data, _signature(stacked, dense))
+  loss, (ids, grads), dense_parts, outside = over_examples(
+      one_example, data, _signature(stacked, dense), positions)
   batch_size = tf.shape(loss, out_type=tf.int64)[0]
   rows = None
   if stacked is not None:
@@ -190,15 +194,15 @@ def per_example_rows(leaves: list, losses_of: LossesOf, data, in_batch=None) -> 
   stacked = stacked_tables(tables)
   per_example_lookups = []
 
-  def one_example(example) -> tf.Tensor:
-    with recording() as lookups, forward_without_state_writes():
+  def one_example(example, position) -> tf.Tensor:
+    with recording(example=position) as lookups, forward_without_state_writes():
       losses_of(example)
     by_table = lookups.by_layer()
     ids = [_concat([lookup.row for lookup in by_table.get(t, [])], tf.int64, []) for t in tables]
     per_example_lookups[:] = [i.shape[0] for i in ids]
     return stacked.stack_rows(ids)
 
-  found = _over_examples(one_example, data, _spec([None], tf.int64))
+  found = over_examples(one_example, data, _spec([None], tf.int64))
   example, ids, _ = _flat(found, None, stacked.width)
   return LookedUpRows(example, _without_padding(example, ids, in_batch),
                       list(per_example_lookups))
@@ -274,32 +278,47 @@ def _signature(stacked, dense: list) -> tuple:
           tf.TensorSpec([num_tables], tf.int64))
 
 
-def _over_examples(fn, data, signature):
-  """``fn`` on a batch of each example alone, results stacked along a new first axis.
+def over_examples(fn, data, signature, positions=None):
+  """``fn(batch of one example, its position)`` for each example, results stacked along a new
+  first axis.
 
   Dense inputs: ``tf.vectorized_map`` (one batched program; an op it cannot
   vectorise runs in a loop). Ragged or sparse inputs: ``tf.map_fn``, whose
-  per-example results may differ in length (ragged results).
+  per-example results may differ in length (ragged results). ``positions``: int64 ``[B]``,
+  ``range(B)`` by default.
   """
   if tf.executing_eagerly():  # run_eagerly=True: the per-example program is still traced
-    return tf.function(lambda data: _over_examples(fn, data, signature), autograph=False)(data)
+    return tf.function(lambda data, positions: over_examples(fn, data, signature, positions),
+                       autograph=False)(data, positions)
   parts = tf.nest.flatten(data, expand_composites=False)
   present = [p for p in parts if p is not None]
   composite = any(isinstance(p, (tf.RaggedTensor, tf.SparseTensor)) for p in present)
+  if positions is None:
+    positions = tf.range(_examples(present[0]), dtype=tf.int64)
 
   def on_one(elements):
+    *elements, position = elements
     elements = iter(elements)
     batch = [None if p is None else _batch_of_one(next(elements), p) for p in parts]
-    return fn(tf.nest.pack_sequence_as(data, batch, expand_composites=False))
+    return fn(tf.nest.pack_sequence_as(data, batch, expand_composites=False), position)
 
   if composite:
-    return tf.map_fn(on_one, present, fn_output_signature=signature)
+    return tf.map_fn(on_one, present + [positions], fn_output_signature=signature)
   # tf.vectorized_map cannot run on an empty batch, which a Poisson batch may
   # be: it runs on the batch and one spare example (a copy of the first, zeros
   # in an empty batch, so it looks up only ids the batch has), whose results
   # are cut off. (No branch on the batch size: XLA could not shape its outputs.)
-  with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present]
+  with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present + [positions]]
   return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
+
+
+def _examples(part) -> tf.Tensor:
+  """The number of examples of one part of a batch (dense, ragged or sparse)."""
+  if isinstance(part, tf.RaggedTensor):
+    return part.nrows(out_type=tf.int64)
+  if isinstance(part, tf.SparseTensor):
+    return part.dense_shape[0]
+  return leading_dimension(part)
 
 
 def _first_or_zeros(batch: tf.Tensor) -> tf.Tensor:

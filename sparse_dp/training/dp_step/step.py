@@ -325,6 +325,9 @@ class _Chunks:
       data = tf.nest.map_structure(
           lambda t: tf.concat([t, tf.repeat(t[:1], extra, axis=0)], 0), data)
       in_batch = tf.concat([in_batch, tf.zeros([extra], tf.bool)], 0)
+      # each row's position in the batch: the added copies are row 0's
+      self.positions = tf.concat([tf.range(rows, dtype=tf.int64), tf.zeros([extra], tf.int64)],
+                                 0)
       self.count, self.rows = count, rows
     else:
       self.count = (self.batch_size + size - 1) // size
@@ -334,15 +337,17 @@ class _Chunks:
     return tf.cast(index, tf.int64) * self.size
 
   def __getitem__(self, index):
-    """Micro-batch ``index`` and its example mask (``None`` for an unpadded batch)."""
+    """Micro-batch ``index``, its example mask (``None`` for an unpadded batch) and its
+    examples' positions in the batch."""
     start = self.start(index)
     if self.static:  # m rows from a run-time start: a gather of static size
       rows = start + tf.range(self.size, dtype=tf.int64)
       return (tf.nest.map_structure(lambda t: tf.gather(t, rows), self.data),
-              tf.gather(self.in_batch, rows))
+              tf.gather(self.in_batch, rows), tf.gather(self.positions, rows))
     end = tf.minimum(start + self.size, self.batch_size)
     chunk = tf.nest.map_structure(lambda t: t[start:end], self.data)
-    return chunk, None if self.in_batch is None else self.in_batch[start:end]
+    return (chunk, None if self.in_batch is None else self.in_batch[start:end],
+            tf.range(start, end))
 
   def array(self, dtype, element_shape) -> tf.TensorArray:
     """One entry per micro-batch: ``count`` fixed under XLA, growing in graph mode."""
@@ -365,7 +370,8 @@ def _accumulated_clipped_sums(leaves, losses_of, chunks: _Chunks, selection, noi
   chunk_lookups = [None] * len(tables)
 
   def body(index, dense, table_rows, table_values, losses, non_finite, outside):
-    recorded = per_example_gradients(leaves, losses_of, *chunks[index], loss_scale)
+    chunk, in_batch, positions = chunks[index]
+    recorded = per_example_gradients(leaves, losses_of, chunk, in_batch, loss_scale, positions)
     chunk_lookups[:] = recorded.lookups_per_example
     sums = _clipped_sums(leaves, recorded, selection, noise)
     dense = [total + sums.dense[ref] for total, ref in zip(dense, dense_refs)]

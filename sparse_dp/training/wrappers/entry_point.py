@@ -22,7 +22,12 @@ from sparse_dp.training.dp_state.provenance import fingerprinted_variables, refu
 from sparse_dp.training.dp_state.state import attach
 from sparse_dp.training.dp_state.weight_fingerprint import Fingerprint
 from sparse_dp.training.dp_step import dense_layers, mixed_precision, update_guard
-from sparse_dp.training.dp_step.input_ids import InputIds, functional_input_ids, ids_per_example
+from sparse_dp.training.dp_step.input_ids import (
+  InputIds,
+  functional_input_ids,
+  ids_per_example,
+  per_example_input_ids,
+)
 from sparse_dp.training.dp_step.penalties import penalty_of
 from sparse_dp.training.dp_step.step import StepNoise
 from sparse_dp.training.poisson.poisson_sampling import largest_plausible_batch
@@ -171,7 +176,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       training.use_embedding_backend(embedding_backends.SparseCoreBackend(
           tables, model.optimizer, update_bounds(tables, noise, num_examples, batch_size),
           {layer: training.largest_batch * ids_per_example(layer) for layer in tables},
-          input_ids or functional_input_ids(model, tables)))
+          per_example_input_ids(input_ids or functional_input_ids(model, tables), tables)))
   else:
     training.track_weights()
   fit_wrappers.install(training)

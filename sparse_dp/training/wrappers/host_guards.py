@@ -91,11 +91,12 @@ def _refuse_ids_outside(logs) -> None:
   bad = [key.split("/", 1)[1] for key, value in flags.items() if value]
   if bad:
     raise ValueError(
-        "sparse-dp: ids outside the vocabulary were looked up in Embedding layer(s) "
-        + ", ".join(bad)
-        + ". Under XLA (jit_compile=True, or on a TPU) the step zeroed those examples' "
-        "gradients instead of stopping; map the ids into [0, vocabulary_size) (hash or bucket "
-        "them) before training")
+        "sparse-dp: Embedding layer(s) " + ", ".join(bad)
+        + " looked up ids outside the vocabulary, or, in a TPU embedding engine, ids that the "
+        "example did not send the engine. Under XLA (jit_compile=True, or on a TPU) the step "
+        "zeroed those examples' gradients instead of stopping; map the ids into "
+        "[0, vocabulary_size) (hash or bucket them) before training, and give make_private's "
+        "input_ids each table's ids of an example as the layer looks them up")
 
 
 def refuse_batch_size(training: PrivateTraining, size: int) -> None:

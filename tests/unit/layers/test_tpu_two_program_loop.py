@@ -23,12 +23,14 @@ from sparse_dp.cli import main
 from sparse_dp.layers import embedding_backends
 from sparse_dp.layers.embedding_backends import EmbeddingFeature, hardware
 from sparse_dp.layers.embedding_backends.doubles.tpu_api_double import TPUEmbeddingAPIDouble
+from sparse_dp.layers.embedding_backends.tpu import example_round
+from sparse_dp.layers.recording import recording
 from sparse_dp.models.pctr import build_pctr_model, table_ids
 from sparse_dp.training import tpu_loop
 from sparse_dp.training.tpu_loop import TPUTrainer
 
 import support
-from support.keras_models import N, functional_model, synthetic_data
+from support.keras_models import VOCAB, N, functional_model, synthetic_data
 from support.stacks import one_stack
 from support.tpu_engine import variables_used
 
@@ -155,6 +157,63 @@ def test_programs_a_and_b_compile_with_xla_and_take_the_graph_steps():
   traced = trainer._program_a.experimental_get_tracing_count()
   trainer.fit(trainer.private.poisson_dataset(ids, labels, epochs=0.1, padded=True), steps=2)
   assert trainer.jit_compile and trainer._program_a.experimental_get_tracing_count() == traced
+
+
+def test_an_example_reads_only_the_rows_of_the_ids_it_sent_the_engine():
+  """Example 0 sent id 3 and example 1 id 5: example 0's lookup of 5 is missing (a NaN row,
+  which zeroes its gradient) though the engine looked 5 up, so what it reads never depends
+  on another example's ids. A search of the whole batch's ids read row 5 for it, and a
+  neighbouring row for an id nobody sent, where XLA compiled the check away."""
+  model, private = _private(table_placement="host")
+  trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
+  backend, layer = trainer.backend, model.get_layer("ids")
+  rows = tf.random.normal([2, 8])
+  backend._tracing.round = {"ids": example_round(tf.constant([[3], [5]], tf.int64), rows)}
+
+  @tf.function(jit_compile=True)
+  def read(position):
+    with recording(example=position):
+      return backend._round_lookup(layer, tf.constant([3, 5], tf.int64))
+
+  try:
+    for position, found in ((0, [True, False]), (1, [False, True]), (2, [False, False])):
+      vectors, missing = read(tf.constant(position, tf.int64))
+      assert missing.numpy().tolist() == [not f for f in found]
+      for i, f in enumerate(found):
+        assert np.isnan(vectors[i]).all() != f
+        if f:
+          np.testing.assert_array_equal(vectors[i], rows[position])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="did not send the TPU embedding"):
+      with recording(example=tf.constant(0, tf.int64)):  # outside XLA: refused at once
+        backend._round_lookup(layer, tf.constant([5], tf.int64))
+  finally:
+    backend._tracing.round = None
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_input_ids_run_on_each_example_alone_and_a_wrong_one_is_refused(jit_compile):
+  """``input_ids`` runs on each example alone: one that reverses the batch gives each
+  example its own ids (the steps of the model input's), and one that gives other ids than
+  the layer looks up is refused: in the step outside XLA, by the host guard under it."""
+  ids, labels = synthetic_data()
+  batches = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(64).take(1)
+  runs = []
+  for input_ids in (None, lambda x: {"ids": tf.reverse(x, [0])}):
+    model, private = _private(table_placement="host")
+    TPUTrainer(private, input_ids=input_ids, api_factory=TPUEmbeddingAPIDouble,
+               jit_compile=jit_compile).fit(batches)
+    runs.append([w.numpy() for w in model.trainable_weights])
+  for a, b in zip(*runs):
+    np.testing.assert_array_equal(a, b)
+  _, private = _private(table_placement="host")
+  trainer = TPUTrainer(private, input_ids=lambda x: {"ids": (x + 1) % VOCAB},
+                       api_factory=TPUEmbeddingAPIDouble, jit_compile=jit_compile)
+  error = ValueError if jit_compile else tf.errors.InvalidArgumentError
+  with pytest.raises(error, match="did not send the (TPU embedding )?engine"):
+    trainer.fit(batches)
+  with pytest.raises(ValueError, match="input_ids gives 2 ids of one example for table 'ids'"):
+    TPUTrainer(private, input_ids=lambda x: {"ids": tf.stack([x, x], 1)},
+               api_factory=TPUEmbeddingAPIDouble).fit(batches)
 
 
 @pytest.mark.slow
