@@ -33,3 +33,29 @@ def test_start_up_lines_are_hidden_and_shown_with_verbose(tmp_path):
   assert not CPP_LOG_LINE.search(_stderr(tmp_path))
   # This machine's TensorFlow logs at start-up (no CUDA drivers, oneDNN): --verbose shows it.
   assert CPP_LOG_LINE.search(_stderr(tmp_path, "--verbose"))
+
+
+def _compiled_stderr(tmp_path, first_xla_compile: bool) -> tuple[str, str]:
+  """Standard error and TF version of a process that quiets the start-up, then compiles with XLA."""
+  code = ("from sparse_dp.cli import tensorflow_logs\n"
+          f"tensorflow_logs.quiet_tensorflow_start_up(first_xla_compile={first_xla_compile})\n"
+          "import tensorflow as tf\n"
+          "print(float(tf.function(lambda x: x * 2, jit_compile=True)(tf.constant(1.0))))\n"
+          "print(tf.__version__)\n")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        cwd=tmp_path, env=env, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.splitlines()[0] == "2.0"
+  return done.stderr, done.stdout.splitlines()[1]
+
+
+@pytest.mark.slow
+def test_a_command_that_compiles_with_xla_hides_xlas_first_compilation_lines(tmp_path):
+  """``--jit-compile``: XLA's once-a-process lines ("Compiled cluster using XLA!", and on
+  TF 2.15 an E-level "SetPriority unimplemented") are held back with the start-up's."""
+  stderr, _ = _compiled_stderr(tmp_path, True)
+  assert not CPP_LOG_LINE.search(stderr), stderr
+  stderr, version = _compiled_stderr(tmp_path, False)
+  if version.startswith("2.15"):  # TF 2.21 writes none at its first compilation
+    assert "Compiled cluster using XLA" in stderr

@@ -9,7 +9,9 @@ would make a plain input or a variable's value a compile-time constant, and reco
 so a shape that depends on them does not compile. Collectives return a TPU's static shapes;
 their values are stand-ins (every replica holds this one's), and TF's TPU implementations of
 the collectives (an all-reduce of one-hot parts for int32, ``all_to_all`` for int64) are not
-modelled: only the shapes and what XLA can know of the values are.
+modelled: only the shapes and what XLA can know of the values are. Stricter than a TPU, an
+all-gather of int64 (which TF routes through ``all_to_all`` there) is refused: the step
+exchanges int32, which a TPU's all-gather takes natively.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class StaticReplicaContext:
 
   def all_gather(self, value: tf.Tensor, axis: int) -> tf.Tensor:
     """``replicas`` values of ``value``'s shape laid along ``axis`` (a TPU's all-gather)."""
+    if value.dtype in (tf.int64, tf.uint64):
+      raise TypeError(f"an all-gather of {value.dtype.name}: exchange int32 words")
     return tf.concat(tf.unstack(self._exchanged(value)), axis)
 
   def all_reduce(self, reduce_op, value: tf.Tensor) -> tf.Tensor:

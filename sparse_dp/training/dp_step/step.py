@@ -237,10 +237,12 @@ def _gather_across_replicas(pairs, batch_size):
           "sparse-dp: under XLA on several replicas each replica's batch must have one static "
           "size, for one program compiled for all: feed private.poisson_dataset(..., "
           "padded=True), whose capacity is a multiple of the model's strategy's replicas")
-    # Numbered in int32 across replicas (below R B), as every TPU's all-gather takes it.
+    # Exchanged in int32, which a TPU's all-gather takes natively (an int64 one goes through
+    # all_to_all): the examples numbered across replicas (below R B), the rows as two words.
     example = tf.cast(example + tf.cast(replica, tf.int64) * batch_size, tf.int32)
-    return ((tf.cast(context.all_gather(example, axis=0), tf.int64),
-             context.all_gather(row, axis=0)), batch_size * replicas)
+    words = context.all_gather(tf.bitcast(row, tf.int32), axis=0)
+    return ((tf.cast(context.all_gather(example, axis=0), tf.int64), tf.bitcast(words, tf.int64)),
+            batch_size * replicas)
   sizes = context.all_gather(batch_size[None], axis=0)
   example += tf.reduce_sum(sizes[:replica])
   length = tf.shape(row, out_type=tf.int64)[0]
