@@ -192,7 +192,8 @@ class Embedding(keras.layers.Layer):
     """Looks up ``ids`` and combines each example's vectors by ``combiner``.
 
     Under XLA, where the check of the ids compiles away, an id outside the vocabulary reads
-    row 0 as NaN, and the DP step zeroes that example's gradient and reports it.
+    row 0 as NaN, and the DP step zeroes that example's gradient and reports it; so does an
+    id an example did not send a TPU embedding engine, in the engine's DP step.
 
     Args:
       ids (tf.Tensor | tf.RaggedTensor | tf.SparseTensor): dense ``[B]`` or ``[B, L]`` ids, a

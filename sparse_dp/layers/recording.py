@@ -90,13 +90,20 @@ def is_recording() -> bool:
 def recorded_example() -> Optional[tf.Tensor]:
   """The batch position of the one example whose forward pass is being recorded.
 
-  ``None`` outside a :func:`recording` scope of one example: an embedding engine's step
+  ``None`` outside a :func:`recording` scope of one example (a function traced inside the
+  scope, such as a ``tf.cond`` branch, is inside it): an embedding engine's step
   reads an example's rows from that example's own part of the batch's lookup
   (:class:`~sparse_dp.layers.embedding_backends.TPUEmbeddingBackend`).
   """
   stack = getattr(_state, "stack", None)
-  if stack and stack[-1].is_current():
-    return stack[-1].example
+  if not stack:
+    return None
+  # The scope's graph, or a function traced inside it (a tf.cond branch, a loop body).
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    if graph is stack[-1].graph:
+      return stack[-1].example
+    graph = getattr(graph, "outer_graph", None)
   return None
 
 

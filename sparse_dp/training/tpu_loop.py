@@ -125,8 +125,7 @@ class TPUTrainer:
       _ENGINES_MADE.append(model.name)
     self.jit_compile = jit_compile or private.compiled_by_xla  # its asserts compiled away
     self._enqueue = tf.function(self._host_enqueue)
-    self._enqueue_lookup = tf.function(lambda features: self._host_enqueue(
-        tuple(self.input_ids(x) for x in features), False))
+    self._enqueue_lookup = tf.function(self._host_enqueue_lookup)
     # A TPU compiles each program's replicated computation itself: no jit_compile around it.
     outer_jit = jit_compile and not on_tpu
     self._program_a = tf.function(lambda data: self.strategy.run(self._dp_step, (data,)),
@@ -143,6 +142,12 @@ class TPUTrainer:
       for replica, device in zip(features, devices):
         self.engine.enqueue_round({n: tf.reshape(ids, [-1]) for n, ids in replica.items()},
                                   training, device=device)
+
+  def _host_enqueue_lookup(self, features: tuple) -> None:
+    """Enqueues each replica's ids of its ``features`` for the step's lookup, on the host."""
+    with tf.device("/cpu:0"):
+      ids = tuple(self.input_ids(x) for x in features)
+    self._host_enqueue(ids, False)
 
   def _local(self, values) -> tuple:
     """Each replica's part of ``values`` (a nest of per-replica values), in replica order."""

@@ -142,16 +142,17 @@ class SparseCoreBackend(TPUEmbeddingBackend):
     input_bounds: ``input_bounds[layer]``, the most ids the layer looks up per step (its
       model feature's static length).
     input_ids: ``input_ids(x)`` gives each table's ids in a batch's features, by layer name:
-      int64 ``[B, k]``, row ``i`` example ``i``'s alone
-      (:func:`sparse_dp.training.dp_step.input_ids.per_example_input_ids`).
+      int64 ``[B, k]``, row ``i`` example ``i``'s alone: a
+      :func:`sparse_dp.training.dp_step.input_ids.per_example_input_ids`.
     sum_inside_sqrt: as :class:`~.tpu.TPUEmbeddingBackend`'s.
     sparse_core_config (tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig | None): a
       config whose other settings to keep; :func:`dp_sparse_core_config` gives the rules.
     api_factory: see :class:`SparseCoreEngine`.
 
   Raises:
-    ValueError: a ``sparse_core_config`` that allows id dropping, or whose bounds are below
-      what one step's lookup may send a SparseCore; or a refusal of
+    ValueError: ``input_ids`` not made by ``per_example_input_ids``; a ``sparse_core_config``
+      that allows id dropping, or whose bounds are below what one step's lookup may send a
+      SparseCore; or a refusal of
       :class:`~.tpu.TPUEmbeddingBackend`.
   """
 
@@ -161,6 +162,10 @@ class SparseCoreBackend(TPUEmbeddingBackend):
                update_bounds: dict, input_bounds: dict, input_ids: Callable[[object], dict],
                sum_inside_sqrt: bool = False, sparse_core_config=None,
                api_factory: Optional[Callable] = None):
+    if not getattr(input_ids, "per_example", False):
+      raise ValueError("SparseCoreBackend: pass input_ids=per_example_input_ids(input_ids, "
+                       "tables) (sparse_dp.training.dp_step.input_ids), whose row i is example "
+                       "i's ids alone")
     self.input_ids = input_ids
     super().__init__(tables, optimizer, update_bounds, sum_inside_sqrt, engine_factory=(
         functools.partial(SparseCoreEngine, input_bounds=feature_bounds(input_bounds,

@@ -286,13 +286,16 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     ids, rows = round_[layer.name]
     position = recorded_example()
     flat_ids = tf.cast(flat_ids, tf.int64)
+    in_batch = True
     if position is None:
       rows = tf.reshape(rows, [-1, rows.shape[-1]])
       index, found = _search(tf.reshape(ids, [-1]), flat_ids)
-    else:  # a position outside the batch (a discarded spare) reads the last part: no ids
+    else:  # a position outside the batch (the discarded spare of an empty batch) reads the
+      # last part, which has no ids
       last = tf.shape(ids, out_type=tf.int64)[0] - 1
       position = tf.cast(position, tf.int64)
-      part = tf.where(tf.logical_and(position >= 0, position < last), position, last)
+      in_batch = tf.logical_and(position >= 0, position < last)
+      part = tf.where(in_batch, position, last)
       ids, rows = tf.gather(ids, part), tf.gather(rows, part)
       # an example sends a few ids: comparing each pair is O(n k)
       match = tf.equal(flat_ids[:, None], ids[None, :])
@@ -301,10 +304,10 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     missing = tf.logical_not(found)
     vectors = tf.gather(rows, index)
     checks = [] if compiling_with_xla() else [tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(missing)),
+        tf.logical_not(tf.reduce_any(tf.logical_and(missing, in_batch))),
         [f"sparse-dp: an example looked up ids of layer {layer.name} that it did not send the "
-         "TPU embedding engine (make_private's input_ids gives each table's ids of an "
-         "example, as the layer looks them up)"])]
+         "TPU embedding engine (the input_ids of make_private or TPUTrainer give each "
+         "table's ids of an example, as the layer looks them up)"])]
     with tf.control_dependencies(checks):
       return tf.where(missing[:, None], tf.constant(float("nan"), rows.dtype), vectors), missing
 

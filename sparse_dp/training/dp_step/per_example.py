@@ -82,9 +82,10 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
     loss_scale: ``S``, the fixed loss scale of ``mixed_float16``
       (:mod:`sparse_dp.training.dp_step.mixed_precision`). The backward pass starts from
       ``S l_i``, and its gradients are divided by ``S`` in float32, so they are ``l_i``'s.
-    positions (tf.Tensor): int64 ``[B]``, each example's position in the step's batch
-      (a micro-batch's); ``range(B)`` by default. An embedding engine's lookups read an
-      example's rows there (:func:`~sparse_dp.layers.recording.recorded_example`).
+    positions (tf.Tensor): int64 ``[B]``, each example's position in the step's whole
+      (local) batch, also for a micro-batch; ``range(B)`` by default. An embedding engine's
+      lookups read an example's rows there
+      (:func:`~sparse_dp.layers.recording.recorded_example`).
 
   Returns:
     The per-example losses and gradients, in float32 even when the layers compute in 16
@@ -305,9 +306,10 @@ def over_examples(fn, data, signature, positions=None):
   if composite:
     return tf.map_fn(on_one, present + [positions], fn_output_signature=signature)
   # tf.vectorized_map cannot run on an empty batch, which a Poisson batch may
-  # be: it runs on the batch and one spare example (a copy of the first, zeros
-  # in an empty batch, so it looks up only ids the batch has), whose results
-  # are cut off. (No branch on the batch size: XLA could not shape its outputs.)
+  # be: it runs on the batch and one spare example (a copy of the first, at its
+  # position; zeros at position 0 in an empty batch, whose row 0 is no example),
+  # whose results are cut off. (No branch on the batch size: XLA could not shape
+  # its outputs.)
   with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present + [positions]]
   return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
 

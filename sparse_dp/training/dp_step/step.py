@@ -299,7 +299,8 @@ def _clipped_sums(leaves, recorded: PerExampleGradients, selection,
 
 
 class _Chunks:
-  """Micro-batches ``[i m, (i + 1) m)`` of a batch of tensors or ragged tensors, and their masks.
+  """Micro-batches ``[i m, (i + 1) m)`` of a batch of tensors or ragged tensors, their masks
+  and their examples' positions in the batch.
 
   Under XLA every shape must be static: the batch (a padded one, of static
   size ``C``) is padded on to ``ceil(C / m) m`` rows with copies of its first

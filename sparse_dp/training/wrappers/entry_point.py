@@ -81,8 +81,11 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       of the model's preprocessing layers; their epsilons are spent once, at the start.
     input_ids: ``x -> {table layer name: its ids in the batch's features x}``, for a TPU
       embedding engine, which looks the ids up before the model runs (the SparseCore backend
-      here, ``TPUTrainer`` later). Default: each table's model input, for a functional
-      model that calls every table once directly on an input.
+      here, ``TPUTrainer`` later). It is run on each example alone and must give each table
+      the number of ids the layer looks up per example
+      (:func:`~sparse_dp.training.dp_step.input_ids.per_example_input_ids`). Default: each
+      table's model input, for a functional model that calls every table once directly on
+      an input.
 
   Returns:
     The run's :class:`PrivateTraining`: its accountant, sampler and callback. With

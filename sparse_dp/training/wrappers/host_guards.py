@@ -95,8 +95,9 @@ def _refuse_ids_outside(logs) -> None:
         + " looked up ids outside the vocabulary, or, in a TPU embedding engine, ids that the "
         "example did not send the engine. Under XLA (jit_compile=True, or on a TPU) the step "
         "zeroed those examples' gradients instead of stopping; map the ids into "
-        "[0, vocabulary_size) (hash or bucket them) before training, and give make_private's "
-        "input_ids each table's ids of an example as the layer looks them up")
+        "[0, vocabulary_size) (hash or bucket them) before training, and give the input_ids "
+        "of make_private or TPUTrainer each table's ids of an example as the layer looks "
+        "them up")
 
 
 def refuse_batch_size(training: PrivateTraining, size: int) -> None:

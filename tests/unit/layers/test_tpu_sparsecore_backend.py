@@ -36,7 +36,10 @@ from sparse_dp.layers.embedding_backends.doubles.sparsecore_api_double import ( 
 )
 from sparse_dp.layers.embedding_backends.sparsecore import SparseCoreBackend, SparseCoreEngine  # noqa: E402
 from sparse_dp.models.pctr import NUM_INTEGER, build_pctr_model, table_ids  # noqa: E402
-from sparse_dp.training.dp_step.input_ids import functional_input_ids  # noqa: E402
+from sparse_dp.training.dp_step.input_ids import (  # noqa: E402
+  functional_input_ids,
+  per_example_input_ids,
+)
 from sparse_dp.training.tpu_loop import TPUTrainer  # noqa: E402
 from sparse_dp.training.wrappers.entry_point import update_bounds  # noqa: E402
 
@@ -64,7 +67,8 @@ def _private(optimizer, engine=True, jit_compile=False, algorithm="adafest", emb
     bounds = update_bounds([layer], private.step_noise, N, 128)
     private.use_embedding_backend(SparseCoreBackend(
         [layer], model.optimizer, bounds, {layer: private.largest_batch},
-        functional_input_ids(model, [layer]), api_factory=TPUEmbeddingV2APIDouble, **settings))
+        per_example_input_ids(functional_input_ids(model, [layer]), [layer]),
+        api_factory=TPUEmbeddingV2APIDouble, **settings))
   model._jit_compile = jit_compile
   return model, private, private.poisson_dataset(ids, labels)
 
@@ -263,6 +267,10 @@ def test_the_backend_sizes_the_sparse_cores_and_refuses_settings_that_break_dp()
                                        r"\d+ ids .* raise it to at least \d+"):
     _private(optimizer, sparse_core_config=API.SparseCoreEmbeddingConfig(
         max_unique_ids_per_table={"ids": 256}))
+  # An input_ids run on the batch as a whole: row i might not be example i's ids alone.
+  with pytest.raises(ValueError, match=r"pass input_ids=per_example_input_ids\(input_ids"):
+    SparseCoreBackend([layer], model.optimizer, {layer: update}, {layer: private.largest_batch},
+                      functional_input_ids(model, [layer]), api_factory=TPUEmbeddingV2APIDouble)
 
 
 def test_the_real_api_object_refuses_to_be_made_off_tpu():

@@ -170,19 +170,23 @@ def test_an_example_reads_only_the_rows_of_the_ids_it_sent_the_engine():
   rows = tf.random.normal([2, 8])
   backend._tracing.round = {"ids": example_round(tf.constant([[3], [5]], tf.int64), rows)}
 
+  def lookup():
+    return backend._round_lookup(layer, tf.constant([3, 5], tf.int64))
+
   @tf.function(jit_compile=True)
-  def read(position):
-    with recording(example=position):
-      return backend._round_lookup(layer, tf.constant([3, 5], tf.int64))
+  def read(position, in_a_branch):
+    with recording(example=position):  # a tf.cond branch is a graph inside the scope's
+      return tf.cond(in_a_branch, lookup, lookup) if in_a_branch is not None else lookup()
 
   try:
     for position, found in ((0, [True, False]), (1, [False, True]), (2, [False, False])):
-      vectors, missing = read(tf.constant(position, tf.int64))
-      assert missing.numpy().tolist() == [not f for f in found]
-      for i, f in enumerate(found):
-        assert np.isnan(vectors[i]).all() != f
-        if f:
-          np.testing.assert_array_equal(vectors[i], rows[position])
+      for in_a_branch in (None, tf.constant(True)):
+        vectors, missing = read(tf.constant(position, tf.int64), in_a_branch)
+        assert missing.numpy().tolist() == [not f for f in found]
+        for i, f in enumerate(found):
+          assert np.isnan(vectors[i]).all() != f
+          if f:
+            np.testing.assert_array_equal(vectors[i], rows[position])
     with pytest.raises(tf.errors.InvalidArgumentError, match="did not send the TPU embedding"):
       with recording(example=tf.constant(0, tf.int64)):  # outside XLA: refused at once
         backend._round_lookup(layer, tf.constant([5], tf.int64))
