@@ -98,6 +98,17 @@ def test_adafest_steps_in_one_program_give_the_cpu_backends_tables(name):
   assert all(VOCAB not in c for c in rows.changed)  # the dummy row never moves
 
 
+def test_an_empty_batch_steps_in_graph_mode():
+  """A Poisson batch may be empty: its per-example map runs one discarded spare example,
+  which has no part of the engine's lookup and must not trip the step's check of the ids."""
+  model, private, _ = _private(OPTIMIZERS["sgd"][0])
+  ids, labels = synthetic_data()
+  batches = tf.data.Dataset.from_tensors((ids[:0], labels[:0])).concatenate(
+      tf.data.Dataset.from_tensors((ids[:64], labels[:64])))
+  model.fit(batches, verbose=0)
+  assert int(private.steps_taken.numpy()) == 2
+
+
 @pytest.mark.slow
 def test_one_compiled_step_holds_the_lookups_and_the_update():
   """``jit_compile=True``, as a TPU compiles the step: the same tables as the CPU backend's."""
