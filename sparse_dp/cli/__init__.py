@@ -62,8 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = build_parser()
   args = parser.parse_args(argv)
   if not args.verbose:
-    tensorflow_logs.quiet_tensorflow_start_up(
-        first_xla_compile=getattr(args, "jit_compile", False))
+    tensorflow_logs.quiet_tensorflow_start_up()
   try:
     return args.run(args)
   except Exception as error:

@@ -35,11 +35,14 @@ def test_start_up_lines_are_hidden_and_shown_with_verbose(tmp_path):
   assert CPP_LOG_LINE.search(_stderr(tmp_path, "--verbose"))
 
 
-def _compiled_stderr(tmp_path, first_xla_compile: bool) -> tuple[str, str]:
-  """Standard error and TF version of a process that quiets the start-up, then compiles with XLA."""
-  code = ("from sparse_dp.cli import tensorflow_logs\n"
-          f"tensorflow_logs.quiet_tensorflow_start_up(first_xla_compile={first_xla_compile})\n"
-          "import tensorflow as tf\n"
+
+def _compiled_stderr(tmp_path, quiet: bool) -> tuple[str, str]:
+  """Standard error and TF version of a process that compiles with XLA, as ``make_private``'s
+  weight fingerprint does: after the command's quiet start-up, or with the log level only."""
+  start = ("from sparse_dp.cli import tensorflow_logs\n"
+           "tensorflow_logs.quiet_tensorflow_start_up()\n" if quiet else
+           "import os\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'\n")
+  code = (start + "import tensorflow as tf\n"
           "print(float(tf.function(lambda x: x * 2, jit_compile=True)(tf.constant(1.0))))\n"
           "print(tf.__version__)\n")
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -51,11 +54,12 @@ def _compiled_stderr(tmp_path, first_xla_compile: bool) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_a_command_that_compiles_with_xla_hides_xlas_first_compilation_lines(tmp_path):
-  """``--jit-compile``: XLA's once-a-process lines ("Compiled cluster using XLA!", and on
+def test_xlas_first_compilation_lines_are_held_back_with_the_start_ups(tmp_path):
+  """Every training command compiles with XLA (``make_private``'s weight fingerprint; the step
+  with ``--jit-compile``): XLA's once-a-process lines ("Compiled cluster using XLA!", and on
   TF 2.15 an E-level "SetPriority unimplemented") are held back with the start-up's."""
-  stderr, _ = _compiled_stderr(tmp_path, True)
+  stderr, _ = _compiled_stderr(tmp_path, quiet=True)
   assert not CPP_LOG_LINE.search(stderr), stderr
-  stderr, version = _compiled_stderr(tmp_path, False)
+  stderr, version = _compiled_stderr(tmp_path, quiet=False)
   if version.startswith("2.15"):  # TF 2.21 writes none at its first compilation
     assert "Compiled cluster using XLA" in stderr
