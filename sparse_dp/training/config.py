@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.algorithms import check_positive
@@ -50,6 +50,12 @@ class DPConfig:
       ``gradient_snr``). They are functions of the private batch without
       noise, so they are NOT covered by the epsilon; the report says so.
       Default ``False``: the logs hold only what is DP or public.
+    dense_tables: ``adafest`` and ``adafest+`` only: the names of the ``Embedding`` layers
+      whose tables take no part in the selection and get noise on every row, as DP-SGD's
+      (:meth:`dense_table_names`), or ``"auto"``: every table of at most the expected batch
+      size of rows. The other tables keep the sparse mechanisms, and the epsilon is the
+      same: a dense table's rows are selected whatever the data. ``dpsgd`` and ``fest``
+      noise every table's rows already.
 
   Raises:
     ValueError: an unknown ``algorithm``; a clipping norm or threshold that is not a
@@ -73,10 +79,12 @@ class DPConfig:
   noise_seed: Optional[int] = None
   microbatch_size: Optional[int] = None
   debug_metrics: bool = False
+  dense_tables: Union[str, Sequence[str]] = ()
 
   def __post_init__(self):
     algorithm = Algorithm.parse(self.algorithm)
     object.__setattr__(self, "algorithm", algorithm.value)
+    object.__setattr__(self, "dense_tables", _checked_dense_tables(self.dense_tables))
     check_positive("l2_norm_clip (C2)", self.l2_norm_clip)
     check_positive("contribution_clip (C1)", self.contribution_clip)
     check_positive("threshold_sigmas", self.threshold_sigmas)
@@ -110,6 +118,58 @@ class DPConfig:
     if self.threshold is not None:
       return self.threshold
     return self.threshold_sigmas * sigma1 * self.contribution_clip
+
+
+  def dense_table_names(self, vocabulary_sizes: Mapping[str, int],
+                        expected_batch_size: float) -> frozenset:
+    """The tables DP-AdaFEST noises on every row (``dense_tables`` resolved for a model).
+
+    ``"auto"`` takes every table with ``V_t <= B``: one batch can touch all its rows, so the
+    sparse update saves at most a constant factor there, and dense noise trains the rows
+    that too few examples touch to pass the threshold. See docs/dense_tables.md.
+
+    Args:
+      vocabulary_sizes: the model's ``Embedding`` layers by name, with their rows ``V_t``.
+      expected_batch_size: ``B = q N``.
+
+    Returns:
+      The names of the dense tables; empty for an algorithm without a selection.
+
+    Raises:
+      ValueError: a name that is not one of the model's ``Embedding`` layers, or every table
+        dense (that is DP-SGD, which gives all the budget to the gradient's noise).
+    """
+    if not self.kind.uses_contribution_map:
+      return frozenset()
+    if self.dense_tables == "auto":
+      names = {name for name, rows in vocabulary_sizes.items() if rows <= expected_batch_size}
+    else:
+      unknown = sorted(set(self.dense_tables) - set(vocabulary_sizes))
+      if unknown:
+        raise ValueError(f"dense_tables names {unknown}, not Embedding layers of the model: "
+                         f"its tables are {sorted(vocabulary_sizes)}")
+      names = set(self.dense_tables)
+    if names and names == set(vocabulary_sizes):
+      raise ValueError(
+          f"dense_tables={self.dense_tables!r} makes every table of the model dense "
+          f"({sorted(names)}), leaving DP-AdaFEST nothing to select while its contribution "
+          "map still takes a share of the budget: use algorithm 'dpsgd', or leave a table "
+          "sparse")
+    return frozenset(names)
+
+
+def _checked_dense_tables(dense_tables) -> Union[str, tuple]:
+  """``"auto"`` or a tuple of layer names; refuses anything else, naming the fix."""
+  if isinstance(dense_tables, str):
+    if dense_tables != "auto":
+      raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
+                       f"{dense_tables!r}: for one table write dense_tables=[{dense_tables!r}]")
+    return dense_tables
+  names = tuple(dense_tables)
+  if not all(isinstance(name, str) for name in names):
+    raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
+                     f"{dense_tables!r}")
+  return names
 
 
 def warn_if_threshold_densifies(vocabulary_sizes: Sequence[int], threshold: float,

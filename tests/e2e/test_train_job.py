@@ -148,6 +148,9 @@ def test_bad_scale_dimension_and_learning_rate_are_refused_naming_the_flag(
     (["--delta", "1"], "--delta must be in (0, 1)"),
     (["--fest-k", "0"], "--fest-k must be an integer >= 1"),
     (["--batch-size", "91"], "--batch-size 91 is more than the 90 training examples"),
+    (["--dense-tables", "embedding_0,"], "--dense-tables must be none, auto or layer names"),
+    (["--dense-tables", "users"], "--dense-tables names users, not a table of the pCTR model: "
+                                  "its tables are embedding_0 ... embedding_25"),
 ])
 def test_bad_flags_are_refused_before_any_data_is_drawn_or_written(tmp_path, capsys, flags,
                                                                    message):

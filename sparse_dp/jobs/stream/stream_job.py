@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 # Settings added to the record later, with the value every earlier job ran with.
 _SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
-                             "categorical_features": None}
+                             "categorical_features": None, "dense_tables": "none"}
 
 
 def _settings_record(args, train_days, eval_days) -> dict:
@@ -98,7 +98,7 @@ def _settings_record(args, train_days, eval_days) -> dict:
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
            "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
-           "embedding_dim", "seed", "categorical_features")
+           "embedding_dim", "seed", "categorical_features", "dense_tables")
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names}}
 

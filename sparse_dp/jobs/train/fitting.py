@@ -177,6 +177,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "noise_multipliers": _noise_multipliers(private),
       "threshold": (config.threshold_for(private.spec.sigma1)
                     if trained_as.uses_contribution_map else None),
+      "dense_tables": (sorted(private.step_noise.dense_tables)
+                       if trained_as.uses_contribution_map else None),
       "poisson_sampling": report.poisson_sampling if report else None,
   }
   return FitResult(metrics, history, model, reliability)
@@ -428,7 +430,7 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
                     epsilon_budget=budget, **common)
   return DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
                   threshold=settings.tau, threshold_sigmas=settings.tau_sigmas,
-                  selection_epsilon=settings.selection_epsilon,
+                  dense_tables=settings.dense_tables, selection_epsilon=settings.selection_epsilon,
                   epsilon_budget=budget, **common)
 
 

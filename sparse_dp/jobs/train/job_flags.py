@@ -31,6 +31,7 @@ class FitSettings:
   sigma_ratio: float = 2.0
   tau: Optional[float] = None
   tau_sigmas: float = 4.0
+  dense_tables: "str | tuple[str, ...]" = ()  # DPConfig.dense_tables: "auto" or layer names
   hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
   embedding_dim: Optional[int] = None  # None: the paper's int(2 V^0.25) per table
   seed: int = 0
@@ -70,6 +71,11 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                       help="AdaFEST threshold (default: --tau-sigmas x sigma1 x C1)")
   parser.add_argument("--tau-sigmas", type=float, default=4.0,
                       help="default threshold in units of the contribution map's noise")
+  parser.add_argument("--dense-tables", default="none", metavar="none|auto|NAMES",
+                      help="DP-AdaFEST: tables noised on every row as DP-SGD's, with no "
+                           "selection: none (default), auto (every table of at most "
+                           "--batch-size rows) or layer names such as embedding_0,embedding_5; "
+                           "the epsilon is the same (docs/dense_tables.md)")
   parser.add_argument("--fest-k", type=int, default=300,
                       help="DP-FEST / DP-AdaFEST+: buckets kept per table")
   parser.add_argument("--selection-share", type=float, default=0.1,
@@ -154,6 +160,13 @@ def check_fit_flags(args: argparse.Namespace) -> None:
   for flag, value in (("--batch-size", args.batch_size), ("--fest-k", args.fest_k)):
     if value is not None and value < 1:
       raise ValueError(f"{flag} must be an integer >= 1, got {value}")
+  dense_tables = dense_tables_flag(getattr(args, "dense_tables", "none"))
+  tables = [f"embedding_{i}" for i in range(getattr(args, "categorical_features", None)
+                                            or NUM_CATEGORICAL)]
+  unknown = [name for name in dense_tables if name not in tables] if dense_tables != "auto" else []
+  if unknown:
+    raise ValueError(f"--dense-tables names {', '.join(unknown)}, not a table of the pCTR model: "
+                     f"its tables are embedding_0 ... {tables[-1]}")
 
 
 def check_batch_fits(batch_size: int, num_examples: int) -> None:
@@ -184,10 +197,26 @@ def fit_settings(args: argparse.Namespace, epsilon: float,
       batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
       l2_norm_clip=args.l2_norm_clip, contribution_clip=args.contribution_clip,
       sigma_ratio=args.sigma_ratio, tau=args.tau, tau_sigmas=args.tau_sigmas,
+      dense_tables=dense_tables_flag(getattr(args, "dense_tables", "none")),
       hidden_units=hidden, embedding_dim=args.embedding_dim, seed=args.seed,
       noise_seed=args.noise_seed, embedding=args.embedding,
       strategy=getattr(args, "strategy", "default"), tpu=getattr(args, "tpu", "local"),
       jit_compile=getattr(args, "jit_compile", False))
+
+
+def dense_tables_flag(text: str) -> "str | tuple[str, ...]":
+  """``--dense-tables``: ``"auto"``, or the layer names it lists (``none``: no table).
+
+  Raises:
+    ValueError: an empty name in the list, naming the flag.
+  """
+  if text in ("none", "auto"):
+    return () if text == "none" else text
+  names = tuple(name.strip() for name in text.split(","))
+  if not all(names):
+    raise ValueError(f"--dense-tables must be none, auto or layer names like "
+                     f"embedding_0,embedding_5, got {text!r}")
+  return names
 
 
 def layer_widths(text: str, flag: str) -> tuple[int, ...]:

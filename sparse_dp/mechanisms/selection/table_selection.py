@@ -10,13 +10,15 @@ split back into one padded row list per table with the room a per-table selectio
 activated pairs plus ``false_positive_capacity(c_t, p)``). A table whose rows are cut (all
 tables' false positives past ``false_positive_capacity(c, p)``, or its own past its room: each
 at most ``FALSE_POSITIVE_OVERFLOW`` = 1e-18) is flagged ``over_capacity`` and the DP step
-refuses the step. See docs/reference/mechanisms.md ("Every table in one draw").
+refuses the step. A *dense* table takes no part in the selection: all its rows are selected,
+as DP-SGD noises every row. See docs/reference/mechanisms.md ("Every table in one draw").
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from sparse_dp.mechanisms.rows import padding, scans
@@ -43,6 +45,8 @@ class StackedSelection(NamedTuple):
     num_dropped: int64 ``[T]``, per table, the contributed rows that did not pass ``tau``.
     num_false_positives: int64 ``[T]``, per table, the zero-contribution rows that passed.
     cut: bool ``[T]``, per table, whether the joint draw's overflow may have cut its rows.
+    num_rows: int64 ``[T]``, per table, its rows in ``rows``: true and false positives, or
+      every row of a dense table (which has no true or false positives).
   """
 
   rows: tf.Tensor
@@ -50,6 +54,7 @@ class StackedSelection(NamedTuple):
   num_dropped: tf.Tensor
   num_false_positives: tf.Tensor
   cut: tf.Tensor
+  num_rows: tf.Tensor
 
   def over_capacity(self, rooms) -> tf.Tensor:
     """bool ``[T]``: per table, its rows cut by the joint draw or more than its room.
@@ -60,8 +65,8 @@ class StackedSelection(NamedTuple):
     """
     if rooms is None:
       return self.cut
-    num_rows = self.num_true_positives + self.num_false_positives
-    return tf.logical_or(self.cut, num_rows > tf.stack([tf.cast(r, tf.int64) for r in rooms]))
+    return tf.logical_or(self.cut,
+                         self.num_rows > tf.stack([tf.cast(r, tf.int64) for r in rooms]))
 
 
 def false_positive_rooms(vocabulary_sizes: Sequence[int], threshold: float,
@@ -80,11 +85,13 @@ def false_positive_rooms(vocabulary_sizes: Sequence[int], threshold: float,
 
 def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTables,
                         batch_size: tf.Tensor, clip_norm: float, threshold: float,
-                        noise_stddev: float, seed: tf.Tensor,
-                        distinct: bool = False) -> StackedSelection:
+                        noise_stddev: float, seed: tf.Tensor, distinct: bool = False,
+                        dense: Sequence[bool] = ()) -> StackedSelection:
   """DP-AdaFEST's row selection (Algorithm 1, lines 6-8) of every table in one draw.
 
   The law is :func:`select_rows_of_tables`'s; the lookups come in the stacked id space.
+  A dense table's lookups are left out of the contribution map and every one of its rows is
+  selected; the other tables' rows are those the same seed selects of them alone.
 
   Args:
     example: int64 ``[n]``, the example of each lookup, in ``[0, batch_size)``.
@@ -94,16 +101,21 @@ def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTabl
       :func:`select_rows_of_tables` (``B``, ``C1``, ``tau``, ``sigma1 C1``, a ``[2]`` seed).
     distinct: the pairs are distinct already and sorted by ``(row, example)``, then ``PAD``
       (as :func:`~sparse_dp.mechanisms.per_example_row_gradients` returns them): no sort.
+    dense: per table, whether it is dense (all its rows selected); ``()``: none is.
 
   Returns:
     The :class:`StackedSelection`.
 
   Raises:
-    ValueError: ``threshold <= 0``; ``noise_stddev <= 0``; or more than ``MAX_POSITIONS``
-      rows expected to pass by noise alone.
+    ValueError: ``threshold <= 0``; ``noise_stddev <= 0``; more than ``MAX_POSITIONS``
+      rows expected to pass by noise alone; or ``dense`` not one flag per table, or every
+      table dense.
   """
   batch_size = tf.cast(batch_size, tf.int64)
   example, row = tf.cast(example, tf.int64), tf.cast(row, tf.int64)
+  if any(dense):
+    return _with_dense_tables(example, row, stacked, tuple(bool(d) for d in dense), batch_size,
+                              clip_norm, threshold, noise_stddev, seed)
   if not distinct:
     example, row, _ = distinct_pairs(example, row, batch_size)
   (contribution,) = clipped_contribution_maps([Activations(example, row, batch_size)], clip_norm)
@@ -121,7 +133,43 @@ def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTabl
   ends = tf.constant(stacked.offsets[1:], tf.int64)
   # A table's rows are its true positives and the false positives the list holds.
   return StackedSelection(rows, num_true, num_contributed - num_true, last - first - num_true,
-                          tf.logical_and(chosen.over_capacity, ends - 1 > last_drawn))
+                          tf.logical_and(chosen.over_capacity, ends - 1 > last_drawn),
+                          last - first)
+
+
+def _with_dense_tables(example, row, stacked: StackedTables, dense: tuple, batch_size,
+                       *selection_args) -> StackedSelection:
+  """:func:`select_stacked_rows` with dense tables: the others' selection as if they were the
+  only tables (their rows renumbered end to end), and every row of the dense ones."""
+  if len(dense) != stacked.num_tables or all(dense):
+    raise ValueError(f"dense must flag each of the {stacked.num_tables} tables and leave one "
+                     f"sparse (every table dense is DP-SGD), got {list(dense)}")
+  kept = [t for t, is_dense in enumerate(dense) if not is_dense]
+  sparse = StackedTables([stacked.sizes[t] for t in kept], [stacked.widths[t] for t in kept])
+  # Stacked row o_t + j of a sparse table is row o'_t + j of the sparse tables alone.
+  shift = np.zeros(stacked.num_tables + 1, np.int64)
+  shift[kept] = stacked.offsets[kept] - sparse.offsets[:-1]
+  table = stacked.table_of(row)
+  in_sparse = tf.gather(tf.constant([not d for d in dense] + [False]), table)
+  chosen = select_stacked_rows(example, tf.where(in_sparse, row - tf.gather(shift, table),
+                                                 padding.PAD),
+                               sparse, batch_size, *selection_args)
+  back = tf.gather(tf.constant(shift[kept + [stacked.num_tables]]), sparse.table_of(chosen.rows))
+  every_row = [tf.range(stacked.offsets[t], stacked.offsets[t + 1]) for t, d in enumerate(dense)
+               if d]
+  rows = tf.sort(tf.concat([tf.where(padding.is_valid(chosen.rows), chosen.rows + back,
+                                     padding.PAD), *every_row], 0))
+  index = tf.constant(kept, tf.int64)[:, None]
+
+  def by_table(per_sparse_table, dense_value=0):
+    filled = tf.fill([stacked.num_tables], tf.cast(dense_value, per_sparse_table.dtype))
+    return tf.tensor_scatter_nd_update(filled, index, per_sparse_table)
+
+  return StackedSelection(
+      rows, by_table(chosen.num_true_positives), by_table(chosen.num_dropped),
+      by_table(chosen.num_false_positives), by_table(chosen.cut, False),
+      tf.where(tf.constant(dense), tf.constant(stacked.sizes, tf.int64),
+               by_table(chosen.num_rows)))
 
 
 def select_rows_of_tables(pairs: Sequence[tuple[tf.Tensor, tf.Tensor]],

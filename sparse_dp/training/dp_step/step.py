@@ -67,6 +67,7 @@ class StepNoise:
   contribution_clip: float  # C1
   threshold: float  # tau
   expected_batch_size: float
+  dense_tables: frozenset = frozenset()  # DP-AdaFEST: names of the tables noised on every row
 
   @property
   def sparse(self) -> bool:
@@ -91,11 +92,12 @@ class _Tables:
   lookups_per_example: list  # per table, each example's lookups (int), None if ragged
   batch_size: Optional[tf.Tensor] = None  # the examples whose lookups a stacked list holds
 
-  def rooms(self, sizes: list, replicas: int = 1):
+  def rooms(self, sizes: list, replicas: int = 1, dense: tuple = ()):
     """Per table, lengths ``R B lookups_per_example + sizes`` for its part of a stacked list
-    under XLA (constants once XLA knows the batch's shape); ``None`` (exact parts) in graph
-    mode. ``replicas``: ``R``, the replicas whose lookups the list holds (the selection's:
-    every replica's; a replica's own sums: 1)."""
+    under XLA (constants once XLA knows the batch's shape), or its vocabulary where ``dense``
+    flags it (every row); ``None`` (exact parts) in graph mode. ``replicas``: ``R``, the
+    replicas whose lookups the list holds (the selection's: every replica's; a replica's own
+    sums: 1)."""
     if not compiling_with_xla():
       return None
     if any(count is None for count in self.lookups_per_example):
@@ -103,7 +105,14 @@ class _Tables:
                        "example's lookups of a table to be fixed in number: feed "
                        "private.poisson_dataset(..., padded=True) of dense tensors")
     batch_size = tf.cast(self.batch_size, tf.int64) * replicas
-    return [batch_size * count + size for count, size in zip(self.lookups_per_example, sizes)]
+    dense = dense or (False,) * len(sizes)
+    return [tf.constant(layer.vocabulary_size, tf.int64) if whole else batch_size * count + size
+            for layer, count, size, whole in zip(self.layers, self.lookups_per_example, sizes,
+                                                 dense)]
+
+  def dense(self, noise: StepNoise) -> tuple:
+    """Per table, whether ``noise`` noises it on every row (a dense table of DP-AdaFEST)."""
+    return tuple(layer.name in noise.dense_tables for layer in self.layers)
 
 
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
@@ -142,7 +151,8 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
     tables = _Tables(layers, stacked, recorded.lookups_per_example, recorded.batch_size)
     if noise.sparse and layers:
       selection = _select_rows(stacked, recorded.rows.example, recorded.rows.row,
-                               recorded.batch_size, noise, selection_seed, distinct=True)
+                               recorded.batch_size, noise, selection_seed, tables.dense(noise),
+                               distinct=True)
     sums, losses = _clipped_sums(leaves, recorded, selection, noise), recorded.losses
     ids_outside = {layer: tf.reduce_sum(count) for layer, count in recorded.ids_outside.items()}
   else:
@@ -152,7 +162,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
       found = per_example_rows(leaves, losses_of, data, in_batch)
       tables.lookups_per_example = found.lookups_per_example
       selection = _select_rows(stacked, found.example, found.row, chunks.batch_size, noise,
-                               selection_seed)
+                               selection_seed, tables.dense(noise))
     sums, losses, ids_outside, lookups = _accumulated_clipped_sums(
         leaves, losses_of, chunks, selection, noise, loss_scale)
     if selection is None:  # the dense noise's parts: the micro-batches' lookups
@@ -166,7 +176,7 @@ def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
   if selection is not None:
     rooms = tables.rooms(mechanisms.false_positive_rooms(
         stacked.sizes, noise.threshold, noise.contribution_multiplier * noise.contribution_clip),
-        _replicas())  # the selection is the whole batch's
+        _replicas(), tables.dense(noise))  # the selection is the whole batch's
     over_capacity = selection.over_capacity(rooms)
   with tf.control_dependencies(_refuse_over_capacity(over_capacity)):
     gradients, stats = _add_noise(leaves, tables, sums, selection, rooms, noise, noise_seed,
@@ -195,13 +205,13 @@ def _refuse_over_capacity(over_capacity: Optional[tf.Tensor]) -> list:
                               [OVER_CAPACITY_MESSAGE])]
 
 
-def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed,
+def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed, dense: tuple,
                  distinct: bool = False):
   """Every table's selected rows, from the contribution map of the whole batch.
 
   ``(example, row)`` lists the batch's lookups in the stacked id space (``distinct``: the
   distinct pairs, sorted, as the per-example row gradients hold them). One selection for all
-  tables (:func:`~sparse_dp.mechanisms.select_stacked_rows`).
+  tables (:func:`~sparse_dp.mechanisms.select_stacked_rows`); every row of a ``dense`` one.
   """
   replicas = _replicas()
   if replicas > 1:
@@ -209,7 +219,7 @@ def _select_rows(stacked, example, row, batch_size, noise: StepNoise, seed,
   return mechanisms.select_stacked_rows(
       example, row, stacked, batch_size, noise.contribution_clip, noise.threshold,
       noise.contribution_multiplier * noise.contribution_clip, seed,
-      distinct=distinct and replicas == 1)  # replicas' lists together are not sorted
+      distinct=distinct and replicas == 1, dense=dense)  # replicas' lists: not sorted
 
 
 def _replicas() -> int:
@@ -435,7 +445,7 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
     for layer, (table_rows, values) in zip(tables.layers, parts):
       gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
           values, table_rows, tf.constant([layer.vocabulary_size, layer.output_dim], tf.int64))
-    selected = selection.num_true_positives + selection.num_false_positives
+    selected = selection.num_rows
     nonzero_rows = tf.reduce_sum(selected)
     nonzero_coordinates = tf.reduce_sum(selected * tf.constant(stacked.widths, tf.int64))
   elif first_table is not None:  # DP-SGD: noise on every row; the clipped rows are added to it

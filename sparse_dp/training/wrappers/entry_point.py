@@ -135,17 +135,23 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   fit_wrappers.check_steps_per_execution(model, epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
+  dense_tables = config.dense_table_names(
+      {layer.name: layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding)},
+      batch_size)
+  if dense_tables:
+    _LOG.info("sparse-dp: noise on every row of %s", ", ".join(sorted(dense_tables)))
   spec = _resolve_spec(config, num_examples, batch_size, epochs)
   if algorithm.uses_contribution_map:
     warn_if_threshold_densifies(
-        [layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding)],
+        [layer.vocabulary_size for layer in leaves
+         if isinstance(layer, Embedding) and layer.name not in dense_tables],
         config.threshold_for(spec.sigma1), spec.sigma1 * config.contribution_clip, batch_size)
   noise = StepNoise(
       gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
       contribution_multiplier=spec.sigma1 if algorithm.uses_contribution_map else None,
       l2_norm_clip=config.l2_norm_clip, contribution_clip=config.contribution_clip,
       threshold=config.threshold_for(spec.sigma1) if algorithm.uses_contribution_map else 0.0,
-      expected_batch_size=float(batch_size))
+      expected_batch_size=float(batch_size), dense_tables=dense_tables)
   state = attach(model)
   if not parameter_servers.is_parameter_server(model.distribute_strategy):
     engine = choice.name in ("engine-double", "sparsecore")
@@ -216,7 +222,7 @@ def update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size:
   batch but with probability ``1e-9``, times the ids per example of the
   layer's input, or the whole vocabulary for ragged ids) and false positives,
   ``Binomial(V, Psi(tau / (sigma1 C1)))``, bounded the same way (Bernstein).
-  DP-SGD updates every row.
+  DP-SGD updates every row, as DP-AdaFEST does of a dense table.
   """
   if not noise.sparse:
     return {layer: layer.vocabulary_size for layer in tables}
@@ -225,6 +231,9 @@ def update_bounds(tables: list, noise: StepNoise, num_examples: int, batch_size:
       noise.threshold, noise.contribution_multiplier * noise.contribution_clip)
   bounds = {}
   for layer in tables:
+    if layer.name in noise.dense_tables:
+      bounds[layer] = layer.vocabulary_size
+      continue
     shape = tf.TensorShape(getattr(layer, "_build_input_shape", None))
     per_example = (math.prod(shape[1:]) if shape.rank is not None and shape[1:].is_fully_defined()
                    else layer.vocabulary_size)

@@ -8,6 +8,7 @@ import tensorflow as tf
 from scipy import stats
 
 from sparse_dp.mechanisms import PAD, false_positive_capacity, select_rows_of_tables
+from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.mechanisms.selection import row_selection, table_selection
 
 from support.stacks import ALPHA
@@ -168,3 +169,51 @@ def test_tables_and_their_pairs_must_match():
   with pytest.raises(ValueError, match="pairs of each of its 3 tables, got 2"):
     select_rows_of_tables(pairs()[:2], SIZES, tf.constant(BATCH, tf.int64), C1, TAU, STD,
                           tf.constant([1, 2], tf.int64))
+
+
+def _stacked_selection(dense, sizes=SIZES, lookups=LOOKUPS, jit_compile=False):
+  """``select_stacked_rows`` of ``lookups`` on ``sizes`` with the tables ``dense`` flags."""
+  stacked = StackedTables(sizes, [1] * len(sizes))
+  kept = [lookups[t] for t in range(len(sizes))]
+  example = tf.constant([e for table in kept for e, _ in table], tf.int64)
+  row = stacked.stack_rows([tf.constant([r for _, r in table], tf.int64) for table in kept])
+
+  def draw(seed):
+    return table_selection.select_stacked_rows(example, row, stacked, tf.constant(BATCH, tf.int64),
+                                               C1, TAU, STD, seed, dense=dense)
+  return tf.function(draw, jit_compile=jit_compile), stacked
+
+
+@pytest.mark.parametrize("dense", [(False, True, False), (True, False, True), (True, True, False)])
+def test_a_dense_table_has_every_row_and_the_others_the_rows_they_have_alone(seed, dense):
+  """The sparse tables' selection is, draw for draw, the one of a model without the dense tables
+  (their lookups leave the contribution map and its joint clip); a dense table has all its rows
+  and no false positive; compiled by XLA, the same rows in a static shape."""
+  draw, stacked = _stacked_selection(dense)
+  sparse = [t for t, d in enumerate(dense) if not d]
+  alone, alone_stacked = _stacked_selection((), [SIZES[t] for t in sparse],
+                                            [LOOKUPS[t] for t in sparse])
+  compiled, _ = _stacked_selection(dense, jit_compile=True)
+  for trial in range(20):
+    selection, reference = draw(seed + trial), alone(seed + trial)
+    parts = stacked.split(selection.rows)
+    reference_parts = iter(alone_stacked.split(reference.rows))
+    for t, (rows, _) in enumerate(parts):
+      want = np.arange(SIZES[t]) if dense[t] else next(reference_parts)[0].numpy()
+      np.testing.assert_array_equal(rows.numpy(), want)
+    np.testing.assert_array_equal(selection.num_rows.numpy(),
+                                  [len(rows) for rows, _ in parts])
+    for field in ("num_true_positives", "num_dropped", "num_false_positives", "cut"):
+      values = getattr(selection, field).numpy()
+      assert not np.any(values[list(dense)])
+      np.testing.assert_array_equal(values[sparse], getattr(reference, field).numpy())
+    static = compiled(seed + trial)
+    assert static.rows.shape == selection.rows.shape
+    np.testing.assert_array_equal(static.rows.numpy(), selection.rows.numpy())
+
+
+def test_every_table_dense_or_a_flag_per_table_missing_is_refused(seed):
+  for dense in ((True, True, True), (True, False)):
+    draw, _ = _stacked_selection(dense)
+    with pytest.raises(ValueError, match="leave one sparse"):
+      draw(seed)

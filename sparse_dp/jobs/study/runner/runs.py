@@ -30,7 +30,7 @@ from sparse_dp.jobs.train import job_flags
 
 # Settings added to FitSettings after the first cached runs, at the values those runs
 # trained with: left out of a run's key at these values, so the cache stays valid.
-_SETTINGS_ADDED = {"optimizer": "adam", "embedding_dim": None}
+_SETTINGS_ADDED = {"optimizer": "adam", "embedding_dim": None, "dense_tables": ()}
 
 
 def at_first_value(name: str, value) -> bool:

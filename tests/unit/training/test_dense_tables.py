@@ -1,0 +1,159 @@
+"""DP-AdaFEST with dense tables (``DPConfig(dense_tables=...)``): noise on every row of those,
+the sparse mechanisms on the others, and the same accountant."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+import sparse_dp
+from sparse_dp import keras
+from sparse_dp.layers import Embedding
+from sparse_dp.training.dp_step import dense_layers
+from sparse_dp.training.dp_step.step import StepNoise, private_gradients
+
+from support.stacks import ALPHA
+
+USERS, ITEMS, WIDTH, BATCH = 300, 5_000, 4, 64
+SIGMA2, C2 = 0.7, 1.0
+
+
+def _model():
+  keras.utils.set_random_seed(1)
+  user = keras.Input(shape=(), dtype=tf.int64)
+  item = keras.Input(shape=(), dtype=tf.int64)
+  tables = [Embedding(size, WIDTH, embeddings_initializer="zeros", name=name)(ids)
+            for size, name, ids in ((USERS, "users", user), (ITEMS, "items", item))]
+  model = keras.Model([user, item], keras.layers.Dense(1)(keras.layers.Concatenate()(tables)))
+  model.compile(optimizer=keras.optimizers.legacy.SGD(1.0),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def _batch(examples=BATCH, seed=0):
+  """Users among the first 20 rows; items among the first 3, about 21 examples each."""
+  rng = np.random.default_rng(seed)
+  return ((rng.integers(0, 20, examples), rng.integers(0, 3, examples)),
+          rng.integers(0, 2, (examples, 1)).astype(np.float32))
+
+
+def _gradients(noise, jit_compile=False):
+  model = _model()
+  leaves = dense_layers.trainable_leaf_layers(model)
+  (users, items), labels = _batch()
+  data = ((tf.constant(users), tf.constant(items)), tf.constant(labels))
+
+  def losses_of(batch):
+    logits = model(batch[0], training=True)
+    return tf.squeeze(tf.nn.sigmoid_cross_entropy_with_logits(batch[1], logits), -1), None, None
+
+  @tf.function(jit_compile=jit_compile)
+  def step(seed):
+    gradients, _, stats_ = private_gradients(leaves, losses_of, data, noise, seed)
+    return ({name: gradients[model.get_layer(name).embeddings.ref()]
+             for name in ("users", "items")}, stats_["nonzero_rows"])
+  return step(tf.constant([20231122, 4], tf.int64))
+
+
+def _noise(dense_tables=frozenset({"users"})):
+  # tau = 12 sigma1 C1 ... at sigma1 C1 = 2: no untouched row passes (Psi(6) ~ 1e-9), the
+  # three items (~21 examples each, contribution 1 each: the users left the C1 clip) pass.
+  return StepNoise(gradient_multiplier=SIGMA2, contribution_multiplier=2.0, l2_norm_clip=C2,
+                   contribution_clip=1.0, threshold=12.0, expected_batch_size=float(BATCH),
+                   dense_tables=dense_tables)
+
+
+def test_a_dense_table_gets_the_gradient_noise_on_every_row_and_a_sparse_one_on_its_selection():
+  gradients, nonzero_rows = _gradients(_noise())
+  users, items = gradients["users"], gradients["items"]
+  np.testing.assert_array_equal(users.indices.numpy(), np.arange(USERS))
+  np.testing.assert_array_equal(np.sort(items.indices.numpy()), [0, 1, 2])
+  assert float(nonzero_rows) == USERS + 3
+  # The rows no example touched hold only the noise: N(0, (sigma2 C2 / B)^2) per coordinate.
+  z = users.values.numpy()[20:].ravel() * BATCH / (SIGMA2 * C2)
+  bound = stats.norm.isf(ALPHA / 2)
+  assert abs(z.mean()) * np.sqrt(z.size) < bound
+  assert abs(z.var() - 1.0) / np.sqrt(2.0 / z.size) < bound
+  assert stats.kstest(z, "norm").pvalue > ALPHA
+  # Without dense tables the users' rows are selected as the items' are: none untouched.
+  sparse, _ = _gradients(_noise(frozenset()))
+  assert set(sparse["users"].indices.numpy()) <= set(range(20))
+
+
+def test_a_compiled_step_gives_a_dense_table_its_whole_vocabulary_as_room():
+  graph, graph_rows = _gradients(_noise())
+  compiled, compiled_rows = _gradients(_noise(), jit_compile=True)
+  assert compiled["users"].indices.shape == [USERS]
+  assert float(compiled_rows) == float(graph_rows)
+  for name in ("users", "items"):
+    dense = [tf.math.unsorted_segment_sum(g.values, tf.where(g.indices < 10**9, g.indices, 0),
+                                          10**4).numpy() for g in (graph[name], compiled[name])]
+    np.testing.assert_allclose(dense[1], dense[0], rtol=1e-5, atol=1e-7)
+
+
+def _private(model, **config):
+  return sparse_dp.make_private(
+      model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, noise_seed=3, **config),
+      num_examples=4_096, batch_size=512)
+
+
+def test_fit_moves_every_row_of_a_dense_table_at_the_epsilon_of_the_sparse_run():
+  (users, items), labels = _batch(4_096)
+  epsilons = []
+  for dense_tables in ((), ["users"]):
+    model = _model()
+    private = _private(model, dense_tables=dense_tables)
+    model.fit(private.poisson_dataset((users, items), labels, epochs=1), verbose=0)
+    epsilons.append(private.epsilon(delta=1e-5))
+  assert private.step_noise.dense_tables == {"users"}
+  assert np.all(model.get_layer("users").embeddings.numpy() != 0)
+  moved = np.any(model.get_layer("items").embeddings.numpy() != 0, axis=1)
+  assert 0 < moved.sum() < 50
+  assert epsilons[1] == epsilons[0] > 0
+
+
+def test_auto_makes_the_tables_no_larger_than_a_batch_dense():
+  config = sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, dense_tables="auto")
+  assert config.dense_table_names({"users": 512, "items": 513}, 512.0) == {"users"}
+  assert _private(_model(), dense_tables="auto").step_noise.dense_tables == {"users"}
+  dpsgd = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, dense_tables="auto")
+  assert dpsgd.dense_table_names({"users": 1}, 512.0) == frozenset()  # every row already
+
+
+@pytest.mark.parametrize("dense_tables, message", [
+    (["user"], r"names \['user'\], not Embedding layers of the model: its tables are "
+               r"\['items', 'users'\]"),
+    (["users", "items"], "every table of the model dense .* use algorithm 'dpsgd'"),
+])
+def test_a_wrong_table_name_or_no_sparse_table_is_refused_before_the_model_changes(
+    dense_tables, message):
+  model = _model()
+  step = model.train_step
+  with pytest.raises(ValueError, match=message):
+    _private(model, dense_tables=dense_tables)
+  assert model.train_step == step
+
+
+@pytest.mark.parametrize("dense_tables", ["users", [3]])
+def test_dense_tables_is_auto_or_a_list_of_names(dense_tables):
+  with pytest.raises(ValueError, match="'auto' or a list of Embedding layer names"):
+    sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, dense_tables=dense_tables)
+
+
+def test_the_engine_double_trains_a_dense_table_as_the_cpu_backend_does():
+  """Through the TPU embedding engine's terms (the update fed back per table, bounded by the
+  vocabulary for a dense table) the weights are the CPU backend's."""
+  (users, items), labels = _batch(4_096)
+  trained = []
+  for embedding in ("cpu", "engine-double"):
+    model = _model()
+    private = sparse_dp.make_private(
+        model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, noise_seed=3,
+                                  dense_tables=["users"]),
+        num_examples=4_096, batch_size=512, embedding=embedding)
+    model.fit(private.poisson_dataset((users, items), labels).take(2), verbose=0)
+    trained.append(model)
+  cpu, engine = trained
+  for a, b in zip(cpu.trainable_weights, engine.trainable_weights):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert np.all(engine.get_layer("users").embeddings.numpy() != 0)
