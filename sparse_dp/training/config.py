@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.algorithms import check_positive
@@ -120,7 +120,7 @@ class DPConfig:
     return self.threshold_sigmas * sigma1 * self.contribution_clip
 
 
-  def dense_table_names(self, vocabulary_sizes: Mapping[str, int],
+  def dense_table_names(self, vocabulary_sizes: Sequence[tuple[str, int]],
                         expected_batch_size: float) -> frozenset:
     """The tables DP-AdaFEST noises on every row (``dense_tables`` resolved for a model).
 
@@ -129,44 +129,55 @@ class DPConfig:
     that too few examples touch to pass the threshold. See docs/dense_tables.md.
 
     Args:
-      vocabulary_sizes: the model's ``Embedding`` layers by name, with their rows ``V_t``.
+      vocabulary_sizes: the model's ``Embedding`` layers, ``(name, rows V_t)`` each.
       expected_batch_size: ``B = q N``.
 
     Returns:
       The names of the dense tables; empty for an algorithm without a selection.
 
     Raises:
-      ValueError: a name that is not one of the model's ``Embedding`` layers, or every table
+      ValueError: a name that is not one of the model's ``Embedding`` layers; two of its
+        layers of one name (a name would not say which table is dense); or every table
         dense (that is DP-SGD, which gives all the budget to the gradient's noise).
     """
+    if not self.dense_tables:
+      return frozenset()
+    tables = [name for name, _ in vocabulary_sizes]
+    repeated = sorted({name for name in tables if tables.count(name) > 1})
+    if repeated:
+      raise ValueError(f"dense_tables picks tables by layer name, and the model has several "
+                       f"Embedding layers named {repeated}: give each a name of its own "
+                       "(Embedding(..., name=...))")
+    unknown = ([] if self.dense_tables == "auto"
+               else sorted(set(self.dense_tables) - set(tables)))
+    if unknown:
+      raise ValueError(f"dense_tables names {unknown}, not Embedding layers of the model: "
+                       f"its tables are {sorted(tables)}")
     if not self.kind.uses_contribution_map:
       return frozenset()
-    if self.dense_tables == "auto":
-      names = {name for name, rows in vocabulary_sizes.items() if rows <= expected_batch_size}
-    else:
-      unknown = sorted(set(self.dense_tables) - set(vocabulary_sizes))
-      if unknown:
-        raise ValueError(f"dense_tables names {unknown}, not Embedding layers of the model: "
-                         f"its tables are {sorted(vocabulary_sizes)}")
-      names = set(self.dense_tables)
-    if names and names == set(vocabulary_sizes):
+    names = ({name for name, rows in vocabulary_sizes if rows <= expected_batch_size}
+             if self.dense_tables == "auto" else set(self.dense_tables))
+    if names and names == set(tables):
       raise ValueError(
-          f"dense_tables={self.dense_tables!r} makes every table of the model dense "
-          f"({sorted(names)}), leaving DP-AdaFEST nothing to select while its contribution "
-          "map still takes a share of the budget: use algorithm 'dpsgd', or leave a table "
-          "sparse")
+          f"dense_tables={self.dense_tables!r} makes all {len(names)} tables of the model "
+          "dense, leaving DP-AdaFEST nothing to select while its contribution "
+          "map still takes a share of the budget: use algorithm 'dpsgd' ('fest' on preselected "
+          "buckets), or leave a table sparse")
     return frozenset(names)
 
 
 def _checked_dense_tables(dense_tables) -> Union[str, tuple]:
   """``"auto"`` or a tuple of layer names; refuses anything else, naming the fix."""
+  if dense_tables is None:
+    return ()
   if isinstance(dense_tables, str):
     if dense_tables != "auto":
       raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
                        f"{dense_tables!r}: for one table write dense_tables=[{dense_tables!r}]")
     return dense_tables
-  names = tuple(dense_tables)
-  if not all(isinstance(name, str) for name in names):
+  names = tuple(dense_tables) if isinstance(dense_tables, (list, tuple, set, frozenset)) else ()
+  if not all(isinstance(name, str) for name in names) or not isinstance(
+      dense_tables, (list, tuple, set, frozenset)):
     raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
                      f"{dense_tables!r}")
   return names

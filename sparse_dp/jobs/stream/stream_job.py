@@ -120,7 +120,13 @@ def stream(args: argparse.Namespace) -> dict:
   from sparse_dp.jobs.train import fitting
   # The training flags, and the hardware they need, are checked before any spend.
   periods = -(-len(train_days) // args.streaming_period)
-  fitting.check_hardware(job_flags.fit_settings(args, epsilon=1.0), [args.algorithm] * periods)
+  settings = job_flags.fit_settings(args, epsilon=1.0)
+  fitting.check_hardware(settings, [args.algorithm] * periods)
+  from sparse_dp.models import pctr_data
+  scale = args.synthetic_scale if args.data == "synthetic" else 1.0  # as StreamData hashes
+  job_flags.check_dense_tables(
+      settings, [args.algorithm],
+      pctr_data.hashed_vocabulary(scale).leading(args.categorical_features).sizes, args.fest_k)
   delta_total = args.delta if args.delta is not None else 1.0 / (
       len(train_days) * args.examples_per_day)
   check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)

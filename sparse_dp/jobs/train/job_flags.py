@@ -219,6 +219,35 @@ def dense_tables_flag(text: str) -> "str | tuple[str, ...]":
   return names
 
 
+def check_dense_tables(settings: FitSettings, algorithms, vocabulary_sizes, fest_k: int) -> None:
+  """Refuses, before any data is read or a spend recorded, a ``--dense-tables`` that leaves a
+  DP-AdaFEST or DP-AdaFEST+ run of the pCTR model no sparse table (``make_private`` would
+  refuse it later). DP-AdaFEST+ trains on at most ``fest_k`` kept buckets and one
+  out-of-vocabulary row per table.
+
+  Args:
+    settings: the run's settings (``dense_tables``, ``batch_size``).
+    algorithms: the private algorithms the command trains.
+    vocabulary_sizes: the pCTR tables' rows, ``embedding_0`` first.
+    fest_k: ``--fest-k``.
+
+  Raises:
+    ValueError: the tables the flag makes dense are all of them, naming the fix.
+  """
+  if not settings.dense_tables:
+    return
+  from sparse_dp.accounting import Algorithm
+  from sparse_dp.training.config import DPConfig
+  for algorithm in algorithms:
+    kind = Algorithm.parse(algorithm)
+    if kind.uses_contribution_map:
+      kept = [min(size, fest_k + 1) if kind.uses_top_k_selection and size > fest_k else size
+              for size in vocabulary_sizes]
+      DPConfig(kind.value, sigma1=1.0, sigma2=1.0, dense_tables=settings.dense_tables
+               ).dense_table_names([(f"embedding_{i}", size) for i, size in enumerate(kept)],
+                                   settings.batch_size)
+
+
 def layer_widths(text: str, flag: str) -> tuple[int, ...]:
   """``"598,598"`` as ``(598, 598)``; anything but positive integers is refused naming ``flag``."""
   try:

@@ -113,6 +113,9 @@ def select_stacked_rows(example: tf.Tensor, row: tf.Tensor, stacked: StackedTabl
   """
   batch_size = tf.cast(batch_size, tf.int64)
   example, row = tf.cast(example, tf.int64), tf.cast(row, tf.int64)
+  if dense and len(dense) != stacked.num_tables:
+    raise ValueError(f"dense must flag each of the {stacked.num_tables} tables, got "
+                     f"{list(dense)}")
   if any(dense):
     return _with_dense_tables(example, row, stacked, tuple(bool(d) for d in dense), batch_size,
                               clip_norm, threshold, noise_stddev, seed)
@@ -141,9 +144,9 @@ def _with_dense_tables(example, row, stacked: StackedTables, dense: tuple, batch
                        *selection_args) -> StackedSelection:
   """:func:`select_stacked_rows` with dense tables: the others' selection as if they were the
   only tables (their rows renumbered end to end), and every row of the dense ones."""
-  if len(dense) != stacked.num_tables or all(dense):
-    raise ValueError(f"dense must flag each of the {stacked.num_tables} tables and leave one "
-                     f"sparse (every table dense is DP-SGD), got {list(dense)}")
+  if all(dense):
+    raise ValueError(f"dense must leave one table sparse (every table dense is DP-SGD), got "
+                     f"{list(dense)}")
   kept = [t for t, is_dense in enumerate(dense) if not is_dense]
   sparse = StackedTables([stacked.sizes[t] for t in kept], [stacked.widths[t] for t in kept])
   # Stacked row o_t + j of a sparse table is row o'_t + j of the sparse tables alone.

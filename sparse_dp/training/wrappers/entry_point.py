@@ -136,7 +136,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
   dense_tables = config.dense_table_names(
-      {layer.name: layer.vocabulary_size for layer in leaves if isinstance(layer, Embedding)},
+      [(layer.name, layer.vocabulary_size) for layer in leaves if isinstance(layer, Embedding)],
       batch_size)
   if dense_tables:
     _LOG.info("sparse-dp: noise on every row of %s", ", ".join(sorted(dense_tables)))

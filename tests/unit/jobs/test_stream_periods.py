@@ -146,3 +146,11 @@ def test_a_batch_larger_than_a_period_s_examples_is_refused_before_any_spend(tmp
   with pytest.raises(ValueError, match="--batch-size 700 is more than the 300 training"):
     run(state, monkeypatch, StubTrainer(), "--batch-size", "700", "--streaming-period", "1")
   assert not (state / "ledger.jsonl").exists() or spends(state) == []
+
+
+def test_dense_tables_that_leave_no_sparse_table_are_refused_before_any_spend(tmp_path,
+                                                                              monkeypatch):
+  state = tmp_path / "state"
+  with pytest.raises(ValueError, match="makes all 26 tables of the model dense"):
+    run(state, monkeypatch, StubTrainer(), "--algorithm", "adafest+", "--dense-tables", "auto")
+  assert not (state / "ledger.jsonl").exists() or spends(state) == []

@@ -37,7 +37,7 @@ def _batch(examples=BATCH, seed=0):
           rng.integers(0, 2, (examples, 1)).astype(np.float32))
 
 
-def _gradients(noise, jit_compile=False):
+def _gradients(noise, jit_compile=False, microbatch_size=None):
   model = _model()
   leaves = dense_layers.trainable_leaf_layers(model)
   (users, items), labels = _batch()
@@ -49,7 +49,8 @@ def _gradients(noise, jit_compile=False):
 
   @tf.function(jit_compile=jit_compile)
   def step(seed):
-    gradients, _, stats_ = private_gradients(leaves, losses_of, data, noise, seed)
+    gradients, _, stats_ = private_gradients(leaves, losses_of, data, noise, seed,
+                                             microbatch_size)
     return ({name: gradients[model.get_layer(name).embeddings.ref()]
              for name in ("users", "items")}, stats_["nonzero_rows"])
   return step(tf.constant([20231122, 4], tf.int64))
@@ -85,10 +86,38 @@ def test_a_compiled_step_gives_a_dense_table_its_whole_vocabulary_as_room():
   compiled, compiled_rows = _gradients(_noise(), jit_compile=True)
   assert compiled["users"].indices.shape == [USERS]
   assert float(compiled_rows) == float(graph_rows)
-  for name in ("users", "items"):
-    dense = [tf.math.unsorted_segment_sum(g.values, tf.where(g.indices < 10**9, g.indices, 0),
-                                          10**4).numpy() for g in (graph[name], compiled[name])]
-    np.testing.assert_allclose(dense[1], dense[0], rtol=1e-5, atol=1e-7)
+  for name, rows in (("users", USERS), ("items", ITEMS)):
+    np.testing.assert_allclose(_dense(compiled[name], rows), _dense(graph[name], rows),
+                               rtol=1e-5, atol=1e-7)
+
+
+def _dense(gradient, rows):
+  """A row-sparse gradient as a dense ``[rows, WIDTH]`` array (its PAD rows dropped)."""
+  kept = gradient.indices.numpy() < rows
+  dense = np.zeros((rows, WIDTH), np.float32)
+  np.add.at(dense, gradient.indices.numpy()[kept], gradient.values.numpy()[kept])
+  return dense
+
+
+def test_a_dense_table_s_touched_rows_carry_their_clipped_gradient_in_the_joint_clip():
+  """With the noise scaled away and a threshold every touched row passes, the dense table's
+  update is the sparse run's: the same rows' clipped sums, clipped jointly with the others."""
+  quiet = dict(gradient_multiplier=1e-6, contribution_multiplier=1e-3, l2_norm_clip=0.05,
+               contribution_clip=1.0, threshold=0.5, expected_batch_size=float(BATCH))
+  dense, _ = _gradients(StepNoise(**quiet, dense_tables=frozenset({"users"})))
+  sparse, _ = _gradients(StepNoise(**quiet))
+  assert np.abs(_dense(sparse["users"], USERS)).sum() > 0  # the touched users are updated
+  for name, rows in (("users", USERS), ("items", ITEMS)):
+    np.testing.assert_allclose(_dense(dense[name], rows), _dense(sparse[name], rows), atol=1e-6)
+
+
+def test_micro_batches_give_a_dense_table_the_one_pass_update():
+  whole, rows = _gradients(_noise())
+  chunked, chunked_rows = _gradients(_noise(), microbatch_size=16)
+  assert float(chunked_rows) == float(rows)
+  for name, size in (("users", USERS), ("items", ITEMS)):
+    np.testing.assert_allclose(_dense(chunked[name], size), _dense(whole[name], size),
+                               rtol=1e-5, atol=1e-6)
 
 
 def _private(model, **config):
@@ -114,16 +143,18 @@ def test_fit_moves_every_row_of_a_dense_table_at_the_epsilon_of_the_sparse_run()
 
 def test_auto_makes_the_tables_no_larger_than_a_batch_dense():
   config = sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, dense_tables="auto")
-  assert config.dense_table_names({"users": 512, "items": 513}, 512.0) == {"users"}
+  assert config.dense_table_names([("users", 512), ("items", 513)], 512.0) == {"users"}
   assert _private(_model(), dense_tables="auto").step_noise.dense_tables == {"users"}
   dpsgd = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0, dense_tables="auto")
-  assert dpsgd.dense_table_names({"users": 1}, 512.0) == frozenset()  # every row already
+  assert dpsgd.dense_table_names([("users", 1)], 512.0) == frozenset()  # every row already
+  assert sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0,
+                            dense_tables=None).dense_tables == ()
 
 
 @pytest.mark.parametrize("dense_tables, message", [
     (["user"], r"names \['user'\], not Embedding layers of the model: its tables are "
                r"\['items', 'users'\]"),
-    (["users", "items"], "every table of the model dense .* use algorithm 'dpsgd'"),
+    (["users", "items"], "makes all 2 tables of the model dense, .* use algorithm 'dpsgd'"),
 ])
 def test_a_wrong_table_name_or_no_sparse_table_is_refused_before_the_model_changes(
     dense_tables, message):
@@ -134,7 +165,17 @@ def test_a_wrong_table_name_or_no_sparse_table_is_refused_before_the_model_chang
   assert model.train_step == step
 
 
-@pytest.mark.parametrize("dense_tables", ["users", [3]])
+@pytest.mark.parametrize("algorithm", ["adafest", "dpsgd"])
+def test_a_name_of_no_table_or_of_two_tables_is_refused_for_every_algorithm(algorithm):
+  config = sparse_dp.DPConfig(algorithm, sigma1=1.0, sigma2=1.0, noise_multiplier=1.0,
+                              dense_tables=["user"])
+  with pytest.raises(ValueError, match=r"names \['user'\], not Embedding layers"):
+    config.dense_table_names([("users", 10), ("items", 10)], 64.0)
+  with pytest.raises(ValueError, match=r"several Embedding layers named \['users'\]"):
+    config.dense_table_names([("users", 10), ("users", 10), ("items", 10)], 64.0)
+
+
+@pytest.mark.parametrize("dense_tables", ["users", [3], 3])
 def test_dense_tables_is_auto_or_a_list_of_names(dense_tables):
   with pytest.raises(ValueError, match="'auto' or a list of Embedding layer names"):
     sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, dense_tables=dense_tables)

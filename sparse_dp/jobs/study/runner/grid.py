@@ -44,6 +44,7 @@ _POINT_FIELDS = ("algorithm", "epsilon", "fest_k", "tau_sigmas", "sigma_ratio")
 # Flags only some algorithms read: a point of another algorithm leaves them out.
 _READ_BY = {"tau": lambda kind: kind.uses_contribution_map,
             "contribution_clip": lambda kind: kind.uses_contribution_map,
+            "dense_tables": lambda kind: kind.uses_contribution_map,
             "selection_share": lambda kind: kind.uses_top_k_selection}
 
 
