@@ -12,6 +12,11 @@ on each day after day 0 a share of the most popular ranks is given to other
 buckets, so the popular buckets of day 0 are not those of day 23 (the time
 series of §4.3). Everything is a function of ``seed``.
 
+With ``light_users = s > 0`` the first feature is a user id with a long tail of light
+users, as ratings data has: a share ``1 - s`` of the examples comes from the heavy users
+(the top 5% of its ranks, Zipf among them), ``s`` uniformly from the others, and the
+user's planted effect is strong (``N(0, 1)``).
+
 Buckets are written as 8-digit hexadecimal hashes (a bijection of the bucket
 id), integer features as decimal, missing values as empty fields, exactly as
 Criteo's files; the readers of :mod:`sparse_dp.data.criteo` read them back.
@@ -32,6 +37,9 @@ _ZIPF_EXPONENT = 1.1
 _EFFECT_STD = 0.35
 _LOG_COUNT_MEAN = 1.4  # about E[log(1 + floor(LogNormal(1, 1.5)))]: centres the integer term
 _MISSING_RATE = 0.05
+USER_FEATURE = 0  # the user id of ``light_users`` (1,472 rows at scale 1)
+_HEAVY_USERS = 0.05  # share of the user ranks that are heavy users
+_USER_EFFECT_STD = 1.0
 _HASH_MULTIPLIER = 0x9E3779B1  # odd: a bijection of 32-bit integers
 
 
@@ -43,6 +51,7 @@ class SyntheticCriteo:
   seed: int = 0
   num_days: int = 24
   drift: float = 0.2  # share of the top-1000 ranks re-assigned per day
+  light_users: float = 0.0  # share of the examples from the user feature's light users
 
   def __post_init__(self):
     if not self.scale > 0:
@@ -51,6 +60,8 @@ class SyntheticCriteo:
       raise ValueError(f"num_days must be in 1..24, got {self.num_days}")
     if not 0 <= self.drift <= 1:
       raise ValueError(f"drift must be in [0, 1], got {self.drift}")
+    if not 0 <= self.light_users < 1:
+      raise ValueError(f"light_users must be in [0, 1), got {self.light_users}")
 
   @property
   def vocabulary_sizes(self) -> tuple[int, ...]:
@@ -58,14 +69,21 @@ class SyntheticCriteo:
 
   def _popularity(self, feature: int) -> np.ndarray:
     """Probability of each popularity rank of ``feature``."""
-    weights = (np.arange(self.vocabulary_sizes[feature]) + 1.0) ** -_ZIPF_EXPONENT
-    return weights / weights.sum()
+    size = self.vocabulary_sizes[feature]
+    if feature != USER_FEATURE or not self.light_users:
+      weights = (np.arange(size) + 1.0) ** -_ZIPF_EXPONENT
+      return weights / weights.sum()
+    heavy = max(1, int(np.ceil(_HEAVY_USERS * size)))
+    weights = (np.arange(heavy) + 1.0) ** -_ZIPF_EXPONENT
+    light = np.full(size - heavy, self.light_users / max(size - heavy, 1))
+    return np.concatenate([(1.0 - self.light_users) * weights / weights.sum(), light])
 
   def _planted(self):
     rng = np.random.default_rng([self.seed, 0])
     effects = []
     for f, size in enumerate(self.vocabulary_sizes):
-      effect = rng.normal(0.0, _EFFECT_STD, size)
+      strong = f == USER_FEATURE and self.light_users
+      effect = rng.normal(0.0, _USER_EFFECT_STD if strong else _EFFECT_STD, size)
       # Centred on day 0's traffic, so a popular bucket's draw does not move
       # the click rate; it stays ~25% (Criteo's) whatever the seed.
       effects.append(effect - self._popularity(f) @ effect[self._ranking(f, 0)])

@@ -149,6 +149,10 @@ def test_bad_scale_dimension_and_learning_rate_are_refused_naming_the_flag(
     (["--fest-k", "0"], "--fest-k must be an integer >= 1"),
     (["--batch-size", "91"], "--batch-size 91 is more than the 90 training examples"),
     (["--dense-tables", "embedding_0,"], "--dense-tables must be none, auto or layer names"),
+    (["--light-users", "1"], "--light-users must be in [0, 1), got 1.0"),
+    (["--algorithm", "adafest+", "--dense-tables", "auto"],
+     "dense_tables='auto' makes all 26 tables of the model dense"),
+    (["--light-users", "0.5", "--data", "days/*.gz"], "--light-users shapes the synthetic data"),
     (["--dense-tables", "users"], "--dense-tables names users, not a table of the pCTR model: "
                                   "its tables are embedding_0 ... embedding_25"),
 ])

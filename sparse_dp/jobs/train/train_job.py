@@ -68,6 +68,10 @@ def add_parser(commands) -> None:
                       help="tables S x the paper's Table 3 vocabularies (S > 0, default 1): "
                            "--data synthetic writes data at that scale, real files are hashed "
                            "into those sizes (--vocabulary hashed)")
+  parser.add_argument("--light-users", type=float, default=0.0, metavar="S",
+                      help="--data synthetic: make the first feature a user id with a long "
+                           "tail of light users, who give a share S of the examples (0: off, "
+                           "the default; docs/dense_tables.md)")
   parser.add_argument("--min-count", type=int, default=1,
                       help="frequency threshold of --vocabulary counted")
   parser.add_argument("--calibration-share", type=float, metavar="S",
@@ -161,6 +165,14 @@ def check_memory(args, algorithms: list[str], settings) -> None:
           "--vocabulary-scale or --embedding-dim")
 
 
+def pctr_data_sizes(args) -> list[int]:
+  """The hashed pCTR tables' rows: Table 3 times ``--vocabulary-scale``, of the first
+  ``--categorical-features``."""
+  from sparse_dp.models import pctr_data
+  return list(pctr_data.hashed_vocabulary(args.vocabulary_scale).leading(
+      args.categorical_features).sizes)
+
+
 def _check_data_flags(args, settings) -> None:
   """Refuses, before ``--out`` is claimed (or cleared), a ``--data`` that matches no file
   and, where the training examples' number is known before the draw (synthetic data,
@@ -185,8 +197,7 @@ def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
   if args.max_examples == 0:
     raise ValueError("--data synthetic writes --max-examples lines: give a number >= 10")
   from sparse_dp.data import synthetic_cache
-  from sparse_dp.data.synthetic import SyntheticCriteo
-  synthetic = SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed)
+  synthetic = _synthetic(args)
   start = time.perf_counter()
   path, reused = synthetic_cache.write_day(synthetic, out / "synthetic_day_1.gz", 1,
                                            args.max_examples)
@@ -195,6 +206,21 @@ def _data_paths(args, out: pathlib.Path) -> tuple[list[pathlib.Path], float]:
            else f"drawn in {time.perf_counter() - start:.0f} s (cached for the next run)"),
         flush=True)
   return [path], synthetic.scale
+
+
+def _synthetic(args):
+  """The synthetic dataset of ``--data synthetic``: its scale, seed and light users."""
+  from sparse_dp.data.synthetic import SyntheticCriteo
+  return SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed,
+                         light_users=args.light_users)
+
+
+def _check_light_users(args) -> None:
+  """Refuses a ``--light-users`` out of ``[0, 1)``, or given with data files."""
+  if not 0 <= args.light_users < 1:
+    raise ValueError(f"--light-users must be in [0, 1), got {args.light_users}")
+  if args.light_users and args.data != "synthetic":
+    raise ValueError("--light-users shapes the synthetic data: it needs --data synthetic")
 
 
 def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
@@ -208,6 +234,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   from sparse_dp.jobs.train import fitting, private_calibration
 
   check_vocabulary_scale(args)
+  _check_light_users(args)
   job_flags.categorical_features(args)
   if args.calibration_share is not None:
     private_calibration.check_share(args.calibration_share)
@@ -215,6 +242,8 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   settings = job_flags.fit_settings(args, epsilon=args.epsilon)
   fitting.check_hardware(settings, private)
   check_memory(args, algorithms, settings)
+  if args.vocabulary == "hashed" and args.reader != "batches":  # else sized by the data
+    job_flags.check_dense_tables(settings, private, pctr_data_sizes(args), args.fest_k)
   out = roles.output_folder(pathlib.Path(args.out))  # the chief's is --out
   secrets = training_examples.secrets_dir(args.secrets_dir)
   if args.reader == "pandas":  # before any work: the record's key stays out of --out
@@ -317,9 +346,8 @@ def _streamed_inputs(args, out: pathlib.Path, private: bool):
       raise ValueError(f"--eval-data {args.eval_data!r} matches no file")
   elif args.data == "synthetic":
     from sparse_dp.data import synthetic_cache
-    from sparse_dp.data.synthetic import SyntheticCriteo
     eval_paths = [synthetic_cache.write_day(
-        SyntheticCriteo(scale=args.vocabulary_scale, seed=args.seed), out / "synthetic_day_2.gz",
+        _synthetic(args), out / "synthetic_day_2.gz",
         2, min(args.max_eval_examples, args.max_examples // 9 + 1))[0]]
   else:
     raise ValueError("--reader tfdata streams --data and evaluates on other files: give "

@@ -37,8 +37,10 @@ def test_every_input_of_the_draw_is_in_its_key():
             synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=4), 1, 50),
             synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=3, drift=0.3), 1, 50),
             synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=3), 2, 50),
-            synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=3), 1, 51)]
-  assert len({base, *others}) == 6
+            synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=3), 1, 51),
+            synthetic_cache.draw_key(SyntheticCriteo(scale=0.001, seed=3, light_users=0.5),
+                                     1, 50)]
+  assert len({base, *others}) == 7
 
 
 def test_a_stopped_draw_leaves_no_entry(cache, tmp_path, monkeypatch):
