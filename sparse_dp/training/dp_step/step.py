@@ -426,12 +426,6 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
   nonzero_rows = nonzero_coordinates = tf.constant(0, tf.int64)
   stacked = tables.stacked
 
-  def noised(variable, clipped, draw_seed):
-    draw = mechanisms.standard_normal(tf.shape(clipped), draw_seed) * (std * adds_noise)
-    signal.append(tf.reduce_sum(tf.square(clipped)))
-    noise_squared.append(tf.reduce_sum(tf.square(draw)))
-    return (clipped + draw) / noise.expected_batch_size
-
   first_table = next((i for i, layer in enumerate(leaves) if isinstance(layer, Embedding)), None)
   if first_table is not None and noise.sparse:  # DP-AdaFEST: noise on the selected rows only
     rows = selection.rows
@@ -439,8 +433,9 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
                                   sorted_indices=True)
     draw = mechanisms.row_sparse_noise(rows, kept, std * adds_noise, seeds[2 * first_table],
                                        stacked.coordinate_mask(rows))
-    signal.append(tf.reduce_sum(tf.square(kept)))
-    noise_squared.append(tf.reduce_sum(tf.square(draw)))
+    if debug_metrics:
+      signal.append(tf.reduce_sum(tf.square(kept)))
+      noise_squared.append(tf.reduce_sum(tf.square(draw)))
     parts = stacked.split(rows, (kept + draw) / noise.expected_batch_size, rooms)
     for layer, (table_rows, values) in zip(tables.layers, parts):
       gradients[shards.gradient_key(layer.embeddings)] = tf.IndexedSlices(
@@ -463,8 +458,9 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
       noisy = mechanisms.add_dense_noise(
           clipped, (layer.vocabulary_size, layer.output_dim), std * adds_noise, seeds[2 * i],
           after=[clipped.values, *previous_dense])
-      signal.append(tf.reduce_sum(tf.square(clipped.values)))
-      noise_squared.append(noisy.noise_squared)
+      if debug_metrics:
+        signal.append(tf.reduce_sum(tf.square(clipped.values)))
+        noise_squared.append(noisy.noise_squared)
       key = shards.gradient_key(layer.embeddings)
       gradient = _divided(noisy.sum, noise.expected_batch_size)
       if isinstance(gradient, tf.IndexedSlices):  # a large table's, over every row
@@ -474,12 +470,15 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
     nonzero_rows = tf.constant(stacked.num_rows, tf.int64)
     nonzero_coordinates = tf.constant(
         sum(size * width for size, width in zip(stacked.sizes, stacked.widths)), tf.int64)
-  for i, layer in enumerate(leaves):
-    if isinstance(layer, Embedding):
-      continue
-    for variable, draw_seed in ((layer.kernel, seeds[2 * i]), (layer.bias, seeds[2 * i + 1])):
-      if variable is not None and variable.ref() in sums.dense:
-        gradients[variable.ref()] = noised(variable, sums.dense[variable.ref()], draw_seed)
+  first_dense = next((i for i, layer in enumerate(leaves) if not isinstance(layer, Embedding)),
+                     None)
+  if first_dense is not None and sums.dense:  # a table's seed is its own leaf's: no table's
+    noisy, draw = _noised_dense_weights(sums.dense, std * adds_noise, seeds[2 * first_dense],
+                                        noise.expected_batch_size)
+    gradients.update(noisy)
+    if debug_metrics:
+      signal.append(tf.add_n([tf.reduce_sum(tf.square(c)) for c in sums.dense.values()]))
+      noise_squared.append(tf.reduce_sum(tf.square(draw)))
 
   table_rows = stacked.num_rows if stacked is not None else 0
   stats = {
@@ -498,6 +497,17 @@ def _add_noise(leaves, tables: _Tables, sums: _ClippedSums, selection, rooms,
                                              tf.float32)
   # Keras sums (or takes the first of) per-replica logs: report once.
   return gradients, {name: value * adds_noise for name, value in stats.items()}
+
+
+def _noised_dense_weights(clipped: dict, std, seed, expected_batch_size: float):
+  """``(clipped + N(0, std^2)) / B`` for every dense weight, from one draw for all of them
+  (laid end to end in ``clipped``'s order; one draw is one set of ops, where a draw per
+  weight repeats them for every weight). Returns ``(noisy gradient by key, the draw)``."""
+  sizes = [value.shape.num_elements() for value in clipped.values()]
+  draw = mechanisms.standard_normal([sum(sizes)], seed) * std
+  noisy = {key: (value + tf.reshape(part, value.shape)) / expected_batch_size
+           for (key, value), part in zip(clipped.items(), tf.split(draw, sizes))}
+  return noisy, draw
 
 
 def _divided(gradient, divisor: float):
