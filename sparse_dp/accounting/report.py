@@ -97,6 +97,9 @@ class PrivacyReport:
     debug_metrics: whether un-noised statistics were logged, which no epsilon covers.
     earlier_steps: steps of earlier runs on the same model (a resumed or continued
       budget), composed into ``epsilon``.
+    fixed_noise_seed: whether the noise came from a seed the user fixed.
+    dense_tables: DP-AdaFEST's tables noised on every row, with no selection (the same
+      epsilon: their rows are selected whatever the data).
   """
 
   spec: PrivacySpec
@@ -109,12 +112,14 @@ class PrivacyReport:
   debug_metrics: bool = False
   earlier_steps: int = 0
   fixed_noise_seed: bool = False
+  dense_tables: tuple[str, ...] = ()
 
   @classmethod
   def compute(cls, spec: PrivacySpec, delta: float, accountant: str = "pld", *,
               num_examples: Optional[int] = None, poisson_sampling: bool = True,
               debug_metrics: bool = False, fixed_noise_seed: bool = False,
-              ledger: Optional[PrivacyAccountant] = None) -> "PrivacyReport":
+              ledger: Optional[PrivacyAccountant] = None,
+              dense_tables: tuple[str, ...] = ()) -> "PrivacyReport":
     """The report of ``spec`` at ``delta``.
 
     Args:
@@ -127,6 +132,7 @@ class PrivacyReport:
       fixed_noise_seed: whether the noise came from a seed the user fixed.
       ledger: every spend, when earlier runs precede ``spec``'s; default: ``spec``'s
         own spends.
+      dense_tables: DP-AdaFEST's tables noised on every row.
 
     Returns:
       The report, its epsilons computed by the accountant.
@@ -140,7 +146,7 @@ class PrivacyReport:
                accountant=ledger.kind.value, num_examples=num_examples,
                poisson_sampling=poisson_sampling, debug_metrics=debug_metrics,
                earlier_steps=ledger.steps - spec.schedule.total_steps,
-               fixed_noise_seed=fixed_noise_seed)
+               fixed_noise_seed=fixed_noise_seed, dense_tables=tuple(sorted(dense_tables)))
 
   def to_dict(self) -> dict[str, Any]:
     """The report as JSON-ready numbers.
@@ -149,8 +155,8 @@ class PrivacyReport:
       The algorithm, epsilon, delta, steps, sampling rate(s), accountant, training
         epsilon and Poisson flag; then, where they apply, the debug flag, earlier
         steps, ``num_examples``, the noise (``sigma1``, ``sigma2`` and their
-        ``effective_noise_multiplier``, or ``noise_multiplier``) and
-        ``selection_epsilon``.
+        ``effective_noise_multiplier``, or ``noise_multiplier``), ``selection_epsilon``
+        and ``dense_tables``.
     """
     spec = self.spec
     rates = spec.schedule.sampling_rates
@@ -179,6 +185,8 @@ class PrivacyReport:
       out["noise_multiplier"] = spec.noise_multiplier
     if spec.algorithm.uses_top_k_selection:
       out["selection_epsilon"] = spec.selection_epsilon
+    if self.dense_tables:
+      out["dense_tables"] = list(self.dense_tables)
     return out
 
   def statement(self) -> str:
@@ -206,6 +214,9 @@ class PrivacyReport:
           f"  Noise: sigma1 = {spec.sigma1:.6g} on the contribution map, sigma2 = "
           f"{spec.sigma2:.6g} on the selected gradient rows; each step is one "
           f"Gaussian mechanism with noise multiplier {spec.training_noise_multiplier:.6g}.")
+      if self.dense_tables:
+        lines.append(f"  Dense tables, no selection and sigma2 on every row: "
+                     f"{', '.join(self.dense_tables)}.")
     else:
       lines.append(f"  Noise multiplier: {spec.noise_multiplier:.6g}.")
     if spec.algorithm.uses_top_k_selection:

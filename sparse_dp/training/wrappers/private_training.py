@@ -375,7 +375,8 @@ class PrivateTraining(PoissonInputs):
         spec, self.delta, num_examples=self.num_examples, ledger=accountant,
         poisson_sampling=self.poisson_sampling,
         debug_metrics=any(run.debug_metrics for run in self.state.runs),
-        fixed_noise_seed=self.config.noise_seed is not None)
+        fixed_noise_seed=self.config.noise_seed is not None,
+        dense_tables=tuple(self.step_noise.dense_tables) if self.step_noise else ())
 
   def callback(self, log_every_steps: int = 50):
     """The Keras callback that logs ``epsilon`` and stops training at the budget.

@@ -135,6 +135,9 @@ def test_fit_moves_every_row_of_a_dense_table_at_the_epsilon_of_the_sparse_run()
     model.fit(private.poisson_dataset((users, items), labels, epochs=1), verbose=0)
     epsilons.append(private.epsilon(delta=1e-5))
   assert private.step_noise.dense_tables == {"users"}
+  report = private.report()
+  assert "Dense tables, no selection and sigma2 on every row: users." in report.statement()
+  assert report.to_dict()["dense_tables"] == ["users"]
   assert np.all(model.get_layer("users").embeddings.numpy() != 0)
   moved = np.any(model.get_layer("items").embeddings.numpy() != 0, axis=1)
   assert 0 < moved.sum() < 50
