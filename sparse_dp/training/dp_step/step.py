@@ -503,10 +503,11 @@ def _noised_dense_weights(clipped: dict, std, seed, expected_batch_size: float):
   """``(clipped + N(0, std^2)) / B`` for every dense weight, from one draw for all of them
   (laid end to end in ``clipped``'s order; one draw is one set of ops, where a draw per
   weight repeats them for every weight). Returns ``(noisy gradient by key, the draw)``."""
-  sizes = [value.shape.num_elements() for value in clipped.values()]
+  shapes = [key.deref().shape for key in clipped]  # the variables': static, as built
+  sizes = [shape.num_elements() for shape in shapes]
   draw = mechanisms.standard_normal([sum(sizes)], seed) * std
-  noisy = {key: (value + tf.reshape(part, value.shape)) / expected_batch_size
-           for (key, value), part in zip(clipped.items(), tf.split(draw, sizes))}
+  noisy = {key: (value + tf.reshape(part, shape)) / expected_batch_size
+           for (key, value), part, shape in zip(clipped.items(), tf.split(draw, sizes), shapes)}
   return noisy, draw
 
 

@@ -1,5 +1,7 @@
 """The DP step's clipped sums equal an explicit per-example computation."""
 
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -155,3 +157,23 @@ def test_step_noise_has_std_sigma_c2_on_noised_coordinates_only(contribution_mul
     assert n >= 60
     scaled = np.sum(values ** 2) / std ** 2  # ~ chi2(n)
     assert stats.chi2.ppf(ALPHA / 2, n) <= scaled <= stats.chi2.isf(ALPHA / 2, n)
+
+
+@pytest.mark.parametrize("contribution_multiplier", [None, 1e-7])
+def test_no_two_weights_draw_the_same_noise(contribution_multiplier):
+  """Every draw is prefix-stable, so two weights drawing from one seed would start with the
+  same noise: no weight's noise (the tables', and each Dense weight's part of their one draw)
+  starts as another's does."""
+  model, (x, y) = build_model(), batch()
+  common = dict(contribution_multiplier=contribution_multiplier, l2_norm_clip=0.7,
+                contribution_clip=3.0, threshold=0.5, expected_batch_size=4.0)
+  noisy, _ = run_step(model, x, y, StepNoise(gradient_multiplier=1.3, **common))
+  exact, _ = run_step(model, x, y, StepNoise(gradient_multiplier=0.0, **common))
+  starts = []
+  for a, b in zip(noisy, exact):
+    difference = (a - b).ravel()
+    starts.append(np.round(difference[difference != 0][:4], 6))
+  assert all(len(start) >= 1 for start in starts)  # the last bias has one coordinate
+  for i, j in itertools.combinations(range(len(starts)), 2):
+    common_length = min(len(starts[i]), len(starts[j]))
+    assert not np.array_equal(starts[i][:common_length], starts[j][:common_length]), (i, j)
