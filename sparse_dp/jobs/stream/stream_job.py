@@ -49,6 +49,7 @@ def add_parser(commands) -> None:
   parser.add_argument("--eval-examples-per-day", type=int, default=5_000)
   parser.add_argument("--synthetic-scale", type=float, default=1.0,
                       help="vocabulary sizes of the synthetic data relative to Table 3")
+  job_flags.add_light_users_flag(parser)
   job_flags.add_fit_flags(parser)
   job_flags.add_categorical_features_flag(parser)
   parser.add_argument("--state", required=True, help="state folder: ledger, models, metrics")
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 # Settings added to the record later, with the value every earlier job ran with.
 _SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
-                             "categorical_features": None, "dense_tables": "none"}
+                             "categorical_features": None, "dense_tables": "none",
+                             "light_users": 0.0}
 
 
 def _settings_record(args, train_days, eval_days) -> dict:
@@ -98,7 +100,7 @@ def _settings_record(args, train_days, eval_days) -> dict:
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
            "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
-           "embedding_dim", "seed", "categorical_features", "dense_tables")
+           "embedding_dim", "seed", "categorical_features", "dense_tables", "light_users")
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names}}
 
@@ -106,6 +108,7 @@ def _settings_record(args, train_days, eval_days) -> dict:
 def stream(args: argparse.Namespace) -> dict:
   """Runs (or resumes) the job; returns the summary ``--json`` prints."""
   job_flags.categorical_features(args)
+  job_flags.check_light_users(args)
   train_days = parse_days(args.train_days, "--train-days")
   eval_days = parse_days(args.eval_days, "--eval-days")
   if set(train_days) & set(eval_days):

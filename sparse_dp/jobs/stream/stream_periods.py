@@ -38,7 +38,8 @@ class StreamData:
     self.args = args
     self.synthetic, self.files = None, {}
     if args.data == "synthetic":
-      self.synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed)
+      self.synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed,
+                                       light_users=args.light_users)
       table_scale = args.synthetic_scale
     else:
       for path in sorted(pathlib.Path(p) for p in glob.glob(args.data)):

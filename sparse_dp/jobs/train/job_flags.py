@@ -124,6 +124,26 @@ def add_categorical_features_flag(parser: argparse.ArgumentParser) -> None:
                            "trials and tests")
 
 
+def add_light_users_flag(parser: argparse.ArgumentParser) -> None:
+  """``--light-users S``: synthetic data whose first feature is a user id with light users."""
+  parser.add_argument("--light-users", type=float, default=0.0, metavar="S",
+                      help="--data synthetic: make the first feature a user id with a long "
+                           "tail of light users, who give a share S of the examples (0: off, "
+                           "the default; docs/dense_tables.md)")
+
+
+def check_light_users(args: argparse.Namespace) -> None:
+  """Refuses a ``--light-users`` out of ``[0, 1)``, or given with data files.
+
+  Raises:
+    ValueError: naming the flag and the fix.
+  """
+  if not 0 <= args.light_users < 1:
+    raise ValueError(f"--light-users must be in [0, 1), got {args.light_users}")
+  if args.light_users and args.data != "synthetic":
+    raise ValueError("--light-users shapes the synthetic data: it needs --data synthetic")
+
+
 def categorical_features(args: argparse.Namespace) -> Optional[int]:
   """The ``--categorical-features`` of ``args``, checked (None: all 26).
 

@@ -68,10 +68,7 @@ def add_parser(commands) -> None:
                       help="tables S x the paper's Table 3 vocabularies (S > 0, default 1): "
                            "--data synthetic writes data at that scale, real files are hashed "
                            "into those sizes (--vocabulary hashed)")
-  parser.add_argument("--light-users", type=float, default=0.0, metavar="S",
-                      help="--data synthetic: make the first feature a user id with a long "
-                           "tail of light users, who give a share S of the examples (0: off, "
-                           "the default; docs/dense_tables.md)")
+  job_flags.add_light_users_flag(parser)
   parser.add_argument("--min-count", type=int, default=1,
                       help="frequency threshold of --vocabulary counted")
   parser.add_argument("--calibration-share", type=float, metavar="S",
@@ -215,14 +212,6 @@ def _synthetic(args):
                          light_users=args.light_users)
 
 
-def _check_light_users(args) -> None:
-  """Refuses a ``--light-users`` out of ``[0, 1)``, or given with data files."""
-  if not 0 <= args.light_users < 1:
-    raise ValueError(f"--light-users must be in [0, 1), got {args.light_users}")
-  if args.light_users and args.data != "synthetic":
-    raise ValueError("--light-users shapes the synthetic data: it needs --data synthetic")
-
-
 def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   """Runs the job for each algorithm; returns the metrics it also writes under ``--out``."""
   if args.max_examples < 0 or 0 < args.max_examples < 10:
@@ -234,7 +223,7 @@ def train(args: argparse.Namespace, algorithms: list[str]) -> list[dict]:
   from sparse_dp.jobs.train import fitting, private_calibration
 
   check_vocabulary_scale(args)
-  _check_light_users(args)
+  job_flags.check_light_users(args)
   job_flags.categorical_features(args)
   if args.calibration_share is not None:
     private_calibration.check_share(args.calibration_share)

@@ -154,3 +154,12 @@ def test_dense_tables_that_leave_no_sparse_table_are_refused_before_any_spend(tm
   with pytest.raises(ValueError, match="makes all 26 tables of the model dense"):
     run(state, monkeypatch, StubTrainer(), "--algorithm", "adafest+", "--dense-tables", "auto")
   assert not (state / "ledger.jsonl").exists() or spends(state) == []
+
+
+def test_light_users_out_of_range_are_refused_before_any_spend(tmp_path, monkeypatch):
+  state = tmp_path / "state"
+  with pytest.raises(ValueError, match=r"--light-users must be in \[0, 1\), got 1.5"):
+    run(state, monkeypatch, StubTrainer(), "--light-users", "1.5")
+  assert not (state / "ledger.jsonl").exists() or spends(state) == []
+  summary = run(tmp_path / "light", monkeypatch, StubTrainer(), "--light-users", "0.3")
+  assert [p["epsilon_spent"] for p in summary["periods"]] == pytest.approx([1, 2])
