@@ -1,6 +1,8 @@
 """DP-AdaFEST with dense tables (``DPConfig(dense_tables=...)``): noise on every row of those,
 the sparse mechanisms on the others, and the same accountant."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -37,6 +39,7 @@ def _batch(examples=BATCH, seed=0):
           rng.integers(0, 2, (examples, 1)).astype(np.float32))
 
 
+@functools.lru_cache(maxsize=None)  # the tests share their graph-mode step of _noise()
 def _gradients(noise, jit_compile=False, microbatch_size=None):
   model = _model()
   leaves = dense_layers.trainable_leaf_layers(model)
