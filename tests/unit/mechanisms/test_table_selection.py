@@ -213,7 +213,9 @@ def test_a_dense_table_has_every_row_and_the_others_the_rows_they_have_alone(see
 
 
 def test_every_table_dense_or_a_flag_per_table_missing_is_refused(seed):
-  for dense in ((True, True, True), (True, False)):
+  for dense, message in (((True, True, True), "must leave one table sparse"),
+                         ((True, False), "must flag each of the 3 tables"),
+                         ((False, False), "must flag each of the 3 tables")):
     draw, _ = _stacked_selection(dense)
-    with pytest.raises(ValueError, match="leave one sparse"):
+    with pytest.raises(ValueError, match=message):
       draw(seed)
