@@ -119,51 +119,59 @@ class DPConfig:
       return self.threshold
     return self.threshold_sigmas * sigma1 * self.contribution_clip
 
-
   def dense_table_names(self, vocabulary_sizes: Sequence[tuple[str, int]],
                         expected_batch_size: float) -> frozenset:
-    """The tables DP-AdaFEST noises on every row (``dense_tables`` resolved for a model).
+    """The tables DP-AdaFEST noises on every row: :func:`dense_table_names` of this config's
+    ``dense_tables`` and algorithm."""
+    return dense_table_names(self.dense_tables, self.kind, vocabulary_sizes, expected_batch_size)
 
-    ``"auto"`` takes every table with ``V_t <= B``: one batch can touch all its rows, so the
-    sparse update saves at most a constant factor there, and dense noise trains the rows
-    that too few examples touch to pass the threshold. See docs/dense_tables.md.
 
-    Args:
-      vocabulary_sizes: the model's ``Embedding`` layers, ``(name, rows V_t)`` each.
-      expected_batch_size: ``B = q N``.
+def dense_table_names(dense_tables: Union[str, Sequence[str]], algorithm: Algorithm,
+                      vocabulary_sizes: Sequence[tuple[str, int]],
+                      expected_batch_size: float) -> frozenset:
+  """The tables DP-AdaFEST noises on every row (``DPConfig.dense_tables`` resolved for a model).
 
-    Returns:
-      The names of the dense tables; empty for an algorithm without a selection.
+  ``"auto"`` takes every table with ``V_t <= B``: one batch can touch all its rows, so the
+  sparse update saves at most a constant factor there, and dense noise trains the rows
+  that too few examples touch to pass the threshold. See docs/dense_tables.md.
 
-    Raises:
-      ValueError: a name that is not one of the model's ``Embedding`` layers; two of its
-        layers of one name (a name would not say which table is dense); or every table
-        dense (that is DP-SGD, which gives all the budget to the gradient's noise).
-    """
-    if not self.dense_tables:
-      return frozenset()
-    tables = [name for name, _ in vocabulary_sizes]
-    repeated = sorted({name for name in tables if tables.count(name) > 1})
-    if repeated:
-      raise ValueError(f"dense_tables picks tables by layer name, and the model has several "
-                       f"Embedding layers named {repeated}: give each a name of its own "
-                       "(Embedding(..., name=...))")
-    unknown = ([] if self.dense_tables == "auto"
-               else sorted(set(self.dense_tables) - set(tables)))
-    if unknown:
-      raise ValueError(f"dense_tables names {unknown}, not Embedding layers of the model: "
-                       f"its tables are {sorted(tables)}")
-    if not self.kind.uses_contribution_map:
-      return frozenset()
-    names = ({name for name, rows in vocabulary_sizes if rows <= expected_batch_size}
-             if self.dense_tables == "auto" else set(self.dense_tables))
-    if names and names == set(tables):
-      raise ValueError(
-          f"dense_tables={self.dense_tables!r} makes all {len(names)} tables of the model "
-          "dense, leaving DP-AdaFEST nothing to select while its contribution "
-          "map still takes a share of the budget: use algorithm 'dpsgd' ('fest' on preselected "
-          "buckets), or leave a table sparse")
-    return frozenset(names)
+  Args:
+    dense_tables: ``"auto"`` or layer names, as ``DPConfig`` checked them.
+    algorithm: the algorithm; only one with a contribution map has dense tables.
+    vocabulary_sizes: the model's ``Embedding`` layers, ``(name, rows V_t)`` each.
+    expected_batch_size: ``B = q N``.
+
+  Returns:
+    The names of the dense tables; empty for an algorithm without a selection.
+
+  Raises:
+    ValueError: a name that is not one of the model's ``Embedding`` layers; two of its
+      layers of one name (a name would not say which table is dense); or every table
+      dense (that is DP-SGD, which gives all the budget to the gradient's noise).
+  """
+  if not dense_tables:
+    return frozenset()
+  tables = [name for name, _ in vocabulary_sizes]
+  repeated = sorted({name for name in tables if tables.count(name) > 1})
+  if repeated:
+    raise ValueError(f"dense_tables picks tables by layer name, and the model has several "
+                     f"Embedding layers named {repeated}: give each a name of its own "
+                     "(Embedding(..., name=...))")
+  unknown = [] if dense_tables == "auto" else sorted(set(dense_tables) - set(tables))
+  if unknown:
+    raise ValueError(f"dense_tables names {unknown}, not Embedding layers of the model: "
+                     f"its tables are {sorted(tables)}")
+  if not algorithm.uses_contribution_map:
+    return frozenset()
+  names = ({name for name, rows in vocabulary_sizes if rows <= expected_batch_size}
+           if dense_tables == "auto" else set(dense_tables))
+  if names and names == set(tables):
+    raise ValueError(
+        f"dense_tables={dense_tables!r} makes all {len(names)} tables of the model "
+        "dense, leaving DP-AdaFEST nothing to select while its contribution "
+        "map still takes a share of the budget: use algorithm 'dpsgd' ('fest' on preselected "
+        "buckets), or leave a table sparse")
+  return frozenset(names)
 
 
 def _checked_dense_tables(dense_tables) -> Union[str, tuple]:
@@ -175,12 +183,11 @@ def _checked_dense_tables(dense_tables) -> Union[str, tuple]:
       raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
                        f"{dense_tables!r}: for one table write dense_tables=[{dense_tables!r}]")
     return dense_tables
-  names = tuple(dense_tables) if isinstance(dense_tables, (list, tuple, set, frozenset)) else ()
-  if not all(isinstance(name, str) for name in names) or not isinstance(
-      dense_tables, (list, tuple, set, frozenset)):
+  if not isinstance(dense_tables, (list, tuple, set, frozenset)) or not all(
+      isinstance(name, str) for name in dense_tables):
     raise ValueError(f"dense_tables must be 'auto' or a list of Embedding layer names, got "
                      f"{dense_tables!r}")
-  return names
+  return tuple(dense_tables)
 
 
 def warn_if_threshold_densifies(vocabulary_sizes: Sequence[int], threshold: float,

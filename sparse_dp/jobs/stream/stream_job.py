@@ -125,11 +125,9 @@ def stream(args: argparse.Namespace) -> dict:
   periods = -(-len(train_days) // args.streaming_period)
   settings = job_flags.fit_settings(args, epsilon=1.0)
   fitting.check_hardware(settings, [args.algorithm] * periods)
-  from sparse_dp.models import pctr_data
-  scale = args.synthetic_scale if args.data == "synthetic" else 1.0  # as StreamData hashes
-  job_flags.check_dense_tables(
-      settings, [args.algorithm],
-      pctr_data.hashed_vocabulary(scale).leading(args.categorical_features).sizes, args.fest_k)
+  from sparse_dp.jobs.stream.stream_periods import stream_vocabulary
+  job_flags.check_dense_tables(settings, [args.algorithm], stream_vocabulary(args).sizes,
+                               args.fest_k)
   delta_total = args.delta if args.delta is not None else 1.0 / (
       len(train_days) * args.examples_per_day)
   check_budget(1.0 if args.total_epsilon is None else args.total_epsilon, delta_total)

@@ -20,7 +20,7 @@ from sparse_dp.accounting import Algorithm
 from sparse_dp.data import synthetic_cache
 from sparse_dp.data.criteo import CriteoReader
 from sparse_dp.data.synthetic import SyntheticCriteo
-from sparse_dp.data.vocabulary import OOV_ID
+from sparse_dp.data.vocabulary import OOV_ID, Vocabulary
 from sparse_dp.jobs.stream.stream_state import MODEL_FOLDER, WEIGHTS_FILE
 from sparse_dp.jobs.train import fitting, job_flags
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
@@ -29,6 +29,13 @@ from sparse_dp.models import pctr_data
 from sparse_dp.training.dp_state.provenance import rebound_record
 
 _DAY_NUMBER = re.compile(r"day_(\d+)")
+
+
+def stream_vocabulary(args) -> Vocabulary:
+  """The stream's tables: the first ``--categorical-features`` of Table 3, hashed at
+  ``--synthetic-scale`` for synthetic days and at scale 1 for Criteo-1TB files."""
+  scale = args.synthetic_scale if args.data == "synthetic" else 1.0
+  return pctr_data.hashed_vocabulary(scale).leading(args.categorical_features)
 
 
 class StreamData:
@@ -40,7 +47,6 @@ class StreamData:
     if args.data == "synthetic":
       self.synthetic = SyntheticCriteo(scale=args.synthetic_scale, seed=args.seed,
                                        light_users=args.light_users)
-      table_scale = args.synthetic_scale
     else:
       for path in sorted(pathlib.Path(p) for p in glob.glob(args.data)):
         match = _DAY_NUMBER.search(path.name)
@@ -48,10 +54,8 @@ class StreamData:
           self.files[int(match.group(1))] = path
       if not self.files:
         raise ValueError(f"--data {args.data!r} matches no day_N file")
-      table_scale = 1.0
     self.folder = state_folder / "data"
-    self.vocabulary = pctr_data.hashed_vocabulary(table_scale).leading(
-        args.categorical_features)
+    self.vocabulary = stream_vocabulary(args)
     self.skipped_lines = 0
     self._counts: dict[int, list] = {}  # per day: distinct examples per bucket of each table
 

@@ -257,15 +257,15 @@ def check_dense_tables(settings: FitSettings, algorithms, vocabulary_sizes, fest
   if not settings.dense_tables:
     return
   from sparse_dp.accounting import Algorithm
-  from sparse_dp.training.config import DPConfig
+  from sparse_dp.training.config import dense_table_names
   for algorithm in algorithms:
     kind = Algorithm.parse(algorithm)
     if kind.uses_contribution_map:
       kept = [min(size, fest_k + 1) if kind.uses_top_k_selection and size > fest_k else size
               for size in vocabulary_sizes]
-      DPConfig(kind.value, sigma1=1.0, sigma2=1.0, dense_tables=settings.dense_tables
-               ).dense_table_names([(f"embedding_{i}", size) for i, size in enumerate(kept)],
-                                   settings.batch_size)
+      dense_table_names(settings.dense_tables, kind,
+                        [(f"embedding_{i}", size) for i, size in enumerate(kept)],
+                        settings.batch_size)
 
 
 def layer_widths(text: str, flag: str) -> tuple[int, ...]:
