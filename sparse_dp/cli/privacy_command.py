@@ -49,7 +49,9 @@ def add_parser(commands) -> None:
                       help="calibrate the noise to this epsilon instead")
   parser.add_argument("--sigma-ratio", type=float, metavar="R",
                       help="adafest, adafest+ with --target-epsilon: sigma1/sigma2 "
-                           "(default 5)")
+                           "(default 5, the paper's; the epsilon does not depend on it, only "
+                           "the split of the noise; make_private and sparse-dp train take it "
+                           "from a rule on the tables, docs/adafest_defaults.md)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 

@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.algorithms import check_positive
 from sparse_dp.mechanisms.selection.row_selection import false_positive_probability
+from sparse_dp.training.adafest_defaults import adafest_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,13 +24,16 @@ class DPConfig:
     sigma2: gradient noise multiplier of ``adafest`` / ``adafest+``.
     target_epsilon: instead of the noise, calibrate it to this epsilon over
       the planned epochs (``sigma1 / sigma2 = sigma_ratio`` for AdaFEST).
-    sigma_ratio: ``sigma1 / sigma2`` when calibrating AdaFEST (paper: 5 or 10).
+    sigma_ratio: ``sigma1 / sigma2`` when calibrating AdaFEST. ``None`` (default):
+      ``8 / threshold_sigmas`` (:mod:`sparse_dp.training.adafest_defaults`).
     contribution_clip: ``C1``, the contribution-vector norm bound.
     threshold_sigmas: the threshold ``tau`` in units of the contribution map's
-      noise, ``tau = threshold_sigmas * sigma1 * C1`` (default 4): a row nobody
-      touched is then selected with probability ``Psi(threshold_sigmas)``
-      (``Psi(4) = 3.2e-5``) whatever noise the calibration picks (§3.2,
-      App. B.2). Ignored when ``threshold`` is given.
+      noise, ``tau = threshold_sigmas * sigma1 * C1``: a row nobody touched is then
+      selected with probability ``Psi(threshold_sigmas)`` whatever noise the
+      calibration picks (§3.2, App. B.2). ``None`` (default): the least value that
+      lets at most ``0.01 B`` untouched rows through a step, at least 1
+      (:func:`~sparse_dp.training.adafest_defaults.default_threshold_sigmas`).
+      Ignored when ``threshold`` is given.
     threshold: ``tau`` in absolute units (contributions of examples), instead
       of ``threshold_sigmas``.
     selection_epsilon: ``epsilon1`` already spent on a DP top-k preselection
@@ -69,9 +73,9 @@ class DPConfig:
   sigma1: Optional[float] = None
   sigma2: Optional[float] = None
   target_epsilon: Optional[float] = None
-  sigma_ratio: float = 5.0
+  sigma_ratio: Optional[float] = None
   contribution_clip: float = 1.0
-  threshold_sigmas: float = 4.0
+  threshold_sigmas: Optional[float] = None
   threshold: Optional[float] = None
   selection_epsilon: float = 0.0
   delta: Optional[float] = None
@@ -87,7 +91,9 @@ class DPConfig:
     object.__setattr__(self, "dense_tables", _checked_dense_tables(self.dense_tables))
     check_positive("l2_norm_clip (C2)", self.l2_norm_clip)
     check_positive("contribution_clip (C1)", self.contribution_clip)
-    check_positive("threshold_sigmas", self.threshold_sigmas)
+    for name in ("threshold_sigmas", "sigma_ratio"):
+      if getattr(self, name) is not None:
+        check_positive(name, getattr(self, name))
     if self.threshold is not None:
       check_positive("threshold (tau)", self.threshold)
     if self.microbatch_size is not None and (
@@ -114,10 +120,36 @@ class DPConfig:
 
     Returns:
       ``threshold`` if given, else ``threshold_sigmas * sigma1 * C1``.
+
+    Raises:
+      ValueError: neither ``threshold`` nor ``threshold_sigmas`` is set (see
+        :meth:`with_adafest_defaults`).
     """
     if self.threshold is not None:
       return self.threshold
+    if self.threshold_sigmas is None:
+      raise ValueError("threshold_sigmas is None: DPConfig.with_adafest_defaults(...) sets it "
+                       "from the tables' sizes and the batch size")
     return self.threshold_sigmas * sigma1 * self.contribution_clip
+
+  def with_adafest_defaults(self, vocabulary_sizes: Sequence[int],
+                            expected_batch_size: float) -> DPConfig:
+    """This config with the rule's ``threshold_sigmas`` and ``sigma_ratio`` where unset.
+
+    Args:
+      vocabulary_sizes: the rows of each table DP-AdaFEST selects from (not the dense ones).
+      expected_batch_size: ``B``.
+
+    Returns:
+      ``self`` for an algorithm without a contribution map, else a copy with both set
+      (:func:`~sparse_dp.training.adafest_defaults.adafest_settings`).
+    """
+    if not self.kind.uses_contribution_map:
+      return self
+    settings = adafest_settings(vocabulary_sizes, expected_batch_size,
+                                self.threshold_sigmas, self.sigma_ratio)
+    return dataclasses.replace(self, threshold_sigmas=settings.threshold_sigmas,
+                               sigma_ratio=settings.sigma_ratio)
 
   def dense_table_names(self, vocabulary_sizes: Sequence[tuple[str, int]],
                         expected_batch_size: float) -> frozenset:
@@ -209,5 +241,6 @@ def warn_if_threshold_densifies(vocabulary_sizes: Sequence[int], threshold: floa
         f"times the contribution map's noise (sigma1 C1 = {noise_stddev:.4g}): about "
         f"{expected:,.0f} untouched rows per step pass it, more than the ~{touched:,.0f} rows a "
         "batch touches, so the update is mostly noise and not sparse; raise "
-        "DPConfig(threshold_sigmas=...) (default 4) or drop threshold=", stacklevel=3)
+        "DPConfig(threshold_sigmas=...), or leave it and threshold unset for the rule's "
+        "(docs/adafest_defaults.md)", stacklevel=3)
   return expected

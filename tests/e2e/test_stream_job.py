@@ -90,7 +90,8 @@ def test_sigkill_then_rerun_records_the_spends_of_an_uninterrupted_run(tmp_path,
   assert json.loads((killed / "stream.lock").read_text())["pid"] == job.pid
   # The unfinished job resumes only with its own settings.
   assert main(["stream", *flags, "--learning-rate", "0.01", "--state", str(killed)]) == 2
-  assert "unfinished job with other settings (learning_rate)" in capsys.readouterr().err
+  assert ("unfinished job with other settings (learning_rate 0.003, now 0.01)"
+          in capsys.readouterr().err)
   assert main(["stream", *flags, "--state", str(killed)]) == 0
   # An uninterrupted run's spends (its plan): epsilon 1 a period, the first day's
   # top-k taking --selection-share 0.1 of period 1's. Period 2 is not charged twice.
@@ -107,7 +108,8 @@ def test_an_unfinished_job_refuses_to_resume_with_another_optimizer(tmp_path, ca
   assert record["optimizer"] == "adam"
   StreamState.open(state, 2.0, 1e-4).start_job(record, [[1], [2]], [True, True], 0.1, None)
   assert main(["stream", *SMALL, "--optimizer", "rowwise-adagrad", "--state", str(state)]) == 2
-  assert "unfinished job with other settings (optimizer)" in capsys.readouterr().err
+  assert ("unfinished job with other settings (optimizer 'adam', now 'rowwise-adagrad')"
+          in capsys.readouterr().err)
   assert not (state / "periods").exists()
   # An unfinished job's models are kept: its next period warm-starts from the last one.
   with pytest.raises(ValueError, match=r"unfinished job \(periods 1-2\)"):
@@ -118,7 +120,7 @@ def test_an_unfinished_job_refuses_to_resume_with_another_optimizer(tmp_path, ca
       {k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")},
       [[1], [2]], [True, True], 0.1, None)
   assert main(["stream", *SMALL, "--optimizer", "sgd", "--state", str(older)]) == 2
-  assert "other settings (optimizer)" in capsys.readouterr().err
+  assert "other settings (optimizer 'adam', now 'sgd')" in capsys.readouterr().err
   assert stream_job._settings_record(args, [1, 2], [3]) == {
       **stream_job._SETTINGS_BEFORE_RECORDED,
       **{k: v for k, v in record.items() if k not in ("optimizer", "embedding_dim")}}

@@ -160,9 +160,12 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   job = state.unfinished_job()
   recorded = _recorded_settings(job) if job is not None else None
   if job is not None and recorded != settings:
-    changed = sorted(k for k in settings if settings[k] != recorded.get(k))
-    raise ValueError(f"{state_folder} has an unfinished job with other settings "
-                     f"({', '.join(changed)}); rerun it with its flags to resume it")
+    changed = [k for k in sorted(settings) if settings[k] != recorded.get(k)]
+    before_rule = ("; a job begun before their rule ran with --sigma-ratio 2 --tau-sigmas 4"
+                   if {"sigma_ratio", "tau_sigmas"} & set(changed) else "")
+    raise ValueError(f"{state_folder} has an unfinished job with other settings ("
+                     + "; ".join(f"{k} {recorded.get(k)!r}, now {settings[k]!r}" for k in changed)
+                     + f"): rerun it with its flags to resume it{before_rule}")
   if job is None:
     _check_model_shape(state, settings, state_folder)
     periods = [train_days[i:i + args.streaming_period]

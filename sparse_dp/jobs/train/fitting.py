@@ -45,6 +45,8 @@ from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim,
 from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import DPConfig, make_private
+from sparse_dp.training.adafest_defaults import adafest_settings
+from sparse_dp.training.config import dense_table_names
 from sparse_dp.training.poisson.poisson_sampling import head
 from sparse_dp.training.tpu_loop import ONE_ENGINE_ROUTE, TPUTrainer
 from sparse_dp.training.wrappers.callbacks import NOT_POISSON_KEY
@@ -120,7 +122,7 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
                   jit_compile=settings.jit_compile)
     # A run that paid for its preselection charges it under its own name.
     charged_as = kind if settings.selection_epsilon > 0 else trained_as
-    config = _dp_config(charged_as, settings, num_examples, batch_size)
+    config = _dp_config(charged_as, settings, num_examples, batch_size, sizes)
     private = make_private(
         model, config, num_examples=num_examples, batch_size=batch_size, epochs=settings.epochs,
         embedding=settings.embedding, input_ids=table_ids,
@@ -177,6 +179,8 @@ def fit_and_evaluate(algorithm: str, settings: FitSettings, train, held_out,
       "noise_multipliers": _noise_multipliers(private),
       "threshold": (config.threshold_for(private.spec.sigma1)
                     if trained_as.uses_contribution_map else None),
+      **{name: getattr(config, name) if trained_as.uses_contribution_map else None
+         for name in ("threshold_sigmas", "sigma_ratio")},
       "dense_tables": (sorted(private.step_noise.dense_tables)
                        if trained_as.uses_contribution_map else None),
       "poisson_sampling": report.poisson_sampling if report else None,
@@ -413,7 +417,11 @@ def preselect(ids, vocabulary_sizes, k: int, epsilon: float,
 
 
 def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
-               batch_size: int) -> DPConfig:
+               batch_size: int, vocabulary_sizes: Sequence[int]) -> DPConfig:
+  """The run's ``DPConfig``: the noise calibrated here to ``settings.epsilon`` (the
+  selection's and earlier runs' epsilon in the budget, not in the target); DP-AdaFEST's
+  threshold and noise ratio by the rule of ``adafest_defaults`` where not given, from the
+  pCTR tables (``embedding_i`` of ``vocabulary_sizes[i]``) that are not dense."""
   common = dict(l2_norm_clip=settings.l2_norm_clip, contribution_clip=settings.contribution_clip,
                 delta=settings.delta, noise_seed=settings.noise_seed)
   if not kind.is_private:
@@ -421,15 +429,23 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
   q = batch_size / num_examples
   budget = settings.epsilon + settings.selection_epsilon + settings.earlier_epsilon
   delta = settings.delta if settings.delta is not None else 1.0 / num_examples
+  adafest, ratio = None, {}
+  if kind.uses_contribution_map:
+    tables = [(f"embedding_{i}", size) for i, size in enumerate(vocabulary_sizes)]
+    dense = dense_table_names(settings.dense_tables, kind, tables, batch_size)
+    adafest = adafest_settings([size for name, size in tables if name not in dense],
+                               batch_size, settings.tau_sigmas, settings.sigma_ratio)
+    ratio = {"sigma_ratio": adafest.sigma_ratio}
   spec = calibrate(_TRAINED_AS.get(kind, kind), settings.epsilon, delta,
                    BatchSchedule.constant(q, steps_for_epochs(settings.epochs, q)),
-                   sigma_ratio=settings.sigma_ratio)
+                   **ratio)
   if not kind.uses_contribution_map:
     return DPConfig(kind.value, noise_multiplier=spec.noise_multiplier,
                     selection_epsilon=settings.selection_epsilon,
                     epsilon_budget=budget, **common)
   return DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
-                  threshold=settings.tau, threshold_sigmas=settings.tau_sigmas,
+                  sigma_ratio=adafest.sigma_ratio, threshold=settings.tau,
+                  threshold_sigmas=adafest.threshold_sigmas,
                   dense_tables=settings.dense_tables, selection_epsilon=settings.selection_epsilon,
                   epsilon_budget=budget, **common)
 

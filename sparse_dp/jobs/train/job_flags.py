@@ -28,9 +28,9 @@ class FitSettings:
   optimizer: str = "adam"  # one of OPTIMIZERS; learning_rate is its step size
   l2_norm_clip: float = 1.0
   contribution_clip: float = 1.0
-  sigma_ratio: float = 2.0
+  sigma_ratio: Optional[float] = None  # None: adafest_defaults' rule, 8 / tau_sigmas
   tau: Optional[float] = None
-  tau_sigmas: float = 4.0
+  tau_sigmas: Optional[float] = None  # None: adafest_defaults' rule
   dense_tables: "str | tuple[str, ...]" = ()  # DPConfig.dense_tables: "auto" or layer names
   hidden_units: Optional[tuple[int, ...]] = None  # None: the paper's (pctr.HIDDEN_UNITS)
   embedding_dim: Optional[int] = None  # None: the paper's int(2 V^0.25) per table
@@ -64,13 +64,15 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                            "predictions low, which --calibration-share corrects; 10 "
                            "calibrates too, at about 0.01 AUC: docs/calibration.md)")
   parser.add_argument("--contribution-clip", type=float, default=1.0, help="C1")
-  parser.add_argument("--sigma-ratio", type=float, default=2.0,
-                      help="AdaFEST sigma1 / sigma2 (paper's grid 0.1-10; 2 measured best of "
-                           "2 and 5 on the default data)")
+  parser.add_argument("--sigma-ratio", type=float,
+                      help="AdaFEST sigma1 / sigma2 (default: 8 / the threshold in sigmas, 2.08 "
+                           "on the default tables; docs/adafest_defaults.md)")
   parser.add_argument("--tau", type=float,
                       help="AdaFEST threshold (default: --tau-sigmas x sigma1 x C1)")
-  parser.add_argument("--tau-sigmas", type=float, default=4.0,
-                      help="default threshold in units of the contribution map's noise")
+  parser.add_argument("--tau-sigmas", type=float,
+                      help="threshold in units of the contribution map's noise (default: the "
+                           "least that lets 1%% of --batch-size untouched rows through a step, "
+                           "3.84 on the default tables; docs/adafest_defaults.md)")
   parser.add_argument("--dense-tables", default="none", metavar="none|auto|NAMES",
                       help="DP-AdaFEST: tables noised on every row as DP-SGD's, with no "
                            "selection: none (default), auto (every table of at most "

@@ -135,17 +135,17 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   fit_wrappers.check_steps_per_execution(model, epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
-  dense_tables = config.dense_table_names(
-      [(layer.name, layer.vocabulary_size) for layer in leaves if isinstance(layer, Embedding)],
-      batch_size)
+  table_sizes = [(layer.name, layer.vocabulary_size) for layer in leaves
+                 if isinstance(layer, Embedding)]
+  dense_tables = config.dense_table_names(table_sizes, batch_size)
   if dense_tables:
     _LOG.info("sparse-dp: noise on every row of %s", ", ".join(sorted(dense_tables)))
+  sparse_sizes = [size for name, size in table_sizes if name not in dense_tables]
+  config = config.with_adafest_defaults(sparse_sizes, batch_size)
   spec = _resolve_spec(config, num_examples, batch_size, epochs)
   if algorithm.uses_contribution_map:
-    warn_if_threshold_densifies(
-        [layer.vocabulary_size for layer in leaves
-         if isinstance(layer, Embedding) and layer.name not in dense_tables],
-        config.threshold_for(spec.sigma1), spec.sigma1 * config.contribution_clip, batch_size)
+    warn_if_threshold_densifies(sparse_sizes, config.threshold_for(spec.sigma1),
+                                spec.sigma1 * config.contribution_clip, batch_size)
   noise = StepNoise(
       gradient_multiplier=spec.sigma2 if algorithm.uses_contribution_map else spec.noise_multiplier,
       contribution_multiplier=spec.sigma1 if algorithm.uses_contribution_map else None,

@@ -77,7 +77,7 @@ def test_a_run_on_a_sample_is_accounted_at_the_manifests_q_for_the_steps_it_trai
   # An untruncated sample (no --max-batch-size) gives the step no bound below its own.
   assert manifest.max_batch_size is None or manifest.max_batch_size >= max(manifest.batch_sizes)
   config = fitting._dp_config(Algorithm.DPSGD, settings, batches.num_examples,
-                              settings.batch_size)
+                              settings.batch_size, [])
   spec = PrivacySpec("dpsgd", BatchSchedule.constant(q, steps),
                      noise_multiplier=config.noise_multiplier)
   assert 0.9 < PrivacyReport.compute(spec, 1 / 1_000).epsilon <= 1.0 + 1e-9

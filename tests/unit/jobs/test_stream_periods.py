@@ -98,10 +98,18 @@ def test_a_job_past_the_budget_or_with_other_settings_is_refused_and_spends_noth
   crashed = tmp_path / "crashed"
   with pytest.raises(KeyboardInterrupt):
     run(crashed, monkeypatch, StubTrainer(crash_at=1))
-  with pytest.raises(ValueError, match=r"other settings \(learning_rate\)"):
+  with pytest.raises(ValueError, match=r"other settings \(learning_rate 0.003, now 0.01\)"):
     run(crashed, monkeypatch, trainer, "--learning-rate", "0.01")
-  with pytest.raises(ValueError, match=r"other settings \(categorical_features\)"):
+  with pytest.raises(ValueError, match=r"other settings \(categorical_features None, now 2\)"):
     run(crashed, monkeypatch, trainer, "--categorical-features", "2")
+  # A job begun at the threshold's and ratio's defaults before their rule: the fix is named.
+  before_rule = tmp_path / "before_rule"
+  with pytest.raises(KeyboardInterrupt):
+    run(before_rule, monkeypatch, StubTrainer(crash_at=1), "--sigma-ratio", "2",
+        "--tau-sigmas", "4")
+  with pytest.raises(ValueError, match=r"\(sigma_ratio 2.0, now None; tau_sigmas 4.0, now "
+                                       r"None\).* ran with --sigma-ratio 2 --tau-sigmas 4"):
+    run(before_rule, monkeypatch, trainer)
   # A new job on a finished state whose model its weights cannot warm-start: refused.
   with pytest.raises(ValueError, match=r"other categorical_features; a new job warm-starts"):
     run(state, monkeypatch, trainer, "--categorical-features", "2")

@@ -24,6 +24,7 @@ from sparse_dp.accounting import (
 from sparse_dp.jobs.train import fitting
 from sparse_dp.jobs.train.job_flags import FitSettings
 from sparse_dp.mechanisms.platt_scaling import DEFAULT_STEPS
+from sparse_dp.training.adafest_defaults import adafest_settings
 
 N, BATCH, SIZES = 2_500, 256, [30, 40]
 
@@ -72,7 +73,7 @@ def test_the_top_k_share_and_the_training_compose_to_the_target(monkeypatch, alg
   else:
     assert preselection is None and settings.selection_epsilon == 0
   assert settings.epsilon + settings.selection_epsilon == pytest.approx(1.0)
-  config = fitting._dp_config(kind, settings, N, BATCH)
+  config = fitting._dp_config(kind, settings, N, BATCH, SIZES)
   assert config.epsilon_budget == pytest.approx(1.0)
   assert 0.95 < accounted_epsilon(config, settings) <= 1.0 + 1e-9
 
@@ -89,7 +90,7 @@ def test_a_calibration_share_comes_out_of_the_same_target(monkeypatch):
   assert calibrated == [1.0]
   assert preselection.epsilon == pytest.approx(0.1 * 0.95)
   assert settings.epsilon + settings.selection_epsilon == pytest.approx(0.95)
-  config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH)
+  config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH, SIZES)
   assert accounted_epsilon(config, dataclasses.replace(settings)) <= 0.95 + 1e-9
 
 
@@ -102,7 +103,7 @@ def test_the_calibration_after_a_top_k_and_training_brings_the_whole_run_to_the_
   settings, preselection = trained_settings(
       monkeypatch, "adafest+", FitSettings(epsilon=target, batch_size=BATCH, noise_seed=3),
       selection_share=0.1, calibration_share=0.05)
-  config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH)
+  config = fitting._dp_config(Algorithm.ADAFEST_PLUS, settings, N, BATCH, SIZES)
   q = BATCH / N
   spent = PrivacyAccountant().spend_pure(preselection.epsilon).step_schedule(
       effective_noise_multiplier(config.sigma1, config.sigma2),
@@ -111,3 +112,18 @@ def test_the_calibration_after_a_top_k_and_training_brings_the_whole_run_to_the_
   sigma = calibrate_after(spent, target, delta, DEFAULT_STEPS)
   whole = spent.step(sigma, 1.0, DEFAULT_STEPS).get_epsilon(delta)
   assert 0.99 * target <= whole <= target * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("dense_tables, sparse_rows", [((), 70), (("embedding_0",), 40)])
+def test_the_job_takes_adafest_s_threshold_and_ratio_by_rule_from_its_sparse_tables(
+    dense_tables, sparse_rows):
+  settings = FitSettings(epsilon=1.0, batch_size=BATCH, dense_tables=dense_tables)
+  config = fitting._dp_config(Algorithm.ADAFEST, settings, N, BATCH, SIZES)
+  rule = adafest_settings([sparse_rows], BATCH)
+  assert (config.threshold_sigmas, config.sigma_ratio) == rule
+  assert config.sigma1 / config.sigma2 == pytest.approx(rule.sigma_ratio)
+  given = fitting._dp_config(Algorithm.ADAFEST, dataclasses.replace(
+      settings, tau_sigmas=4.0, sigma_ratio=2.0), N, BATCH, SIZES)
+  assert (given.threshold_sigmas, given.sigma_ratio) == (4.0, 2.0)
+  assert effective_noise_multiplier(given.sigma1, given.sigma2) == pytest.approx(
+      effective_noise_multiplier(config.sigma1, config.sigma2))

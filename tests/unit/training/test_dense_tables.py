@@ -125,7 +125,8 @@ def test_micro_batches_give_a_dense_table_the_one_pass_update():
 
 def _private(model, **config):
   return sparse_dp.make_private(
-      model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, noise_seed=3, **config),
+      model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, threshold_sigmas=4.0,
+                                noise_seed=3, **config),
       num_examples=4_096, batch_size=512)
 
 

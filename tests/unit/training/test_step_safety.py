@@ -148,7 +148,8 @@ def test_a_threshold_below_the_noise_warns_with_the_fix():
   with pytest.warns(UserWarning, match="threshold_sigmas"):
     sparse_dp.make_private(model, config, num_examples=10_000, batch_size=100)
   assert config.threshold_for(10.0) == 5.0
-  assert sparse_dp.DPConfig("adafest", sigma1=10.0, sigma2=1.0).threshold_for(10.0) == 40.0
+  assert sparse_dp.DPConfig("adafest", sigma1=10.0, sigma2=1.0,
+                            threshold_sigmas=4.0).threshold_for(10.0) == 40.0
 
 
 class OwnStep(keras.Model):

@@ -39,10 +39,18 @@ def at_first_value(name: str, value) -> bool:
   return name in _SETTINGS_ADDED and _SETTINGS_ADDED[name] == value
 
 
+# Settings whose default became a rule (None) after the first cached runs: keyed at the
+# default those runs trained with, so the runs of algorithms that do not read them (and
+# the points that set them) keep their keys. A point that leaves them to the rule has
+# them None in its Point, so its key differs from any run trained at the old default.
+_DEFAULT_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
+
+
 def _settings_key(settings: job_flags.FitSettings) -> dict:
   """The run's settings as its cache key holds them (:data:`_SETTINGS_ADDED` at their
-  first value left out)."""
-  return {name: value for name, value in dataclasses.asdict(settings).items()
+  first value left out, :data:`_DEFAULT_BEFORE_RULE` for a rule's ``None``)."""
+  return {name: _DEFAULT_BEFORE_RULE[name] if value is None and name in _DEFAULT_BEFORE_RULE
+          else value for name, value in dataclasses.asdict(settings).items()
           if not at_first_value(name, value)}
 
 
