@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import types
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -42,7 +42,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
                  batch_size: float, epochs: Optional[float] = None,
                  resume_from: Optional[str] = None, embedding: str = "auto",
                  max_batch_size: Optional[int] = None,
-                 public_layers: Sequence[str] = (),
+                 public_layers: Sequence[Union[str, keras.layers.Layer]] = (),
                  private_statistics: Sequence = (),
                  input_ids: Optional[InputIds] = None) -> PrivateTraining:
   """Makes ``model.fit`` train with ``config``'s DP algorithm.
@@ -76,7 +76,8 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
       ``"tpu"``, ``"cpu"`` or ``"engine-double"`` (off TPU, for tests).
     max_batch_size: batches are Poisson samples truncated to this many examples,
       accounted as such (:class:`sparse_dp.accounting.Truncation`).
-    public_layers: names of preprocessing layers whose statistics come from public data.
+    public_layers: preprocessing layers (or their names) whose statistics come from public
+      data.
     private_statistics: the :class:`sparse_dp.preprocessing.PrivateStatistic` objects
       of the model's preprocessing layers; their epsilons are spent once, at the start.
     input_ids: ``x -> {table layer name: its ids in the batch's features x}``, for a TPU
@@ -131,7 +132,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   _check_built(model)
   _check_train_step(model)
   statistics = {s.layer.name: s for s in private_statistics}
-  validation.check_model(model, [*public_layers, *statistics])
+  validation.check_model(model, [*_layer_names(public_layers), *statistics])
   fit_wrappers.check_steps_per_execution(model, epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
@@ -285,6 +286,17 @@ def _check_train_step(model: keras.Model) -> None:
         "would be silently dropped. Put the loss in compile(loss=...) as a per-example "
         "keras.losses.Loss (reduction NONE), or make the model a tfrs.Model whose "
         "compute_loss(features) returns one loss per example")
+
+
+def _layer_names(layers) -> list[str]:
+  """``public_layers`` as layer names (a layer stands for its ``name``)."""
+  if isinstance(layers, (str, keras.layers.Layer)):
+    raise TypeError(f"public_layers takes a list of layers or names, got {layers!r}: pass "
+                    "[it]")
+  for layer in layers:
+    if not isinstance(layer, (str, keras.layers.Layer)):
+      raise TypeError(f"public_layers takes layers or their names, got {layer!r}")
+  return [layer if isinstance(layer, str) else layer.name for layer in layers]
 
 
 def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> PrivacySpec:

@@ -68,3 +68,13 @@ def test_hashing_holds_no_statistics_and_unknown_names_are_refused():
   with pytest.raises(ValueError, match="public_layers names \\['nope'\\]"):
     sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B, public_layers=["nope"])
   assert sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B).is_private
+
+
+def test_a_layer_can_be_declared_public_by_itself_and_a_bare_name_or_object_is_refused():
+  model = lookup_model(keras.layers.StringLookup(vocabulary=["a", "b", "c"], name="vocab"))
+  with pytest.raises(TypeError, match="a list of layers or names, got 'vocab'"):
+    sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B, public_layers="vocab")
+  with pytest.raises(TypeError, match="layers or their names, got 3"):
+    sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B, public_layers=[3])
+  assert sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B,
+                                public_layers=[model.get_layer("vocab")]).is_private
