@@ -8,7 +8,11 @@ What docs/adafest_defaults.md reports::
   python benchmarks/adafest_defaults.py --vocabulary-scale 0.01 --light-users 0.5 \\
       --setting dpsgd="--algorithm dpsgd" \\
       --setting fixed="--algorithm adafest --sigma-ratio 2 --tau-sigmas 4" \\
-      --setting rule="--algorithm adafest" --out benchmarks/results/adafest_defaults.json
+      --setting rule="--algorithm adafest" \\
+      --out benchmarks/results/adafest_defaults/scale0.01_light_users0.5.json
+
+(The committed runs were measured before the rule with its values as flags,
+``rule="--algorithm adafest --sigma-ratio 3.179 --tau-sigmas 2.516"``: the same runs.)
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ def main(argv=None) -> int:
   results = json.loads(out.read_text()) if out.exists() else {}
   for setting in args.setting:
     name, _, flags = setting.partition("=")
-    runs = results.setdefault(name, {"flags": flags, "data": data, "runs": {}})["runs"]
+    kept = results.setdefault(name, {"flags": flags, "data": data, "runs": {}})
+    if (kept["flags"], kept["data"]) != (flags, data):
+      raise SystemExit(f"{out} holds setting {name!r} with flags {kept['flags']!r} on data "
+                       f"{kept['data']}: give another --out or setting name")
+    runs = kept["runs"]
     for seed in args.noise_seeds.split(","):
       if seed not in runs:  # resumable: a finished run is kept
         metrics = _run([*data, *shlex.split(flags), "--noise-seed", seed])

@@ -313,8 +313,7 @@ def pctr_training(algorithm: str, batches: int, jit_compile: bool = False):
                                 embedding_dims=[pctr.embedding_dim(v) for v in sizes])
   model.compile(optimizer=keras.optimizers.Adam(job.learning_rate),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=jit_compile)
-  config = fitting._dp_config(Algorithm.parse(algorithm), job,
-                              num_examples, batch)
+  config = fitting._dp_config(Algorithm.parse(algorithm), job, num_examples, batch, sizes)
   sparse_dp.make_private(model, config, num_examples=num_examples, batch_size=batch,
                          epochs=job.epochs)
   rng = np.random.default_rng(0)

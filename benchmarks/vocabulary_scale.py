@@ -105,8 +105,7 @@ def measure(settings: dict) -> dict:
   model = build_pctr_model(sizes)
   model.compile(optimizer=optimizer(settings["optimizer"], settings["learning_rate"]),
                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  config = fitting._dp_config(Algorithm.parse(algorithm), fit, examples,
-                              fit.batch_size)
+  config = fitting._dp_config(Algorithm.parse(algorithm), fit, examples, fit.batch_size, sizes)
   private = sparse_dp.make_private(model, config, num_examples=examples,
                                    batch_size=fit.batch_size, epochs=fit.epochs)
   clock = StepClock(model, settings["warmup"], settings["min_steps"], settings["max_seconds"])

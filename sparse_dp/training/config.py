@@ -141,15 +141,20 @@ class DPConfig:
       expected_batch_size: ``B``.
 
     Returns:
-      ``self`` for an algorithm without a contribution map, else a copy with both set
-      (:func:`~sparse_dp.training.adafest_defaults.adafest_settings`).
+      ``self`` for an algorithm without a contribution map, else a copy with the values the
+      run uses (:func:`~sparse_dp.training.adafest_defaults.adafest_settings`):
+      ``threshold_sigmas`` ``None`` under an absolute ``threshold``, and ``sigma_ratio``
+      ``sigma1 / sigma2`` where those are given without ``target_epsilon``.
     """
     if not self.kind.uses_contribution_map:
       return self
     settings = adafest_settings(vocabulary_sizes, expected_batch_size,
                                 self.threshold_sigmas, self.sigma_ratio)
-    return dataclasses.replace(self, threshold_sigmas=settings.threshold_sigmas,
-                               sigma_ratio=settings.sigma_ratio)
+    ratio = (self.sigma1 / self.sigma2 if self.target_epsilon is None
+             else settings.sigma_ratio)
+    return dataclasses.replace(
+        self, sigma_ratio=ratio,
+        threshold_sigmas=None if self.threshold is not None else settings.threshold_sigmas)
 
   def dense_table_names(self, vocabulary_sizes: Sequence[tuple[str, int]],
                         expected_batch_size: float) -> frozenset:

@@ -23,6 +23,7 @@ from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.ledger import check_budget
 from sparse_dp.jobs import job_output
 from sparse_dp.jobs.train import job_flags
+from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
 
 _FREQUENCIES = ("first-day", "all-days", "running")
 
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
 # Settings added to the record later, with the value every earlier job ran with.
 _SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
                              "categorical_features": None, "dense_tables": "none",
-                             "light_users": 0.0}
+                             "light_users": 0.0, "adafest_rule": None}
+# The defaults of --sigma-ratio and --tau-sigmas before they followed the rule.
+_DEFAULTS_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
 
 
 def _settings_record(args, train_days, eval_days) -> dict:
@@ -101,8 +104,22 @@ def _settings_record(args, train_days, eval_days) -> dict:
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
            "sigma_ratio", "tau", "tau_sigmas", "fest_k", "selection_share", "hidden_units",
            "embedding_dim", "seed", "categorical_features", "dense_tables", "light_users")
+  # The threshold rule's constants: a job resumes only under the rule it began with.
   return {"train_days": train_days, "eval_days": eval_days,
-          **{name: getattr(args, name) for name in names}}
+          **{name: getattr(args, name) for name in names},
+          "adafest_rule": [FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO]}
+
+
+def _changed_settings(recorded: dict, settings: dict) -> list[str]:
+  """The settings of ``settings`` that differ from ``recorded`` and that its algorithm
+  reads: DP-AdaFEST's threshold and ratio only with a contribution map, ``tau_sigmas`` not
+  under an absolute ``tau``."""
+  unread = set()
+  if not Algorithm.parse(settings["algorithm"]).uses_contribution_map:
+    unread = {"sigma_ratio", "tau", "tau_sigmas", "adafest_rule"}
+  elif settings["tau"] is not None and recorded.get("tau") == settings["tau"]:
+    unread = {"tau_sigmas"}
+  return [k for k in sorted(settings) if k not in unread and settings[k] != recorded.get(k)]
 
 
 def stream(args: argparse.Namespace) -> dict:
@@ -159,10 +176,11 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   settings = _settings_record(args, train_days, eval_days)
   job = state.unfinished_job()
   recorded = _recorded_settings(job) if job is not None else None
-  if job is not None and recorded != settings:
-    changed = [k for k in sorted(settings) if settings[k] != recorded.get(k)]
+  changed = _changed_settings(recorded, settings) if job is not None else []
+  if changed:
     before_rule = ("; a job begun before their rule ran with --sigma-ratio 2 --tau-sigmas 4"
-                   if {"sigma_ratio", "tau_sigmas"} & set(changed) else "")
+                   if any(recorded.get(k) == old and settings[k] is None and k in changed
+                          for k, old in _DEFAULTS_BEFORE_RULE.items()) else "")
     raise ValueError(f"{state_folder} has an unfinished job with other settings ("
                      + "; ".join(f"{k} {recorded.get(k)!r}, now {settings[k]!r}" for k in changed)
                      + f"): rerun it with its flags to resume it{before_rule}")

@@ -445,7 +445,7 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
                     epsilon_budget=budget, **common)
   return DPConfig(kind.value, sigma1=spec.sigma1, sigma2=spec.sigma2,
                   sigma_ratio=adafest.sigma_ratio, threshold=settings.tau,
-                  threshold_sigmas=adafest.threshold_sigmas,
+                  threshold_sigmas=None if settings.tau is not None else adafest.threshold_sigmas,
                   dense_tables=settings.dense_tables, selection_epsilon=settings.selection_epsilon,
                   epsilon_budget=budget, **common)
 

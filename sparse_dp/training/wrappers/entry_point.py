@@ -132,7 +132,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
   _check_built(model)
   _check_train_step(model)
   statistics = {s.layer.name: s for s in private_statistics}
-  validation.check_model(model, [*_layer_names(public_layers), *statistics])
+  validation.check_model(model, [*_layer_names(model, public_layers), *statistics])
   fit_wrappers.check_steps_per_execution(model, epsilon_budget(config))
   leaves = dense_layers.trainable_leaf_layers(model)  # fails early on unsupported layers
   penalty = penalty_of(model)  # fails early on a penalty that reaches a table
@@ -288,15 +288,27 @@ def _check_train_step(model: keras.Model) -> None:
         "compute_loss(features) returns one loss per example")
 
 
-def _layer_names(layers) -> list[str]:
-  """``public_layers`` as layer names (a layer stands for its ``name``)."""
+def _layer_names(model: keras.Model, layers) -> list[str]:
+  """``public_layers`` as layer names, each naming one layer of ``model`` alone (a layer
+  stands for its ``name``): the preprocessing check matches by name, so a name two layers
+  share, or a layer the model does not hold, could declare another layer public."""
   if isinstance(layers, (str, keras.layers.Layer)):
     raise TypeError(f"public_layers takes a list of layers or names, got {layers!r}: pass "
                     "[it]")
+  held = list(model._flatten_layers(include_self=True))
+  names = []
   for layer in layers:
     if not isinstance(layer, (str, keras.layers.Layer)):
       raise TypeError(f"public_layers takes layers or their names, got {layer!r}")
-  return [layer if isinstance(layer, str) else layer.name for layer in layers]
+    name = layer if isinstance(layer, str) else layer.name
+    if not isinstance(layer, str) and not any(other is layer for other in held):
+      raise ValueError(f"public_layers holds layer '{name}', which model '{model.name}' does "
+                       "not: declare the model's own layer")
+    if sum(other.name == name for other in held) > 1:
+      raise ValueError(f"public_layers declares '{name}', the name of more than one layer of "
+                       f"model '{model.name}': give its preprocessing layers distinct names")
+    names.append(name)
+  return names
 
 
 def _resolve_spec(config: DPConfig, num_examples, batch_size, epochs) -> PrivacySpec:

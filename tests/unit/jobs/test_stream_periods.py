@@ -171,3 +171,17 @@ def test_light_users_out_of_range_are_refused_before_any_spend(tmp_path, monkeyp
   assert not (state / "ledger.jsonl").exists() or spends(state) == []
   summary = run(tmp_path / "light", monkeypatch, StubTrainer(), "--light-users", "0.3")
   assert [p["epsilon_spent"] for p in summary["periods"]] == pytest.approx([1, 2])
+
+
+def test_a_job_resumes_past_settings_its_algorithm_does_not_read(tmp_path, monkeypatch):
+  """A DP-SGD job begun at the threshold's and ratio's defaults before their rule resumes
+  without them; so does a DP-AdaFEST job with an absolute --tau, whatever --tau-sigmas."""
+  for algorithm, begun, resumed in (("dpsgd", ["--sigma-ratio", "2", "--tau-sigmas", "4"], []),
+                                    ("adafest", ["--tau", "5", "--tau-sigmas", "4"],
+                                     ["--tau", "5"])):
+    state = tmp_path / algorithm
+    with pytest.raises(KeyboardInterrupt):
+      run(state, monkeypatch, StubTrainer(crash_at=1), "--algorithm", algorithm, *begun)
+    trainer = StubTrainer()
+    run(state, monkeypatch, trainer, "--algorithm", algorithm, *resumed)
+    assert len(trainer.calls) == 2  # the period the crash left, then the next

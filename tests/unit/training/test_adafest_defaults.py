@@ -31,6 +31,7 @@ def test_the_threshold_rises_with_the_rows_and_falls_with_the_batch_down_to_one_
   assert thresholds == sorted(thresholds) and thresholds[0] < 2.5 < 5 < thresholds[-1]
   assert default_threshold_sigmas([10**6], 4096) < default_threshold_sigmas([10**6], 256)
   assert default_threshold_sigmas([10], 1024) == 1.0  # 10 false positives would be all rows
+  assert default_threshold_sigmas([], 1024) == 1.0  # no table to select rows of
   assert default_threshold_sigmas([PCTR_ROWS], 2048) == pytest.approx(3.8443, abs=1e-4)
 
 
@@ -49,10 +50,15 @@ def test_dp_config_leaves_them_to_the_rule_and_refuses_a_threshold_it_cannot_kno
     config.threshold_for(2.0)
   resolved = config.with_adafest_defaults([PCTR_ROWS], 2048)
   assert resolved.threshold_for(2.0) == pytest.approx(3.8443 * 2.0, abs=1e-3)
-  assert config.with_adafest_defaults([PCTR_ROWS], 2048).sigma_ratio == pytest.approx(2.081,
-                                                                                       abs=1e-3)
-  assert sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=1.0, threshold=7.0).with_adafest_defaults(
-      [PCTR_ROWS], 2048).threshold_for(2.0) == 7.0
+  assert resolved.sigma_ratio == 2.0  # sigma1 / sigma2 as given: what the run uses
+  calibrated = sparse_dp.DPConfig("adafest", target_epsilon=1.0)
+  assert calibrated.with_adafest_defaults([PCTR_ROWS], 2048).sigma_ratio == pytest.approx(
+      2.081, abs=1e-3)
+  absolute = sparse_dp.DPConfig("adafest", target_epsilon=1.0,
+                                threshold=7.0).with_adafest_defaults([PCTR_ROWS], 2048)
+  assert absolute.threshold_for(2.0) == 7.0
+  assert absolute.threshold_sigmas is None  # unused under tau: not reported as if it were
+  assert absolute.sigma_ratio == pytest.approx(2.081, abs=1e-3)  # the rule's t gives it
   dpsgd = sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0)
   assert dpsgd.with_adafest_defaults([PCTR_ROWS], 2048) is dpsgd
   for name in ("sigma_ratio", "threshold_sigmas"):

@@ -81,10 +81,10 @@ def test_subclassed_model_and_target_epsilon():
       model, sparse_dp.DPConfig("adafest", noise_seed=1, target_epsilon=2.0, threshold=3.0),
       num_examples=N, batch_size=256, epochs=2)
   assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)
-  # An absolute threshold leaves the noise ratio to the rule: 8 / the rule's threshold_sigmas.
+  # An absolute threshold leaves the noise ratio to the rule, and threshold_sigmas unused.
   config = private.config
   assert private.spec.sigma1 / private.spec.sigma2 == pytest.approx(config.sigma_ratio)
-  assert config.sigma_ratio * config.threshold_sigmas == pytest.approx(8.0)
+  assert config.threshold_sigmas is None and config.threshold_for(private.spec.sigma1) == 3.0
   fit(model, private, ids, labels, epochs=2)
   assert 1.9 < private.epsilon() <= 2.0
 

@@ -78,3 +78,23 @@ def test_a_layer_can_be_declared_public_by_itself_and_a_bare_name_or_object_is_r
     sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B, public_layers=[3])
   assert sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B,
                                 public_layers=[model.get_layer("vocab")]).is_private
+
+
+def test_a_public_layer_must_be_the_model_s_own_and_its_name_must_be_its_alone():
+  def nested(name):
+    ids = keras.Input(shape=(), dtype=tf.string)
+    return keras.Model(ids, keras.layers.StringLookup(vocabulary=["a", "b"], name="vocab")(ids),
+                       name=name)
+  ids = keras.Input(shape=(), dtype=tf.string)
+  first, second = nested("first"), nested("second")
+  tables = [Embedding(3, 2)(first(ids)), Embedding(3, 2)(second(ids))]
+  model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()(tables)))
+  model.compile(optimizer="sgd", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  with pytest.raises(ValueError, match="'vocab', the name of more than one layer"):
+    sparse_dp.make_private(model, CONFIG, num_examples=N, batch_size=B,
+                           public_layers=[first.get_layer("vocab")])
+  stranger = keras.layers.StringLookup(vocabulary=["a"], name="vocab")
+  with pytest.raises(ValueError, match="holds layer 'vocab', which model .* does not"):
+    sparse_dp.make_private(lookup_model(keras.layers.StringLookup(vocabulary=["a"],
+                                                                  name="vocab")),
+                           CONFIG, num_examples=N, batch_size=B, public_layers=[stranger])

@@ -23,10 +23,12 @@ import pathlib
 import statistics
 from typing import Any, Callable, Optional, Sequence
 
+from sparse_dp.accounting import Algorithm
 from sparse_dp.jobs.study.presets import StudyPreset
 from sparse_dp.jobs.study.runner.inputs import StudyInputs
 from sparse_dp.jobs.study.runner.train_arguments import train_arguments
 from sparse_dp.jobs.train import job_flags
+from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
 
 # Settings added to FitSettings after the first cached runs, at the values those runs
 # trained with: left out of a run's key at these values, so the cache stays valid.
@@ -52,6 +54,13 @@ def _settings_key(settings: job_flags.FitSettings) -> dict:
   return {name: _DEFAULT_BEFORE_RULE[name] if value is None and name in _DEFAULT_BEFORE_RULE
           else value for name, value in dataclasses.asdict(settings).items()
           if not at_first_value(name, value)}
+
+
+def uses_adafest_rule(settings: job_flags.FitSettings, algorithm: str) -> bool:
+  """Whether a run of ``algorithm`` takes its threshold or noise ratio from the rule of
+  :mod:`sparse_dp.training.adafest_defaults` (its key then holds the rule's constants)."""
+  return Algorithm.parse(algorithm).uses_contribution_map and (
+      settings.sigma_ratio is None or (settings.tau_sigmas is None and settings.tau is None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +141,8 @@ class Runner:
            "selection_share": args.selection_share}
     if self.preset.version != 1:
       key["preset_version"] = self.preset.version
+    if uses_adafest_rule(settings, point.algorithm):
+      key["adafest_rule"] = [FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO]
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
     if path.exists():
