@@ -42,7 +42,8 @@ _PROBE_BATCHES = 3
 
 
 def install(training: PrivateTraining) -> None:
-  """Replaces the model's ``fit``, ``train_on_batch`` and ``compile`` by the private ones."""
+  """Replaces the model's ``fit``, ``train_on_batch`` and ``compile`` by the private ones,
+  and makes ``evaluate`` log mean losses."""
   model = training.model
   model.fit = types.MethodType(_private_fit(training), model)
   model.train_on_batch = types.MethodType(_private_train_on_batch(training), model)
@@ -51,6 +52,28 @@ def install(training: PrivateTraining) -> None:
     setattr(model, name, types.MethodType(_restoring(training, name), model))
   for name in ("save", "save_weights"):
     setattr(model, name, types.MethodType(_checked_save(training, name), model))
+  _evaluate_with_mean_losses(model)
+
+
+# What a tfrs.Model's test_step logs of its compute_loss (tfrs.Model.test_step).
+_LOSS_LOGS = ("loss", "regularization_loss", "total_loss")
+
+
+def _evaluate_with_mean_losses(model: keras.Model) -> None:
+  """``evaluate`` logs each batch's mean loss.
+
+  The DP step needs a loss per example: a ``tfrs.Model``'s task has reduction NONE, and its
+  ``test_step`` logs that vector whole, which Keras's progress bar fails to average with a
+  last, smaller batch. The mean is what the model would log with its task's default
+  reduction. Test data only: ``fit`` logs no loss of the private batches.
+  """
+  test_step = model.test_step
+
+  def mean_losses(data):
+    return {name: tf.reduce_mean(value) if name in _LOSS_LOGS else value
+            for name, value in test_step(data).items()}
+  model.test_step = mean_losses
+  model.test_function = None
 
 
 def _restoring(training: PrivateTraining, name: str):

@@ -25,6 +25,12 @@ def test_tfrs_model_trains_with_adafest():
   assert history.history["epsilon"][-1] > 0
   # The task's metrics and loss are un-noised functions of the batch: not logged by default.
   assert not {"binary_accuracy", "loss"} & set(history.history)
+  # evaluate logs the mean of the task's per-example loss, with a last, smaller batch too;
+  # it returns the last batch's, as a tfrs.Model with the task's default reduction does.
+  test = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(1000)  # 4 x 1000, then 96
+  logs = model.evaluate(test, verbose=1, return_dict=True)
+  last = float(tf.reduce_mean(model.compute_loss((ids[4000:], labels[4000:]))))
+  assert logs["loss"] == pytest.approx(last, rel=1e-4)
 
 
 def test_tfrs_model_with_reduced_loss_is_refused_clearly():
