@@ -113,7 +113,7 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   report = json.loads(paths["json"].read_text())
   # DP-SGD reads no tau: the grid's 2 x 2 combinations are 3 points.
   assert [p["label"] for p in report["points"]] == [
-      "dpsgd", "adafest tau=2s s1/s2=2", "adafest tau=6s s1/s2=2"]
+      "dpsgd", "adafest tau=2s", "adafest tau=6s"]  # the ratio by rule
   # 400 synthetic lines drawn (the preset's 300 replaced), 200 of them read.
   assert report["grid"] == str(grid) and report["source"]["train_examples"] == 180
   assert report["source"]["examples"] == 400
@@ -133,7 +133,7 @@ def test_a_grid_file_is_trained_end_to_end_at_the_smoke_scale(tmp_path, capsys):
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path),
                "--from-cache"]) == 0
   cached = json.loads(paths["json"].read_text())
-  assert cached["missing"] == ["adafest tau=6s s1/s2=2"] and len(cached["points"]) == 2
+  assert cached["missing"] == ["adafest tau=6s"] and len(cached["points"]) == 2
   assert cached["source"] == report["source"] and not (tmp_path / "data").exists()
   assert main(["study", "tradeoffs", "--grid", str(grid), "--out", str(tmp_path)]) == 0
   resumed = json.loads(paths["json"].read_text())
@@ -244,7 +244,8 @@ def test_streams_train_seed_by_seed_resume_and_draw_from_their_cache(tmp_path):
 @one_stack("tf2.21")  # the tradeoffs grid test runs on tf2.15
 def test_the_epsilon_and_heatmap_studies_take_a_grid(tmp_path):
   epsilons = tmp_path / "epsilons.yaml"
-  epsilons.write_text("algorithm: [dpsgd, adafest]\nepsilon: [1, 4]\nseeds: 1\n")
+  epsilons.write_text("algorithm: [dpsgd, adafest]\nepsilon: [1, 4]\nsigma_ratio: 2\n"
+                      "tau_sigmas: 4\nseeds: 1\n")
   assert main(["study", "epsilon", "--grid", str(epsilons), "--out", str(tmp_path)]) == 0
   report = json.loads(output_paths("epsilon", tmp_path)["json"].read_text())
   assert report["epsilons"] == [1.0, 4.0] and len(report["points"]) == 4
@@ -254,8 +255,7 @@ def test_the_epsilon_and_heatmap_studies_take_a_grid(tmp_path):
   paths = output_paths("heatmap", tmp_path)
   heat = json.loads(paths["json"].read_text())
   assert (heat["sigma_ratios"], heat["tau_sigmas"], heat["epsilon"]) == ([2.0, 5.0], [4.0], 1.0)
-  # The cell (2, 4) is the epsilon grid's adafest point at epsilon 1 (sparse-dp train's
-  # defaults): read, not retrained.
+  # The cell (2, 4) is the epsilon grid's adafest point at epsilon 1: read, not retrained.
   assert len(list((tmp_path / "runs").glob("*.json"))) == 5
   assert_figure_matches_report(paths["json"], paths["png"])
 
@@ -273,12 +273,16 @@ def test_a_grid_draws_synthetic_examples_but_reads_files_whole(tmp_path, capsys)
   assert not (tmp_path / "runs").exists()
 
 
+CELL = "sigma_ratio: 2\ntau_sigmas: 4\n"  # a heatmap cell's axes
+
+
 @pytest.mark.parametrize("study, grid, named", [
     ("epsilon", "algorithm: [none, adafest]\n", "none has none"),
-    ("heatmap", "algorithm: [dpsgd, adafest]\n", "dpsgd has no cell"),
-    ("heatmap", "algorithm: adafest\ntau: [5]\n", "has no cell"),
-    ("heatmap", "algorithm: adafest\nepsilon: [1, 2]\n", "one epsilon"),
-    ("heatmap", "algorithm: adafest\nlearning_rate: [0.1, 0.01]\n", "share one"),
+    ("heatmap", f"algorithm: [dpsgd, adafest]\n{CELL}", "dpsgd has no cell"),
+    ("heatmap", "algorithm: adafest\ntau: [5]\nsigma_ratio: 2\n", "has no cell"),
+    ("heatmap", "algorithm: adafest\n", "give algorithm adafest with tau_sigmas"),  # the rule's
+    ("heatmap", f"algorithm: adafest\nepsilon: [1, 2]\n{CELL}", "one epsilon"),
+    ("heatmap", f"algorithm: adafest\nlearning_rate: [0.1, 0.01]\n{CELL}", "share one"),
     ("streaming", "algorithm: adafest\n", "gives the points of tradeoffs"),
 ])
 def test_a_grid_a_study_cannot_draw_is_refused_before_training(tmp_path, capsys, study, grid,

@@ -23,7 +23,6 @@ from sparse_dp.accounting import Algorithm
 from sparse_dp.accounting.ledger import check_budget
 from sparse_dp.jobs import job_output
 from sparse_dp.jobs.train import job_flags
-from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
 
 _FREQUENCIES = ("first-day", "all-days", "running")
 
@@ -99,6 +98,7 @@ _DEFAULTS_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
 
 def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
+  from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",

@@ -28,7 +28,6 @@ from sparse_dp.jobs.study.presets import StudyPreset
 from sparse_dp.jobs.study.runner.inputs import StudyInputs
 from sparse_dp.jobs.study.runner.train_arguments import train_arguments
 from sparse_dp.jobs.train import job_flags
-from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
 
 # Settings added to FitSettings after the first cached runs, at the values those runs
 # trained with: left out of a run's key at these values, so the cache stays valid.
@@ -142,6 +141,7 @@ class Runner:
     if self.preset.version != 1:
       key["preset_version"] = self.preset.version
     if uses_adafest_rule(settings, point.algorithm):
+      from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
       key["adafest_rule"] = [FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO]
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
