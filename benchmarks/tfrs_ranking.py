@@ -60,6 +60,9 @@ def run(code: str, recipe: str, algorithm: str, epsilon: float, dense_tables=())
       f"BATCH_SIZE, CLIP, START, DENSE_TABLES = {batch}, {clip}, {start}, {dense_tables!r}",
       code)], capture_output=True, text=True, check=False)
   found = PRINTED.search(done.stdout)
+  if done.returncode and "leaving DP-AdaFEST nothing to select" in done.stderr:
+    return {"recipe": recipe, "algorithm": algorithm, "dense_tables": dense_tables,
+            "target_epsilon": epsilon, "refused": "every table dense: use dpsgd"}
   if done.returncode or not found:
     raise RuntimeError(f"{algorithm} at epsilon {epsilon} failed:\n{done.stderr[-3000:]}")
   rmse, spent, reduction = map(float, found.groups())
