@@ -28,6 +28,8 @@ from typing import NamedTuple, Optional, Sequence
 FALSE_POSITIVE_SHARE = 0.01  # false-positive rows a step, as a share of the expected batch
 THRESHOLD_TIMES_RATIO = 8.0  # t * sigma1 / sigma2
 MIN_THRESHOLD_SIGMAS = 1.0
+# The rule's constants, as a record of what a run followed (stream jobs, study caches).
+RULE = (FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO)
 
 
 class AdaFestSettings(NamedTuple):

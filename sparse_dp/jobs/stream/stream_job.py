@@ -92,13 +92,11 @@ def run(args: argparse.Namespace) -> int:
 _SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
                              "categorical_features": None, "dense_tables": "none",
                              "light_users": 0.0, "adafest_rule": None}
-# The defaults of --sigma-ratio and --tau-sigmas before they followed the rule.
-_DEFAULTS_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
 
 
 def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
-  from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
+  from sparse_dp.training.adafest_defaults import RULE
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",
@@ -107,7 +105,7 @@ def _settings_record(args, train_days, eval_days) -> dict:
   # The threshold rule's constants: a job resumes only under the rule it began with.
   return {"train_days": train_days, "eval_days": eval_days,
           **{name: getattr(args, name) for name in names},
-          "adafest_rule": [FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO]}
+          "adafest_rule": list(RULE)}
 
 
 def _changed_settings(recorded: dict, settings: dict) -> list[str]:
@@ -180,7 +178,7 @@ def _run_locked(args: argparse.Namespace, train_days: list[int], eval_days: list
   if changed:
     before_rule = ("; a job begun before their rule ran with --sigma-ratio 2 --tau-sigmas 4"
                    if any(recorded.get(k) == old and settings[k] is None and k in changed
-                          for k, old in _DEFAULTS_BEFORE_RULE.items()) else "")
+                          for k, old in job_flags.DEFAULTS_BEFORE_RULE.items()) else "")
     raise ValueError(f"{state_folder} has an unfinished job with other settings ("
                      + "; ".join(f"{k} {recorded.get(k)!r}, now {settings[k]!r}" for k in changed)
                      + f"): rerun it with its flags to resume it{before_rule}")

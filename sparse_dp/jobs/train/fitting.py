@@ -35,7 +35,7 @@ from sparse_dp.distribute.parameter_servers import is_parameter_server
 from sparse_dp.jobs.job_output import Phases
 from sparse_dp.jobs.sample.batches import SampledBatches
 from sparse_dp.jobs.train import private_calibration
-from sparse_dp.jobs.train.job_flags import FitSettings, check_batch_fits
+from sparse_dp.jobs.train.job_flags import FitSettings, check_batch_fits, named_tables
 from sparse_dp.jobs.train.step_clock import StepClock
 from sparse_dp.layers import embedding_backends
 from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
@@ -431,7 +431,7 @@ def _dp_config(kind: Algorithm, settings: FitSettings, num_examples: int,
   delta = settings.delta if settings.delta is not None else 1.0 / num_examples
   adafest, ratio = None, {}
   if kind.uses_contribution_map:
-    tables = [(f"embedding_{i}", size) for i, size in enumerate(vocabulary_sizes)]
+    tables = named_tables(vocabulary_sizes)
     dense = dense_table_names(settings.dense_tables, kind, tables, batch_size)
     adafest = adafest_settings([size for name, size in tables if name not in dense],
                                batch_size, settings.tau_sigmas, settings.sigma_ratio)

@@ -48,6 +48,16 @@ class FitSettings:
   selection_epsilon: float = 0.0
 
 
+# The defaults of --sigma-ratio and --tau-sigmas before they followed the threshold rule
+# (sparse_dp.training.adafest_defaults): what stream records and study caches hold.
+DEFAULTS_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
+
+
+def named_tables(vocabulary_sizes) -> list[tuple[str, int]]:
+  """The pCTR model's tables as ``(layer name, rows)``: ``embedding_i`` holds the i-th."""
+  return [(f"embedding_{i}", size) for i, size in enumerate(vocabulary_sizes)]
+
+
 def add_fit_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--delta", type=float, help="default 1/N")
   parser.add_argument("--epochs", type=float, default=1.0)
@@ -266,7 +276,7 @@ def check_dense_tables(settings: FitSettings, algorithms, vocabulary_sizes, fest
       kept = [min(size, fest_k + 1) if kind.uses_top_k_selection and size > fest_k else size
               for size in vocabulary_sizes]
       dense_table_names(settings.dense_tables, kind,
-                        [(f"embedding_{i}", size) for i, size in enumerate(kept)],
+                        named_tables(kept),
                         settings.batch_size)
 
 

@@ -40,18 +40,15 @@ def at_first_value(name: str, value) -> bool:
   return name in _SETTINGS_ADDED and _SETTINGS_ADDED[name] == value
 
 
-# Settings whose default became a rule (None) after the first cached runs: keyed at the
-# default those runs trained with, so the runs of algorithms that do not read them (and
-# the points that set them) keep their keys. A point that leaves them to the rule has
-# them None in its Point, so its key differs from any run trained at the old default.
-_DEFAULT_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
-
-
 def _settings_key(settings: job_flags.FitSettings) -> dict:
   """The run's settings as its cache key holds them (:data:`_SETTINGS_ADDED` at their
-  first value left out, :data:`_DEFAULT_BEFORE_RULE` for a rule's ``None``)."""
-  return {name: _DEFAULT_BEFORE_RULE[name] if value is None and name in _DEFAULT_BEFORE_RULE
-          else value for name, value in dataclasses.asdict(settings).items()
+  first value left out). A setting whose default became a rule (``None``) after the first
+  cached runs is keyed at the default those runs trained with
+  (``job_flags.DEFAULTS_BEFORE_RULE``), so runs that do not read it keep their keys; a
+  point that leaves it to the rule has it ``None`` in its ``Point``, so its key differs."""
+  before = job_flags.DEFAULTS_BEFORE_RULE
+  return {name: before[name] if value is None and name in before else value
+          for name, value in dataclasses.asdict(settings).items()
           if not at_first_value(name, value)}
 
 
@@ -141,8 +138,8 @@ class Runner:
     if self.preset.version != 1:
       key["preset_version"] = self.preset.version
     if uses_adafest_rule(settings, point.algorithm):
-      from sparse_dp.training.adafest_defaults import FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO
-      key["adafest_rule"] = [FALSE_POSITIVE_SHARE, THRESHOLD_TIMES_RATIO]
+      from sparse_dp.training.adafest_defaults import RULE
+      key["adafest_rule"] = list(RULE)
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
     if path.exists():
