@@ -169,15 +169,17 @@ def test_the_loss_scale_is_divided_out_of_each_example_before_clipping(microbatc
 
 
 def per_example_norms(model) -> np.ndarray:
-  """Each example's gradient norm (a step with C2 = 1e9 and a batch of one, per example)."""
+  """Each example's gradient norm (a step with C2 = 1e9 and a batch of one, per example; one
+  graph traced once for every example)."""
   rng = np.random.default_rng(0)
   ids, labels = rng.integers(0, VOCAB, B), rng.integers(0, 2, B)
   leaves = dense_layers.trainable_leaf_layers(model)
+  step = tf.function(lambda data: private_gradients(
+      leaves, per_example_loss_fn(model), data, step_noise(0.0, 1e9),
+      tf.constant([3, 4], tf.int64)))
   norms = []
   for i, label in zip(ids, labels):
-    gradients, _, _ = private_gradients(
-        leaves, per_example_loss_fn(model), (tf.constant([i]), tf.constant([[float(label)]])),
-        step_noise(0.0, 1e9), tf.constant([3, 4], tf.int64))
+    gradients, _, _ = step((tf.constant([i]), tf.constant([[float(label)]])))
     norms.append(np.sqrt(sum(np.sum(tf.convert_to_tensor(ordinary_slices(g)).numpy() ** 2)
                              for g in gradients.values())))
   return np.array(norms)

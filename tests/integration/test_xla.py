@@ -1,6 +1,7 @@
 """The DP step compiles with XLA (``jit_compile=True``, as every TPU program is) and
 takes the step graph mode takes for the same noise seed."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -56,6 +57,18 @@ def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size
   return [w.numpy() for w in model.trainable_weights], history.history, private
 
 
+@functools.lru_cache(maxsize=None)
+def _graph_steps(algorithm, microbatch_size):
+  weights, logs, _ = trained(algorithm, False, microbatch_size=microbatch_size)
+  return weights, logs
+
+
+def graph_steps(algorithm, microbatch_size=None):
+  """:func:`trained`'s weights and logs in graph mode (SGD, unpadded), fitted once a config."""
+  weights, logs = _graph_steps(algorithm, microbatch_size)
+  return [w.copy() for w in weights], {name: list(values) for name, values in logs.items()}
+
+
 # One DP-SGD and one DP-AdaFEST case in the fast tier; the others compile in the slow tier.
 @pytest.mark.parametrize("algorithm,optimizer", [
     ("dpsgd", None), ("adafest", None),
@@ -64,9 +77,12 @@ def trained(algorithm, jit_compile, optimizer=None, padded=None, microbatch_size
         ("adafest", lambda: LazyAdam(0.05)), ("adafest", lambda: RowwiseAdagrad(0.05))])])
 def test_a_compiled_fit_takes_the_graph_steps(algorithm, optimizer):
   make = optimizer or (lambda: None)
-  graph, graph_logs, _ = trained(algorithm, False, make())
+  graph, graph_logs = graph_steps(algorithm) if optimizer is None else trained(
+      algorithm, False, make())[:2]
   compiled, logs, private = trained(algorithm, True, make())
   assert private.model._jit_compile
+  # the padded batches' one static shape: the step is traced (and compiled) once for all 4
+  assert private.model.train_function.experimental_get_tracing_count() == 1
   for a, b in zip(graph, compiled):
     np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
   if algorithm != "none":
@@ -103,7 +119,7 @@ def test_a_compiled_dpsgd_step_on_a_table_of_noise_chunks_takes_the_graph_steps(
 def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microbatch_size):
   # Graph mode, same seed: the padding rows (copies of example 0) weigh nothing
   # in the clipping, the contribution map, the noise, or the logged loss.
-  plain, plain_logs, _ = trained(algorithm, False, microbatch_size=microbatch_size)
+  plain, plain_logs = graph_steps(algorithm, microbatch_size=microbatch_size)
   padded, logs, _ = trained(algorithm, False, padded=True, microbatch_size=microbatch_size)
   for a, b in zip(plain, padded):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
@@ -112,8 +128,9 @@ def test_a_padded_batch_takes_the_step_of_its_sampled_examples(algorithm, microb
 
 
 def test_padded_poisson_batches_have_one_static_shape_and_mask_the_sampled_examples():
+  # That a compiled fit of them traces its step once: test_a_compiled_fit_takes_the_graph_steps.
   ids, labels = synthetic_data()
-  model, private = compiled_private()
+  _, private = compiled_private()
   dataset = private.poisson_dataset(ids, labels)  # padded: the model is compiled with XLA
   capacity = batch_capacity(N, 256 / N)
   spec = dataset.element_spec
@@ -123,8 +140,6 @@ def test_padded_poisson_batches_have_one_static_shape_and_mask_the_sampled_examp
   assert plain.element_spec[0].shape.as_list() == [None]
   sizes = [int(np.sum(batch[padded_batches.IN_BATCH])) for batch in dataset.take(20)]
   assert 200 < np.mean(sizes) < 312 and len(set(sizes)) > 5 and max(sizes) < capacity
-  model.fit(dataset.take(3), verbose=0)
-  assert model.train_function.experimental_get_tracing_count() == 1
 
 
 def test_a_poisson_batch_past_the_padded_capacity_is_refused_not_cut():
@@ -146,7 +161,7 @@ def test_xla_fed_unpadded_poisson_batches_warns_that_each_size_compiles():
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
 def test_compiled_micro_batches_take_the_graph_steps(algorithm):
   # 96 does not divide the padded capacity: the last micro-batch is padded on.
-  graph, graph_logs, _ = trained(algorithm, False, microbatch_size=96)
+  graph, graph_logs = graph_steps(algorithm, microbatch_size=96)
   compiled, logs, private = trained(algorithm, True, microbatch_size=96)
   for a, b in zip(graph, compiled):
     np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
@@ -313,7 +328,8 @@ def test_the_replica_program_of_eight_replicas_compiles_with_static_shapes(
     monkeypatch, algorithm, microbatch_size):
   """A TPU host of 8 replicas compiles one DP step for all: each replica's slice of a padded
   batch (a capacity that is a multiple of 8), the replicas' lookups exchanged, the replica id
-  a value of the program. Compiled by XLA on one device with static-size collectives
+  a value of the program (its input: one compiled program runs as replica 0 and as 5).
+  Compiled by XLA on one device with static-size collectives
   (:class:`support.replicas.StaticReplicaContext`); a shape that depends on the replica id or
   on an exchanged value does not compile."""
   replicas = 8
@@ -327,24 +343,22 @@ def test_the_replica_program_of_eight_replicas_compiles_with_static_shapes(
   ids, labels = synthetic_data()
   in_batch = tf.range(rows) < rows - 3  # the last replica's slice ends in padding
 
-  def replica_program(replica_id):
-    @tf.function(jit_compile=True)
-    def program(x, y):
-      monkeypatch.setattr(tf.distribute, "get_replica_context",
-                          lambda: support.replicas.StaticReplicaContext(replicas, replica_id))
-      try:
-        size = dp_train_step._batch_size((x, y), in_batch)
-        gradients, _, stats = private_gradients(
-            private.leaves, per_example_loss_fn(model), (x, y), private.step_noise,
-            tf.constant([1, 2], tf.int64), microbatch_size, in_batch=in_batch)
-      finally:
-        monkeypatch.undo()
-      return size, tf.nest.flatten(list(gradients.values()), expand_composites=True), stats
-
-    return program
+  @tf.function(jit_compile=True)
+  def program(x, y, replica_id):
+    monkeypatch.setattr(tf.distribute, "get_replica_context",
+                        lambda: support.replicas.StaticReplicaContext(replicas, replica_id))
+    try:
+      size = dp_train_step._batch_size((x, y), in_batch)
+      gradients, _, stats = private_gradients(
+          private.leaves, per_example_loss_fn(model), (x, y), private.step_noise,
+          tf.constant([1, 2], tf.int64), microbatch_size, in_batch=in_batch)
+    finally:
+      monkeypatch.undo()
+    return size, tf.nest.flatten(list(gradients.values()), expand_composites=True), stats
 
   for replica_id in (0, 5):
-    size, gradients, stats = replica_program(replica_id)(ids[:rows], labels[:rows])
+    size, gradients, stats = program(ids[:rows], labels[:rows], tf.constant(replica_id))
     assert int(size) == replicas * (rows - 3)
     assert all(np.isfinite(g).all() for g in gradients)
     assert float(stats.get(step.OVER_CAPACITY, 0.0)) == 0.0  # rooms for every replica's rows
+  assert program.experimental_get_tracing_count() == 1  # one program for every replica

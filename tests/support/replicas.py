@@ -27,11 +27,12 @@ def _known_when_running(value: tf.Tensor) -> tf.Tensor:
 
 class StaticReplicaContext:
   """``num_replicas_in_sync``, ``replica_id_in_sync_group``, ``all_gather`` and ``all_reduce``
-  (``SUM``) of ``replicas`` replicas, seen from replica ``replica_id``."""
+  (``SUM``) of ``replicas`` replicas, seen from replica ``replica_id`` (an int, or a tensor
+  input of the program: one compiled program then serves every replica)."""
 
   def __init__(self, replicas: int, replica_id: int):
     self.num_replicas_in_sync = replicas
-    self.replica_id_in_sync_group = _known_when_running(tf.constant(replica_id, tf.int32))
+    self.replica_id_in_sync_group = _known_when_running(tf.cast(replica_id, tf.int32))
 
   def _exchanged(self, value: tf.Tensor) -> tf.Tensor:
     """``[replicas, *value.shape]``: every replica's value, as the running program gets it."""

@@ -9,7 +9,7 @@ from scipy import stats
 from sparse_dp import keras, mechanisms
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.noise import dense_noise
-from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
+from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad, create_weights
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
@@ -100,28 +100,31 @@ def test_a_large_table_takes_the_update_of_its_dense_noisy_gradient(monkeypatch,
   y = tf.constant(rng.integers(0, 2, (32, 1)), tf.float32)
   noise = StepNoise(gradient_multiplier=0.8, contribution_multiplier=None, l2_norm_clip=1.0,
                     contribution_clip=1.0, threshold=1.0, expected_batch_size=32.0)
-  weights = []
-  for dense in (False, True):
-    model, optimizer = _model(), OPTIMIZERS[name]()
-    leaves = dense_layers.trainable_leaf_layers(model)
+  # Two like models: the first's private gradients, applied as they are to it and dense to the
+  # second (one trace: the optimizers' weights made first, as fit makes them).
+  models = _model(), _model()
+  optimizers = [OPTIMIZERS[name]() for _ in models]
+  for model, optimizer in zip(models, optimizers):
+    create_weights(optimizer, model.trainable_variables)
+  leaves = dense_layers.trainable_leaf_layers(models[0])
 
-    def losses_of(data, model=model):
-      logits = model(data[0], training=True)
-      return tf.squeeze(tf.nn.sigmoid_cross_entropy_with_logits(data[1], logits), -1), None, None
+  def losses_of(data):
+    logits = models[0](data[0], training=True)
+    return tf.squeeze(tf.nn.sigmoid_cross_entropy_with_logits(data[1], logits), -1), None, None
 
-    @tf.function
-    def step(seed, dense=dense, model=model, leaves=leaves, optimizer=optimizer,
-             losses_of=losses_of):
-      gradients, _, _ = private_gradients(leaves, losses_of, (x, y), noise, seed)
-      table = gradients[model.get_layer("table").embeddings.ref()]
-      assert isinstance(table, tf.IndexedSlices) and table.indices.shape == [ROWS // 10]
-      optimizer.apply_gradients([(tf.convert_to_tensor(gradients[v.ref()]) if dense
-                                  else gradients[v.ref()], v)
-                                 for v in model.trainable_variables])
+  @tf.function
+  def step(seed):
+    gradients, _, _ = private_gradients(leaves, losses_of, (x, y), noise, seed)
+    table = gradients[models[0].get_layer("table").embeddings.ref()]
+    assert isinstance(table, tf.IndexedSlices) and table.indices.shape == [ROWS // 10]
+    updates = [gradients[v.ref()] for v in models[0].trainable_variables]
+    for dense, model, optimizer in zip((False, True), models, optimizers):
+      optimizer.apply_gradients([(tf.convert_to_tensor(update) if dense else update, v)
+                                 for update, v in zip(updates, model.trainable_variables)])
 
-    for i in range(3):
-      step(tf.constant([7, i], tf.int64))
-    weights.append([w.numpy() for w in model.trainable_variables])
+  for i in range(3):
+    step(tf.constant([7, i], tf.int64))
+  weights = [[w.numpy() for w in model.trainable_variables] for model in models]
   for sparse, dense in zip(*weights):
     np.testing.assert_allclose(sparse, dense, rtol=1e-5, atol=1e-6)
   assert np.all(weights[0][0] != _model().get_layer("table").embeddings.numpy())  # every row moved

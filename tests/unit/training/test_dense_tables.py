@@ -123,29 +123,36 @@ def test_micro_batches_give_a_dense_table_the_one_pass_update():
                                rtol=1e-5, atol=1e-6)
 
 
-def _private(model, **config):
+def _private(model, embedding="auto", **config):
   return sparse_dp.make_private(
       model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, threshold_sigmas=4.0,
                                 noise_seed=3, **config),
-      num_examples=4_096, batch_size=512)
+      num_examples=4_096, batch_size=512, embedding=embedding)
+
+
+@functools.lru_cache(maxsize=None)  # the CPU fit with a dense table serves two tests
+def _fitted(dense_tables=(), embedding="cpu"):
+  """One epoch of ``fit``: the trained weights, epsilon at 1e-5, the step's dense tables and
+  the report (numpy values and a report, not the model)."""
+  (users, items), labels = _batch(4_096)
+  model = _model()
+  private = _private(model, embedding, dense_tables=list(dense_tables))
+  model.fit(private.poisson_dataset((users, items), labels, epochs=1), verbose=0)
+  return ([w.numpy() for w in model.trainable_weights],
+          {name: model.get_layer(name).embeddings.numpy() for name in ("users", "items")},
+          private.epsilon(delta=1e-5), private.step_noise.dense_tables, private.report())
 
 
 def test_fit_moves_every_row_of_a_dense_table_at_the_epsilon_of_the_sparse_run():
-  (users, items), labels = _batch(4_096)
-  epsilons = []
-  for dense_tables in ((), ["users"]):
-    model = _model()
-    private = _private(model, dense_tables=dense_tables)
-    model.fit(private.poisson_dataset((users, items), labels, epochs=1), verbose=0)
-    epsilons.append(private.epsilon(delta=1e-5))
-  assert private.step_noise.dense_tables == {"users"}
-  report = private.report()
+  _, _, sparse_epsilon, _, _ = _fitted()
+  _, tables, epsilon, dense_tables, report = _fitted(("users",))
+  assert dense_tables == {"users"}
   assert "Dense tables, no selection and sigma2 on every row: users." in report.statement()
   assert report.to_dict()["dense_tables"] == ["users"]
-  assert np.all(model.get_layer("users").embeddings.numpy() != 0)
-  moved = np.any(model.get_layer("items").embeddings.numpy() != 0, axis=1)
+  assert np.all(tables["users"] != 0)
+  moved = np.any(tables["items"] != 0, axis=1)
   assert 0 < moved.sum() < 50
-  assert epsilons[1] == epsilons[0] > 0
+  assert epsilon == sparse_epsilon > 0
 
 
 def test_auto_makes_the_tables_no_larger_than_a_batch_dense():
@@ -191,17 +198,9 @@ def test_dense_tables_is_auto_or_a_list_of_names(dense_tables):
 def test_the_engine_double_trains_a_dense_table_as_the_cpu_backend_does():
   """Through the TPU embedding engine's terms (the update fed back per table, bounded by the
   vocabulary for a dense table) the weights are the CPU backend's."""
-  (users, items), labels = _batch(4_096)
-  trained = []
-  for embedding in ("cpu", "engine-double"):
-    model = _model()
-    private = sparse_dp.make_private(
-        model, sparse_dp.DPConfig("adafest", sigma1=2.0, sigma2=SIGMA2, noise_seed=3,
-                                  dense_tables=["users"]),
-        num_examples=4_096, batch_size=512, embedding=embedding)
-    model.fit(private.poisson_dataset((users, items), labels).take(2), verbose=0)
-    trained.append(model)
-  cpu, engine = trained
-  for a, b in zip(cpu.trainable_weights, engine.trainable_weights):
+  cpu, _, _, _, _ = _fitted(("users",))
+  engine, tables, _, _, _ = _fitted(("users",), "engine-double")
+  assert len(cpu) == len(engine)
+  for a, b in zip(cpu, engine):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
-  assert np.all(engine.get_layer("users").embeddings.numpy() != 0)
+  assert np.all(tables["users"] != 0)

@@ -183,15 +183,6 @@ def epsilon_of(steps, sigma=2.0):
   return accountant.get_epsilon(1 / N)
 
 
-@pytest.fixture(scope="module")
-def trained():
-  """A model made private and trained one epoch (16 steps)."""
-  model = functional_model()
-  private = make_private(model, budget=None)
-  train(model, private, epochs=1)
-  return model, private
-
-
 def restore_h5(model, folder):
   model.save_weights(str(folder / "w.h5"))
   fresh = functional_model()
@@ -211,8 +202,8 @@ def restore_set_weights(model, _):
 
 
 @pytest.mark.parametrize("restore", [restore_h5, restore_keras, restore_set_weights])
-def test_weights_restored_by_any_keras_path_carry_the_budget(trained, tmp_path, restore):
-  model, before = trained
+def test_weights_restored_by_any_keras_path_carry_the_budget(interrupted, tmp_path, restore):
+  _, before, model = interrupted  # made private and trained one epoch (16 steps)
   restored = restore(model, tmp_path)
   again = make_private(restored, budget=None)
   assert int(again.steps_taken.numpy()) == 16 and again.poisson_sampling

@@ -1,5 +1,6 @@
 """The DP step's clipped sums equal an explicit per-example computation."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -82,23 +83,41 @@ def run_step(model, x, y, noise, microbatch_size=None, debug_metrics=False):
           for v in model.trainable_variables], stats
 
 
-def test_dpsgd_clipped_sum_matches_per_example_reference():
+@functools.lru_cache(maxsize=None)
+def _cached_step(noise, microbatch_size, debug_metrics):
   model, (x, y) = build_model(), batch()
+  grads, stats = run_step(model, x, y, noise, microbatch_size, debug_metrics)
+  return ([w.numpy() for w in model.weights], grads,
+          {key: value.numpy() for key, value in stats.items()})
+
+
+def step_of(noise, microbatch_size=None, debug_metrics=False):
+  """``run_step`` of ``build_model()`` on ``batch()``, traced once per configuration for all
+  tests: the model (at the step's weights), copies of the gradients, the statistics."""
+  weights, grads, stats = _cached_step(noise, microbatch_size, debug_metrics)
+  model = build_model()
+  model.set_weights(weights)
+  return model, [g.copy() for g in grads], dict(stats)
+
+
+def test_dpsgd_clipped_sum_matches_per_example_reference():
+  x, y = batch()
+  # contribution_clip (C1) is DP-AdaFEST's, unused here: micro-batches' [None] step, shared.
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=None, l2_norm_clip=0.7,
-                    contribution_clip=1.0, threshold=1.0, expected_batch_size=1.0)
-  ours, stats = run_step(model, x, y, noise)
+                    contribution_clip=3.0, threshold=1.0, expected_batch_size=1.0)
+  model, ours, stats = step_of(noise)
   for got, want in zip(ours, reference_clipped_sum(model, x, y, 0.7)):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
   assert float(stats["nonzero_rows"]) == VOCAB_A + VOCAB_B
 
 
 def test_adafest_masks_unselected_rows_before_clipping():
-  model, (x, y) = build_model(), batch()
+  x, y = batch()
   # Negligible map noise and tau = 0.99 C1 / sqrt(max pairs): a row passes iff
   # its clipped contribution is at least tau (here: rows of >= 2 examples).
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=1e-7, l2_norm_clip=0.7,
                     contribution_clip=3.0, threshold=1.5, expected_batch_size=1.0)
-  ours, stats = run_step(model, x, y, noise, debug_metrics=True)
+  model, ours, stats = step_of(noise, debug_metrics=True)
   from sparse_dp.mechanisms import activations, clipped_contribution_maps
   acts = [activations(tf.concat([x["a"], x["b"][:, None]], axis=1)), activations(x["b"])]
   maps = clipped_contribution_maps(acts, 3.0)
@@ -124,12 +143,11 @@ def test_unsupported_layer_is_named():
 
 @pytest.mark.parametrize("contribution_multiplier", [None, 0.5])
 def test_micro_batches_give_the_sums_of_one_batch(contribution_multiplier):
-  model, (x, y) = build_model(), batch()
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=contribution_multiplier,
                     l2_norm_clip=0.7, contribution_clip=3.0, threshold=1.0,
                     expected_batch_size=1.0)
-  whole, whole_stats = run_step(model, x, y, noise)
-  parts, parts_stats = run_step(model, x, y, noise, microbatch_size=5)  # 5 + 5 + 2
+  _, whole, whole_stats = step_of(noise)
+  _, parts, parts_stats = step_of(noise, microbatch_size=5)  # 5 + 5 + 2
   for a, b in zip(whole, parts):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   assert float(whole_stats["nonzero_rows"]) == float(parts_stats["nonzero_rows"])
@@ -138,11 +156,10 @@ def test_micro_batches_give_the_sums_of_one_batch(contribution_multiplier):
 @pytest.mark.parametrize("contribution_multiplier", [None, 1e-7])
 def test_step_noise_has_std_sigma_c2_on_noised_coordinates_only(contribution_multiplier):
   """The training step's own noise: same seed with and without it, the difference."""
-  model, (x, y) = build_model(), batch()
   common = dict(contribution_multiplier=contribution_multiplier, l2_norm_clip=0.7,
                 contribution_clip=3.0, threshold=0.5, expected_batch_size=4.0)
-  noisy, stats_noisy = run_step(model, x, y, StepNoise(gradient_multiplier=1.3, **common))
-  exact, _ = run_step(model, x, y, StepNoise(gradient_multiplier=0.0, **common))
+  _, noisy, stats_noisy = step_of(StepNoise(gradient_multiplier=1.3, **common))
+  _, exact, _ = step_of(StepNoise(gradient_multiplier=0.0, **common))
   diffs = [a - b for a, b in zip(noisy, exact)]
   tables, dense = diffs[:2], diffs[2:]
   noised_rows = sum(int(np.any(t != 0, axis=1).sum()) for t in tables)
@@ -164,11 +181,10 @@ def test_no_two_weights_draw_the_same_noise(contribution_multiplier):
   """Every draw is prefix-stable, so two weights drawing from one seed would start with the
   same noise: no weight's noise (the tables', and each Dense weight's part of their one draw)
   starts as another's does."""
-  model, (x, y) = build_model(), batch()
   common = dict(contribution_multiplier=contribution_multiplier, l2_norm_clip=0.7,
                 contribution_clip=3.0, threshold=0.5, expected_batch_size=4.0)
-  noisy, _ = run_step(model, x, y, StepNoise(gradient_multiplier=1.3, **common))
-  exact, _ = run_step(model, x, y, StepNoise(gradient_multiplier=0.0, **common))
+  _, noisy, _ = step_of(StepNoise(gradient_multiplier=1.3, **common))  # the steps of the test
+  _, exact, _ = step_of(StepNoise(gradient_multiplier=0.0, **common))  # above, shared
   starts = []
   for a, b in zip(noisy, exact):
     difference = (a - b).ravel()

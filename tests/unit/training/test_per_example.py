@@ -35,14 +35,23 @@ def compiled(model):
 _STEPS = {}
 
 
+def any_batch_size(part):
+  """``part``'s type with the batch dimension unknown, as a Poisson batch's is in ``fit``."""
+  spec = tf.type_spec_from_value(part)
+  if isinstance(spec, tf.RaggedTensorSpec):
+    return tf.RaggedTensorSpec([None, *spec.shape[1:]], spec.dtype, spec.ragged_rank,
+                               spec.row_splits_dtype)
+  return tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
+
+
 def clipped_sum(model, data, noise=NO_NOISE, debug_metrics=False):
   """``{variable ref: sum_i [g_i]_C2}`` (dense arrays), and the step's statistics."""
   key = (id(model), noise, debug_metrics)
-  if key not in _STEPS:  # one function per model: a trace per batch size
+  if key not in _STEPS:  # one function per model: one trace for every batch size
     leaves = dense_layers.trainable_leaf_layers(model)
     _STEPS[key] = tf.function(lambda data: private_gradients(
         leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
-        debug_metrics=debug_metrics))
+        debug_metrics=debug_metrics), input_signature=[tf.nest.map_structure(any_batch_size, data)])
   gradients, _, stats = _STEPS[key](data)
   return {ref: tf.convert_to_tensor(ordinary_slices(g)).numpy() * noise.expected_batch_size
           for ref, g in gradients.items()}, stats
@@ -187,7 +196,9 @@ def test_a_non_finite_example_adds_nothing(bad):
   batch = history_batch(**bad)
   index = next(iter(bad.values()))
   whole, stats = clipped_sum(model, batch, debug_metrics=True)
-  without, _ = clipped_sum(model, examples(batch, [i for i in range(B) if i != index]))
+  # The same traced step (debug_metrics adds statistics only) on the batch without it.
+  without, _ = clipped_sum(model, examples(batch, [i for i in range(B) if i != index]),
+                           debug_metrics=True)
   for ref, total in whole.items():
     assert np.all(np.isfinite(total))
     np.testing.assert_allclose(total, without[ref], rtol=1e-5, atol=1e-6)

@@ -1,5 +1,7 @@
 """The package owns the sample: fresh Poisson batches every pass, and no epsilon for others."""
 
+import functools
+
 import dp_accounting
 import numpy as np
 import pandas as pd
@@ -26,10 +28,16 @@ SIGMA = 1.0
 
 def independent_epsilon(q, steps, delta, sigma=SIGMA):
   """dp_accounting's own PLD epsilon of ``steps`` Poisson-subsampled Gaussian steps."""
+  return _composed(q, steps, sigma).get_epsilon(delta)
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(q, steps, sigma):
+  """dp_accounting's PLD accountant of those steps, composed once for every delta."""
   accountant = pld.PLDAccountant()
   accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
                      steps)
-  return accountant.get_epsilon(delta)
+  return accountant
 
 
 def record_trained_batches(model):

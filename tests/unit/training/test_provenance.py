@@ -5,6 +5,7 @@ refused by a later ``make_private``."""
 
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
@@ -62,19 +63,59 @@ def refused(private):
     private.report()
 
 
-def plain_twin(tables=1):
-  """The same architecture trained without DP on the same data."""
+@functools.lru_cache(maxsize=None)
+def plain_weights(tables=1):
+  """The weights of the same architecture trained without DP on the same data (fit once)."""
   twin = build(tables, seed=5)
   twin.fit(*data(tables=tables), epochs=2, verbose=0)
+  return tuple(twin.get_weights())
+
+
+def plain_twin(tables=1):
+  """The same architecture trained without DP on the same data: a new model each call."""
+  twin = build(tables, seed=5)
+  twin.set_weights([w.copy() for w in plain_weights(tables)])
   return twin
 
 
-@pytest.mark.parametrize("algorithm", list(CONFIGS))
-def test_a_table_moved_by_a_plain_model_or_a_tape_or_an_assign_is_refused(algorithm):
-  """Every algorithm's tables are fingerprinted, DP-SGD's and DP-FEST's included."""
-  for move in ("shared_fit", "tape", "assign"):
-    model, private = trained(algorithm)
+def covered_again(model, private, own):
+  """Loads the model's own saved weights back: covered again (as before a move)."""
+  model.load_weights(own)
+  assert private.epsilon() > 0
+
+
+@pytest.fixture(scope="module")
+def saved_dp_model(tmp_path_factory):
+  """``saved(algorithm)``: the folder ``model.save`` wrote of a DP-trained model, its table's
+  name, record and rows; one DP run per algorithm for the tests that only read them."""
+  @functools.lru_cache(maxsize=None)
+  def saved(algorithm):
+    model, _ = trained(algorithm)
     table = model.layers[1]
+    rows = table.name, table.dp_record.numpy(), table.embeddings.numpy()
+    folder = tmp_path_factory.mktemp(algorithm) / "dp_model"
+    model.save(str(folder))
+    return (str(folder), *rows)
+
+  def copy(algorithm):
+    return tuple(v.copy() if isinstance(v, np.ndarray) else v for v in saved(algorithm))
+  return copy
+
+
+MOVES = ("shared_fit", "tape", "assign")
+
+
+@pytest.mark.parametrize("algorithm", list(CONFIGS))
+def test_a_table_moved_by_a_plain_model_or_a_tape_or_an_assign_is_refused(algorithm, tmp_path):
+  """Every algorithm's tables are fingerprinted, DP-SGD's and DP-FEST's included. One DP run:
+  its own weights, loaded back, are covered again before each later move."""
+  model, private = trained(algorithm)
+  own = str(tmp_path / "own.h5")
+  model.save_weights(own)
+  table = model.layers[1]
+  for move in MOVES:
+    if move != MOVES[0]:
+      covered_again(model, private, own)
     if move == "shared_fit":
       ids = keras.Input(shape=(), dtype=tf.int64)
       plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
@@ -116,23 +157,32 @@ def test_a_replaced_train_function_trains_without_dp_and_no_epsilon_is_given():
   refused(private)
 
 
+ROUTES = ("set_weights", "load_weights_h5", "load_weights_tf")
+
+
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
-@pytest.mark.parametrize("route", ["set_weights", "load_weights_h5", "load_weights_tf"])
-def test_weights_of_a_non_private_twin_are_not_covered(algorithm, route, tmp_path):
+def test_weights_of_a_non_private_twin_are_not_covered(algorithm, tmp_path):
+  """Each route in turn on one DP run, its own weights loaded back (covered again) before each
+  later route."""
   model, private = trained(algorithm)
+  own = str(tmp_path / "own.h5")
+  model.save_weights(own)
   twin = plain_twin()
-  if route == "set_weights":
-    model.set_weights(twin.get_weights())
-  else:
-    path = str(tmp_path / ("twin.h5" if route == "load_weights_h5" else "twin"))
-    twin.save_weights(path)
-    model.load_weights(path)
-  np.testing.assert_array_equal(model.layers[1].embeddings.numpy(),
-                                twin.layers[1].embeddings.numpy())
-  refused(private)
-  with pytest.raises(WeightsMovedOutsideDPError):
-    model.save_weights(str(tmp_path / "laundered"))
-  assert not (tmp_path / "laundered.index").exists()
+  for route in ROUTES:
+    if route != ROUTES[0]:
+      covered_again(model, private, own)
+    if route == "set_weights":
+      model.set_weights(twin.get_weights())
+    else:
+      path = str(tmp_path / ("twin.h5" if route == "load_weights_h5" else "twin"))
+      twin.save_weights(path)
+      model.load_weights(path)
+    np.testing.assert_array_equal(model.layers[1].embeddings.numpy(),
+                                  twin.layers[1].embeddings.numpy())
+    refused(private)
+    with pytest.raises(WeightsMovedOutsideDPError):
+      model.save_weights(str(tmp_path / f"laundered_{route}"))
+    assert not (tmp_path / f"laundered_{route}.index").exists()
 
 
 def test_its_own_weights_loaded_back_are_covered_again(tmp_path):
@@ -167,13 +217,12 @@ def test_plain_fit_on_the_data_before_make_private_is_refused():
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
-def test_a_reloaded_dp_model_fine_tuned_without_dp_is_refused(algorithm, tmp_path):
-  model, _ = trained(algorithm)
-  model.save(str(tmp_path / "dp_model"))
-  reloaded = keras.models.load_model(str(tmp_path / "dp_model"))
+def test_a_reloaded_dp_model_fine_tuned_without_dp_is_refused(algorithm, saved_dp_model):
+  folder = saved_dp_model(algorithm)[0]
+  reloaded = keras.models.load_model(folder)
   assert sparse_dp.make_private(reloaded, CONFIGS[algorithm], num_examples=N,
                                 batch_size=B).epsilon() > 0  # as saved: covered
-  again = keras.models.load_model(str(tmp_path / "dp_model"))
+  again = keras.models.load_model(folder)
   again.fit(*data(), verbose=0)  # a plain fine-tune of the reloaded model
   with pytest.raises(WeightsMovedOutsideDPError):
     sparse_dp.make_private(again, CONFIGS[algorithm], num_examples=N, batch_size=B)
@@ -191,15 +240,15 @@ def test_a_model_built_on_dp_trained_layers_keeps_their_record():
                                 batch_size=B).epsilon() >= private.epsilon()
 
 
-def test_distilling_a_teacher_whose_weights_moved_after_its_record_is_refused(tmp_path):
+def test_distilling_a_teacher_whose_weights_moved_after_its_record_is_refused(saved_dp_model,
+                                                                             tmp_path):
   """``distill --teacher`` reads the teacher's epsilon from its record: only for the weights
   that record describes."""
   from sparse_dp.jobs.distill.dp_teacher import teacher_privacy
 
-  model, _ = trained("adafest")
-  model.save(str(tmp_path / "teacher"))
-  assert teacher_privacy(keras.models.load_model(str(tmp_path / "teacher")))["epsilon"] > 0
-  tuned = keras.models.load_model(str(tmp_path / "teacher"))
+  teacher = saved_dp_model("adafest")[0]
+  assert teacher_privacy(keras.models.load_model(teacher))["epsilon"] > 0
+  tuned = keras.models.load_model(teacher)
   tuned.fit(*data(), verbose=0)  # fine-tuned without DP, then saved as a teacher
   tuned.save(str(tmp_path / "tuned"))
   with pytest.raises(WeightsMovedOutsideDPError):
@@ -217,21 +266,20 @@ def test_initial_weights_loaded_before_any_step_are_taken_as_initial():
   assert private.epsilon() > 0
 
 
-def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_records():
+def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_records(
+    saved_dp_model):
   """A stream period carries a table's rows over to a new preselection (post-processing of
   DP weights): the saved rows must be those the record describes, then the record is bound
   to the carried rows."""
   from sparse_dp.training.dp_state.dp_record import decode_binding
   from sparse_dp.training.dp_state.provenance import rebound_record
 
-  model, _ = trained("adafest")
-  table = model.layers[1]
-  words, saved = table.dp_record.numpy(), table.embeddings.numpy()
+  _, name, words, saved = saved_dp_model("adafest")
   carried = saved[[3, 1, 4]]
-  rebound = rebound_record(words, table.name, [saved], [carried])
+  rebound = rebound_record(words, name, [saved], [carried])
   binding = decode_binding(rebound)
   index = decode_binding(words).indices[0]
   from sparse_dp.training.dp_state.weight_fingerprint import read_sum
   assert binding.layer == pytest.approx(read_sum(index, carried)[0], rel=1e-12)
-  with pytest.raises(WeightsMovedOutsideDPError, match=table.name):
-    rebound_record(words, table.name, [saved + 1e-3], [carried])
+  with pytest.raises(WeightsMovedOutsideDPError, match=name):
+    rebound_record(words, name, [saved + 1e-3], [carried])
