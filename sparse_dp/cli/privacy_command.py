@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Optional
 
 from sparse_dp.accounting import (
   Algorithm,
@@ -18,9 +19,11 @@ from sparse_dp.accounting import (
   calibrate,
   steps_for_epochs,
 )
+from sparse_dp.accounting.adafest_defaults import AdaFestSettings, adafest_settings
 from sparse_dp.accounting.discretization import DEFAULT_INTERVAL, pld_interval
 
 _PRIVATE = [a.value for a in Algorithm if a.is_private]
+PAPER_SIGMA_RATIO = 5.0  # sigma1 / sigma2 of Ghazi et al.'s Criteo experiments
 
 
 def add_parser(commands) -> None:
@@ -48,10 +51,14 @@ def add_parser(commands) -> None:
   parser.add_argument("--target-epsilon", type=float, metavar="E",
                       help="calibrate the noise to this epsilon instead")
   parser.add_argument("--sigma-ratio", type=float, metavar="R",
-                      help="adafest, adafest+ with --target-epsilon: sigma1/sigma2 "
-                           "(default 5, the paper's; the epsilon does not depend on it, only "
-                           "the split of the noise; make_private and sparse-dp train take it "
-                           "from a rule on the tables, docs/adafest_defaults.md)")
+                      help="adafest, adafest+ with --target-epsilon: sigma1/sigma2 (the "
+                           "epsilon does not depend on it, only the split of the noise)")
+  parser.add_argument("--table-rows", type=int, nargs="+", metavar="V",
+                      help="adafest, adafest+ with --target-epsilon and no --sigma-ratio: the "
+                           "rows of each table the selection covers; sigma1/sigma2 and the "
+                           "threshold then follow the rule make_private and sparse-dp train "
+                           "use (docs/adafest_defaults.md); without either, sigma1/sigma2 = "
+                           f"{PAPER_SIGMA_RATIO:g}, the paper's")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 
@@ -74,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"sparse-dp privacy: warning: --delta {args.delta:g} >= 1/N = "
           f"{1.0 / args.num_examples:g}; delta should be much smaller than 1/N, since "
           "delta = 1/N allows releasing one example outright", file=sys.stderr)
+  rule = _adafest_rule(args, algorithm)
   if args.target_epsilon is not None:
+    ratio = args.sigma_ratio or (rule.sigma_ratio if rule else PAPER_SIGMA_RATIO)
     spec = calibrate(algorithm, args.target_epsilon, delta, schedule, args.accountant,
-                     sigma_ratio=args.sigma_ratio or 5.0,
-                     selection_epsilon=args.fest_epsilon or 0.0)
+                     sigma_ratio=ratio, selection_epsilon=args.fest_epsilon or 0.0)
   else:
     spec = PrivacySpec(algorithm=algorithm, schedule=schedule,
                        noise_multiplier=args.noise_multiplier, sigma1=args.sigma1,
@@ -89,12 +97,37 @@ def run(args: argparse.Namespace) -> int:
     out = report.to_dict()
     if args.target_epsilon is not None:
       out["target_epsilon"] = args.target_epsilon
+    if rule:
+      out["threshold_sigmas"] = rule.threshold_sigmas
     if note:
       out["note"] = note
     print(json.dumps(out))
   else:
-    print("\n".join(filter(None, [report.statement(), note])))
+    print("\n".join(filter(None, [_with_threshold(report.statement(), rule), note])))
   return 0
+
+
+def _with_threshold(statement: str, rule: Optional[AdaFestSettings]) -> str:
+  """``statement`` with the rule's threshold after its noise line (unchanged without one)."""
+  if rule is None:
+    return statement
+  lines = statement.split("\n")
+  noise = next(i for i, line in enumerate(lines) if line.startswith("  Noise:"))
+  lines.insert(noise + 1, f"  Threshold: tau = {rule.threshold_sigmas:.4g} sigma1 C1, by the "
+                          "rule on the tables (docs/adafest_defaults.md)")
+  return "\n".join(lines)
+
+
+def _adafest_rule(args: argparse.Namespace, algorithm: Algorithm) -> Optional[AdaFestSettings]:
+  """The threshold rule's settings for ``--table-rows`` (the ratio only where not given),
+  or ``None`` without the flag."""
+  if args.table_rows is None:
+    return None
+  if not algorithm.uses_contribution_map or args.target_epsilon is None:
+    raise ValueError("--table-rows only applies to adafest and adafest+ with --target-epsilon")
+  if min(args.table_rows) <= 0:
+    raise ValueError(f"--table-rows must be > 0 each, got {min(args.table_rows)}")
+  return adafest_settings(args.table_rows, args.batch_size, sigma_ratio=args.sigma_ratio)
 
 
 def _discretization_note(spec: PrivacySpec, accountant: str) -> str:

@@ -7,9 +7,9 @@ import warnings
 from typing import Optional, Sequence, Union
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.adafest_defaults import adafest_settings
 from sparse_dp.accounting.algorithms import check_positive
 from sparse_dp.mechanisms.selection.row_selection import false_positive_probability
-from sparse_dp.training.adafest_defaults import adafest_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,14 +25,14 @@ class DPConfig:
     target_epsilon: instead of the noise, calibrate it to this epsilon over
       the planned epochs (``sigma1 / sigma2 = sigma_ratio`` for AdaFEST).
     sigma_ratio: ``sigma1 / sigma2`` when calibrating AdaFEST. ``None`` (default):
-      ``8 / threshold_sigmas`` (:mod:`sparse_dp.training.adafest_defaults`).
+      ``8 / threshold_sigmas`` (:mod:`sparse_dp.accounting.adafest_defaults`).
     contribution_clip: ``C1``, the contribution-vector norm bound.
     threshold_sigmas: the threshold ``tau`` in units of the contribution map's
       noise, ``tau = threshold_sigmas * sigma1 * C1``: a row nobody touched is then
       selected with probability ``Psi(threshold_sigmas)`` whatever noise the
       calibration picks (§3.2, App. B.2). ``None`` (default): the least value that
       lets at most ``0.01 B`` untouched rows through a step, at least 1
-      (:func:`~sparse_dp.training.adafest_defaults.default_threshold_sigmas`).
+      (:func:`~sparse_dp.accounting.adafest_defaults.default_threshold_sigmas`).
       Ignored when ``threshold`` is given.
     threshold: ``tau`` in absolute units (contributions of examples), instead
       of ``threshold_sigmas``.
@@ -142,7 +142,7 @@ class DPConfig:
 
     Returns:
       ``self`` for an algorithm without a contribution map, else a copy with the values the
-      run uses (:func:`~sparse_dp.training.adafest_defaults.adafest_settings`):
+      run uses (:func:`~sparse_dp.accounting.adafest_defaults.adafest_settings`):
       ``threshold_sigmas`` ``None`` under an absolute ``threshold``, and ``sigma_ratio``
       ``sigma1 / sigma2`` where those are given without ``target_epsilon``.
     """

@@ -40,8 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Training, bottom up: what a run keeps and how it samples, the DP step, the
     # checks that refuse a model, make_private and the Keras wrappers, the TPU
     # loop and the public names.
-    ("sparse_dp.training.adafest_defaults", "sparse_dp.training.config",
-     "sparse_dp.training.dp_state", "sparse_dp.training.poisson"),
+    ("sparse_dp.training.config", "sparse_dp.training.dp_state", "sparse_dp.training.poisson"),
     ("sparse_dp.training.dp_step",),
     ("sparse_dp.training.checks",),
     ("sparse_dp.training.wrappers",),

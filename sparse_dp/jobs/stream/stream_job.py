@@ -20,6 +20,7 @@ import pathlib
 import re
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.adafest_defaults import RULE
 from sparse_dp.accounting.ledger import check_budget
 from sparse_dp.jobs import job_output
 from sparse_dp.jobs.train import job_flags
@@ -96,7 +97,6 @@ _SETTINGS_BEFORE_RECORDED = {"optimizer": "adam", "embedding_dim": None,
 
 def _settings_record(args, train_days, eval_days) -> dict:
   """What must not change between a crashed job and its rerun."""
-  from sparse_dp.training.adafest_defaults import RULE
   names = ("data", "streaming_period", "algorithm", "fest_frequencies", "examples_per_day",
            "eval_examples_per_day", "synthetic_scale", "epsilon_per_period", "delta", "epochs",
            "batch_size", "learning_rate", "optimizer", "l2_norm_clip", "contribution_clip",

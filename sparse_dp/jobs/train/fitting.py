@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.accounting import Algorithm, BatchSchedule, calibrate, steps_for_epochs
+from sparse_dp.accounting.adafest_defaults import adafest_settings
 from sparse_dp.accounting.report import NOT_POISSON
 from sparse_dp.distribute import ParameterServerTraining
 from sparse_dp.distribute.local_cluster import strategy_named
@@ -45,7 +46,6 @@ from sparse_dp.models.pctr import HIDDEN_UNITS, build_pctr_model, embedding_dim,
 from sparse_dp.models.pctr_data import StreamedExamples
 from sparse_dp.optimizers import LazyAdam, RowwiseAdagrad
 from sparse_dp.training import DPConfig, make_private
-from sparse_dp.training.adafest_defaults import adafest_settings
 from sparse_dp.training.config import dense_table_names
 from sparse_dp.training.poisson.poisson_sampling import head
 from sparse_dp.training.tpu_loop import ONE_ENGINE_ROUTE, TPUTrainer

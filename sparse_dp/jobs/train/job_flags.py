@@ -49,7 +49,7 @@ class FitSettings:
 
 
 # The defaults of --sigma-ratio and --tau-sigmas before they followed the threshold rule
-# (sparse_dp.training.adafest_defaults): what stream records and study caches hold.
+# (sparse_dp.accounting.adafest_defaults): what stream records and study caches hold.
 DEFAULTS_BEFORE_RULE = {"sigma_ratio": 2.0, "tau_sigmas": 4.0}
 
 

@@ -9,6 +9,7 @@ import dp_accounting
 import pytest
 from dp_accounting import pld
 
+from sparse_dp.accounting.adafest_defaults import adafest_settings
 from sparse_dp.cli import main
 
 N, B, STEPS = 500_000, 1000, 2000
@@ -54,6 +55,26 @@ def test_target_epsilon_for_adafest(capsys):
   assert 0.98 * 2 <= reference_epsilon(out["effective_noise_multiplier"]) <= 2
 
 
+def test_table_rows_give_the_split_and_threshold_of_the_rule(capsys):
+  rows = [82_743, 60_000, 40_000]
+  out = run_json(capsys, "--algorithm", "adafest", "--target-epsilon", "2", "--table-rows",
+                 *map(str, rows))
+  rule = adafest_settings(rows, B)
+  assert out["sigma1"] / out["sigma2"] == pytest.approx(rule.sigma_ratio)
+  assert out["threshold_sigmas"] == pytest.approx(rule.threshold_sigmas)
+  paper = run_json(capsys, "--algorithm", "adafest", "--target-epsilon", "2")
+  assert paper["sigma1"] / paper["sigma2"] == pytest.approx(5.0) and "threshold_sigmas" not in paper
+  assert out["effective_noise_multiplier"] == pytest.approx(paper["effective_noise_multiplier"])
+  given = run_json(capsys, "--algorithm", "adafest", "--target-epsilon", "2", "--table-rows",
+                   "1000", "--sigma-ratio", "3")
+  assert given["sigma1"] / given["sigma2"] == pytest.approx(3.0)
+  assert main(["privacy", *COMMON, "--algorithm", "adafest", "--target-epsilon", "2",
+               "--table-rows", "1000"]) == 0
+  text = capsys.readouterr().out.splitlines()
+  noise = next(i for i, line in enumerate(text) if line.startswith("  Noise:"))
+  assert text[noise + 1].startswith("  Threshold: tau = ")
+
+
 def test_epochs_and_statement(capsys):
   assert main(["privacy", "--algorithm", "dpsgd", "--num-examples", "60000",
                "--batch-size", "256", "--epochs", "2", "--noise-multiplier", "1.1"]) == 0
@@ -72,6 +93,11 @@ def test_epochs_and_statement(capsys):
     (["--algorithm", "fest", "--noise-multiplier", "1"], "needs --fest-epsilon"),
     (["--algorithm", "adafest", "--noise-multiplier", "1"], "does not apply"),
     (["--algorithm", "dpsgd", "--noise-multiplier", "1", "--target-epsilon", "1"], "not both"),
+    (["--algorithm", "adafest", "--target-epsilon", "1", "--table-rows", "0"], "must be > 0"),
+    (["--algorithm", "adafest", "--sigma1", "1", "--sigma2", "1", "--table-rows", "9"],
+     "--table-rows only applies"),
+    (["--algorithm", "dpsgd", "--target-epsilon", "1", "--table-rows", "9"],
+     "--table-rows only applies"),
 ])
 def test_bad_flags_exit_nonzero_with_one_line(capsys, flags, message):
   assert main(["privacy", *COMMON, *flags]) != 0

@@ -1,4 +1,4 @@
-"""A study run's cache key across the threshold rule (sparse_dp.training.adafest_defaults)."""
+"""A study run's cache key across the threshold rule (sparse_dp.accounting.adafest_defaults)."""
 
 from sparse_dp.jobs.study.runner import runs
 from sparse_dp.jobs.train.job_flags import FitSettings

@@ -21,10 +21,10 @@ from sparse_dp.accounting import (
   effective_noise_multiplier,
   steps_for_epochs,
 )
+from sparse_dp.accounting.adafest_defaults import adafest_settings
 from sparse_dp.jobs.train import fitting
 from sparse_dp.jobs.train.job_flags import FitSettings
 from sparse_dp.mechanisms.platt_scaling import DEFAULT_STEPS
-from sparse_dp.training.adafest_defaults import adafest_settings
 
 N, BATCH, SIZES = 2_500, 256, [30, 40]
 

@@ -7,13 +7,13 @@ import tensorflow as tf
 
 import sparse_dp
 from sparse_dp import keras
+from sparse_dp.accounting.adafest_defaults import (
+  THRESHOLD_TIMES_RATIO,
+  adafest_settings,
+  default_threshold_sigmas,
+)
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.selection.row_selection import false_positive_probability
-from sparse_dp.training.adafest_defaults import (
-    THRESHOLD_TIMES_RATIO,
-    adafest_settings,
-    default_threshold_sigmas,
-)
 
 PCTR_ROWS = 338_834  # the default job's 26 hashed tables
 

@@ -24,6 +24,7 @@ import statistics
 from typing import Any, Callable, Optional, Sequence
 
 from sparse_dp.accounting import Algorithm
+from sparse_dp.accounting.adafest_defaults import RULE
 from sparse_dp.jobs.study.presets import StudyPreset
 from sparse_dp.jobs.study.runner.inputs import StudyInputs
 from sparse_dp.jobs.study.runner.train_arguments import train_arguments
@@ -54,7 +55,7 @@ def _settings_key(settings: job_flags.FitSettings) -> dict:
 
 def uses_adafest_rule(settings: job_flags.FitSettings, algorithm: str) -> bool:
   """Whether a run of ``algorithm`` takes its threshold or noise ratio from the rule of
-  :mod:`sparse_dp.training.adafest_defaults` (its key then holds the rule's constants)."""
+  :mod:`sparse_dp.accounting.adafest_defaults` (its key then holds the rule's constants)."""
   return Algorithm.parse(algorithm).uses_contribution_map and (
       settings.sigma_ratio is None or (settings.tau_sigmas is None and settings.tau is None))
 
@@ -138,7 +139,6 @@ class Runner:
     if self.preset.version != 1:
       key["preset_version"] = self.preset.version
     if uses_adafest_rule(settings, point.algorithm):
-      from sparse_dp.training.adafest_defaults import RULE
       key["adafest_rule"] = list(RULE)
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = self.folder / f"{name}.json"
