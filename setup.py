@@ -36,6 +36,7 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     "test": ["pytest>=8,<10", "ruff==0.17.6",  # `ruff check .`, run by .ci/run
+             "pytest-xdist==3.8.0",  # `pytest -n auto`: the fast tier on every core
              "nbclient==0.11.0", "ipykernel==7.4.0", "jupytext==1.19.6",
              # the manual (docs/, mkdocs.yml), built with --strict: tests/architecture/test_docs.py
              "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8",
