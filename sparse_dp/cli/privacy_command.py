@@ -20,6 +20,7 @@ from sparse_dp.accounting import (
   steps_for_epochs,
 )
 from sparse_dp.accounting.adafest_defaults import AdaFestSettings, adafest_settings
+from sparse_dp.accounting.algorithms import check_positive
 from sparse_dp.accounting.discretization import DEFAULT_INTERVAL, pld_interval
 
 _PRIVATE = [a.value for a in Algorithm if a.is_private]
@@ -52,13 +53,14 @@ def add_parser(commands) -> None:
                       help="calibrate the noise to this epsilon instead")
   parser.add_argument("--sigma-ratio", type=float, metavar="R",
                       help="adafest, adafest+ with --target-epsilon: sigma1/sigma2 (the "
-                           "epsilon does not depend on it, only the split of the noise)")
+                           "epsilon does not depend on it, only the split of the noise); "
+                           f"default: by the rule with --table-rows, else {PAPER_SIGMA_RATIO:g}, "
+                           "the paper's")
   parser.add_argument("--table-rows", type=int, nargs="+", metavar="V",
-                      help="adafest, adafest+ with --target-epsilon and no --sigma-ratio: the "
-                           "rows of each table the selection covers; sigma1/sigma2 and the "
-                           "threshold then follow the rule make_private and sparse-dp train "
-                           "use (docs/adafest_defaults.md); without either, sigma1/sigma2 = "
-                           f"{PAPER_SIGMA_RATIO:g}, the paper's")
+                      help="adafest, adafest+ with --target-epsilon: the rows of each table "
+                           "the selection covers; the threshold, and sigma1/sigma2 unless "
+                           "--sigma-ratio is given, then follow the rule make_private and "
+                           "sparse-dp train use (docs/adafest_defaults.md)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.set_defaults(run=run)
 
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
           "delta = 1/N allows releasing one example outright", file=sys.stderr)
   rule = _adafest_rule(args, algorithm)
   if args.target_epsilon is not None:
-    ratio = args.sigma_ratio or (rule.sigma_ratio if rule else PAPER_SIGMA_RATIO)
+    ratio = args.sigma_ratio if args.sigma_ratio is not None else (
+        rule.sigma_ratio if rule else PAPER_SIGMA_RATIO)
     spec = calibrate(algorithm, args.target_epsilon, delta, schedule, args.accountant,
                      sigma_ratio=ratio, selection_epsilon=args.fest_epsilon or 0.0)
   else:
@@ -165,6 +168,8 @@ def _check_flags(args: argparse.Namespace, algorithm: Algorithm) -> None:
   if args.target_epsilon is not None:
     if noise:
       raise ValueError(f"give either --target-epsilon or {' '.join(noise)}, not both")
+    if args.sigma_ratio is not None:
+      check_positive("--sigma-ratio (sigma1/sigma2)", args.sigma_ratio)
   elif args.sigma_ratio is not None:
     raise ValueError("--sigma-ratio only applies with --target-epsilon")
   elif len(noise) != len(needs.split()) // 2:

@@ -194,3 +194,55 @@ def test_one_name_per_module():
       by_name.setdefault(path.stem, []).append(name)
   shared = {stem: names for stem, names in by_name.items() if len(names) > 1}
   assert not shared, f"modules that share a name (rename one): {shared}"
+
+
+# What loads TensorFlow (or a Keras on top of it) when imported.
+TENSORFLOW = ("tensorflow", "keras", "tf_keras", "tensorflow_recommenders")
+
+
+def _top_level_imports(path: pathlib.Path) -> set[str]:
+  """The names a module imports when it is imported: its body's imports (inside ``if`` and
+  ``try`` too), not those inside functions or classes, which run later if at all."""
+  names, pending = set(), list(ast.parse(path.read_text(), str(path)).body)
+  while pending:
+    node = pending.pop()
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      names.update([node.module] + [f"{node.module}.{alias.name}" for alias in node.names])
+    elif isinstance(node, (ast.If, ast.Try)):
+      pending.extend(ast.iter_child_nodes(node))
+    elif isinstance(node, ast.ExceptHandler):
+      pending.extend(node.body)
+  return names
+
+
+def loaded_on_import(module: str) -> set[str]:
+  """The package's modules that importing ``module`` runs, through top-level imports."""
+  files, loaded, pending = module_files(), set(), [module]
+  while pending:
+    name = pending.pop()
+    for ran in _packages_run(name, files) - loaded:
+      loaded.add(ran)
+      pending.extend(filter(None, (_enclosing_module(target, files)
+                                   for target in _top_level_imports(files[ran]))))
+  return loaded
+
+
+def tensorflow_importers(modules) -> dict[str, list[str]]:
+  """Those of ``modules`` that import TensorFlow or a Keras at their top, with what."""
+  files = module_files()
+  found = {name: sorted(target for target in _top_level_imports(files[name])
+                        if target.split(".")[0] in TENSORFLOW) for name in modules}
+  return {name: targets for name, targets in found.items() if targets}
+
+
+def test_the_privacy_calculator_loads_no_tensorflow():
+  """``sparse-dp privacy`` (and every accountant module) starts in a second: no module it
+  runs on import imports TensorFlow or Keras at its top."""
+  modules = loaded_on_import("sparse_dp.cli.privacy_command") | {
+      name for name in module_files() if name.startswith("sparse_dp.accounting")}
+  assert "sparse_dp.accounting.adafest_defaults" in modules
+  assert not tensorflow_importers(modules)
+  # The check sees it where it is: the training package's config runs its __init__.
+  assert tensorflow_importers(loaded_on_import("sparse_dp.training.config"))

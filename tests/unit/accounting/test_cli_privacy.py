@@ -94,6 +94,8 @@ def test_epochs_and_statement(capsys):
     (["--algorithm", "adafest", "--noise-multiplier", "1"], "does not apply"),
     (["--algorithm", "dpsgd", "--noise-multiplier", "1", "--target-epsilon", "1"], "not both"),
     (["--algorithm", "adafest", "--target-epsilon", "1", "--table-rows", "0"], "must be > 0"),
+    (["--algorithm", "adafest", "--target-epsilon", "1", "--sigma-ratio", "0"],
+     "--sigma-ratio (sigma1/sigma2) must be"),
     (["--algorithm", "adafest", "--sigma1", "1", "--sigma2", "1", "--table-rows", "9"],
      "--table-rows only applies"),
     (["--algorithm", "dpsgd", "--target-epsilon", "1", "--table-rows", "9"],

@@ -138,9 +138,16 @@ def _fitted(dense_tables=(), embedding="cpu"):
   model = _model()
   private = _private(model, embedding, dense_tables=list(dense_tables))
   model.fit(private.poisson_dataset((users, items), labels, epochs=1), verbose=0)
-  return ([w.numpy() for w in model.trainable_weights],
-          {name: model.get_layer(name).embeddings.numpy() for name in ("users", "items")},
+  return ([_read_only(w.numpy()) for w in model.trainable_weights],
+          {name: _read_only(model.get_layer(name).embeddings.numpy())
+           for name in ("users", "items")},
           private.epsilon(delta=1e-5), private.step_noise.dense_tables, private.report())
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+  """``array``, refusing writes: the tests that share :func:`_fitted` cannot change it."""
+  array.setflags(write=False)
+  return array
 
 
 def test_fit_moves_every_row_of_a_dense_table_at_the_epsilon_of_the_sparse_run():
