@@ -31,12 +31,10 @@ def batch(rows):
 
 def direct_step(model, private, route):
   """The DP step as a custom loop calls it: ``make_train_function()`` of a model compiled
-  with ``jit_compile=True``, or ``tf.function(model.train_step, jit_compile=True)`` (its
-  optimizer's weights made first, as sparse_dp's own loops make them: traced once, not twice)."""
+  with ``jit_compile=True``, or ``tf.function(model.train_step, jit_compile=True)``."""
   if route == "make_train_function":
     train = model.make_train_function()
     return lambda data: train(iter(tf.data.Dataset.from_tensors(data)))
-  private.create_optimizer_weights()
   return tf.function(model.train_step, jit_compile=True)
 
 
