@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
           "delta = 1/N allows releasing one example outright", file=sys.stderr)
   rule = _adafest_rule(args, algorithm)
   if args.target_epsilon is not None:
-    ratio = args.sigma_ratio if args.sigma_ratio is not None else (
-        rule.sigma_ratio if rule else PAPER_SIGMA_RATIO)
+    # the rule's settings already hold a given --sigma-ratio
+    ratio = rule.sigma_ratio if rule else (
+        args.sigma_ratio if args.sigma_ratio is not None else PAPER_SIGMA_RATIO)
     spec = calibrate(algorithm, args.target_epsilon, delta, schedule, args.accountant,
                      sigma_ratio=ratio, selection_epsilon=args.fest_epsilon or 0.0)
   else:
