@@ -23,7 +23,6 @@ import copy
 import dataclasses
 import enum
 import functools
-import inspect
 import math
 from typing import Optional
 
@@ -33,6 +32,7 @@ from dp_accounting import rdp as dp_rdp
 
 from sparse_dp.accounting.algorithms import check_positive
 from sparse_dp.accounting.discretization import COARSE_INTERVAL, DEFAULT_INTERVAL, pld_interval
+from sparse_dp.accounting.gaussian_pld import subsampled_gaussian_pld
 from sparse_dp.accounting.schedule import BatchSchedule
 
 
@@ -91,15 +91,16 @@ class AccountantKind(str, enum.Enum):
 
 class StepCachingPLDAccountant(dp_pld.PLDAccountant):
   """``dp_accounting``'s PLD accountant, with the PLD of each distinct Poisson-subsampled
-  Gaussian step built once per process.
+  Gaussian step built once per process, and faster.
 
-  Building one step's PLD (its privacy loss on the grid) takes ~0.7 s at the default
-  interval; composing it ``T`` times by FFT, ~0.1 s. A search over steps (the most
-  steps within a budget) or a run's repeated epsilon queries compose the same step
-  again and again, and ``dp_accounting`` builds it anew each time. Here it is built by
-  the same call ``dp_accounting`` makes, kept (PLDs are immutable: ``compose`` and
-  ``self_compose`` return new ones) and composed as it composes it, so the epsilon is
-  the same, bit for bit (``tests/unit/accounting/test_accounting.py`` compares them).
+  ``dp_accounting`` builds a step's PLD anew for each query (~0.1-2 s at the default
+  interval; composing it ``T`` times by FFT, ~0.1 s), and a search over steps or a run's
+  repeated epsilon queries compose the same step again and again. Here it is built by
+  :func:`~sparse_dp.accounting.gaussian_pld.subsampled_gaussian_pld` (the same connect-the-dots
+  grid, ~10x faster), kept (PLDs are immutable: ``compose`` and ``self_compose`` return new
+  ones) and composed as ``dp_accounting`` composes it: the same epsilon, bit for bit on
+  dp-accounting 0.4.3 (``tests/unit/accounting/test_accounting.py``,
+  ``test_gaussian_pld.py``).
   """
 
   def _maybe_compose(self, event: dp_accounting.DpEvent, count: int, do_compose: bool):
@@ -115,19 +116,7 @@ class StepCachingPLDAccountant(dp_pld.PLDAccountant):
     return super()._maybe_compose(event, count, do_compose)
 
 
-# dp-accounting >= 0.5 passes the accountant's neighbouring relation on; 0.4.3 has no such argument.
-_PASSES_RELATION = "neighboring_relation" in inspect.signature(
-    dp_pld.privacy_loss_distribution.from_gaussian_mechanism).parameters
-
-
-@functools.lru_cache(maxsize=64)
-def _subsampled_gaussian_pld(noise_multiplier: float, sampling_rate: float, interval: float):
-  """One Poisson-subsampled Gaussian step's PLD, as ``dp_pld.PLDAccountant`` builds it."""
-  relation = ({"neighboring_relation": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE}
-              if _PASSES_RELATION else {})
-  return dp_pld.privacy_loss_distribution.from_gaussian_mechanism(
-      standard_deviation=noise_multiplier, value_discretization_interval=interval,
-      sampling_prob=sampling_rate, **relation)
+_subsampled_gaussian_pld = functools.lru_cache(maxsize=64)(subsampled_gaussian_pld)
 
 
 @dataclasses.dataclass(frozen=True)

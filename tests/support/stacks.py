@@ -20,6 +20,10 @@ NO_TF_PRIVACY = ("TF Privacy is not in the Python 3.12+ stack (TF 2.21): TF Priv
                  "caps TensorFlow <= 2.15 and Python < 3.12; this check runs on Python 3.11")
 requires_tf_privacy = pytest.mark.skipif(not TF_PRIVACY_STACK, reason=NO_TF_PRIVACY)
 
+# The PLD builder of sparse_dp.accounting.gaussian_pld takes dp-accounting 0.4.3's floating-
+# point steps (the 3.11 stack): the same bits there, the same to float rounding on 0.6.
+SAME_PLD_BITS = TF_PRIVACY_STACK
+
 STACKS = ("tf2.15", "tf2.21")
 STACK = STACKS[0] if TF_PRIVACY_STACK else STACKS[1]
 

@@ -21,7 +21,7 @@ from sparse_dp.accounting import (
 )
 from sparse_dp.accounting.discretization import pld_interval
 
-from support.stacks import requires_tf_privacy
+from support.stacks import SAME_PLD_BITS, requires_tf_privacy
 
 N = 1_000_000
 Q = 1024 / N
@@ -46,8 +46,9 @@ def test_dpsgd_matches_dp_accounting(kind):
 
 
 def test_the_step_caching_pld_accountant_gives_dp_accountings_epsilon_bit_for_bit():
-  """Each distinct step's PLD is built once and reused: the same epsilon and delta as
-  dp_accounting's own accountant, on every event a run composes."""
+  """Each distinct step's PLD is built once and reused: the same epsilon as dp_accounting's
+  own accountant, on every event a run composes; the same delta too, to the bit on
+  dp-accounting 0.4.3 and to float rounding on 0.6 (``test_gaussian_pld.py``)."""
   from sparse_dp.accounting.accountant import StepCachingPLDAccountant
   two_runs = dp_accounting.ComposedDpEvent([
       gaussian_steps_event(1.3, Q, 700), gaussian_steps_event(0.8, 2 * Q, 300),
@@ -62,7 +63,8 @@ def test_the_step_caching_pld_accountant_gives_dp_accountings_epsilon_bit_for_bi
     for repeat in range(2):  # built, then reused
       cached = StepCachingPLDAccountant(value_discretization_interval=interval).compose(event)
       assert cached.get_epsilon(1 / N) == plain.get_epsilon(1 / N), (interval, event, repeat)
-      assert cached.get_delta(2.0) == plain.get_delta(2.0)
+      assert cached.get_delta(2.0) == pytest.approx(plain.get_delta(2.0),
+                                                    abs=0 if SAME_PLD_BITS else 1e-12)
   assert isinstance(PrivacyAccountant("pld").kind.new(), StepCachingPLDAccountant)
 
 
