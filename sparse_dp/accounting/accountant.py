@@ -99,8 +99,8 @@ class StepCachingPLDAccountant(dp_pld.PLDAccountant):
   :func:`~sparse_dp.accounting.gaussian_pld.subsampled_gaussian_pld` (the same connect-the-dots
   grid, ~10x faster), kept (PLDs are immutable: ``compose`` and ``self_compose`` return new
   ones) and composed as ``dp_accounting`` composes it: the same epsilon, bit for bit on
-  dp-accounting 0.4.3 (``tests/unit/accounting/test_accounting.py``,
-  ``test_gaussian_pld.py``).
+  dp-accounting 0.4.3 but for grid points within ``1e-9`` of the largest loss, where it is
+  never smaller (``tests/unit/accounting/test_accounting.py``, ``test_gaussian_pld.py``).
   """
 
   def _maybe_compose(self, event: dp_accounting.DpEvent, count: int, do_compose: bool):

@@ -6,8 +6,9 @@ Distributions", PETS 2022): the hockey-stick divergence ``delta(eps)`` at every 
 ``eps = i * Delta`` between the loss's tail bounds, then a pessimistic PMF from them. Each
 point needs the inverse privacy loss ``x(eps)``, which dp-accounting 0.4-0.6 finds in a
 Python loop: ~1 s a step at ``Delta = 1e-4``. Here the points are computed at once, and
-``dp_accounting``'s own bounds, CDFs and PMF constructor do the rest: the same distribution
-to within float rounding (``tests/unit/accounting/test_gaussian_pld.py``), ~10x faster.
+``dp_accounting``'s own bounds, CDFs and PMF constructor do the rest, ~10x faster: the same
+distribution to within float rounding (``tests/unit/accounting/test_gaussian_pld.py``), never
+a smaller ``delta`` (:func:`hockey_stick_deltas`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def subsampled_gaussian_pld(noise_multiplier: float, sampling_rate: float,
       remove, _connect_the_dots(noise_multiplier, sampling_rate, interval, _ADD))
 
 
-def _connect_the_dots(sigma: float, q: float, interval: float, adjacency) -> pld_pmf.PLDPmf:
+def _connect_the_dots(sigma: float, q: float, interval: float,
+                      adjacency: mechanisms.AdjacencyType) -> pld_pmf.PLDPmf:
   loss = mechanisms.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=adjacency)
   bounds = loss.connect_dots_bounds()
   lower = math.floor(bounds.epsilon_lower / interval)
@@ -65,13 +67,23 @@ def hockey_stick_deltas(loss: mechanisms.GaussianPrivacyLoss,
   largest loss of addition, ``-log(1 - q)``, ``delta`` is 0; below the smallest of removal,
   ``log(1 - q)``, it is ``1 - e^eps``.
 
+  ``dp_accounting``'s ``loss.get_delta_for_epsilon(epsilons)``, to the bit on 0.4.3 except
+  within ``1e-9`` (relative) of ``-+log(1 - q)``, where it takes ``x = -+inf`` and this
+  evaluates ``x``: a ``delta`` never smaller there.
+
   Args:
     loss: a Gaussian privacy loss of sensitivity 1, adjacency add or remove.
     epsilons: the ``eps`` values, float64.
 
   Returns:
     ``delta`` at each ``eps``, clipped to ``[0, 1]``.
+
+  Raises:
+    ValueError: ``loss`` has another sensitivity or adjacency.
   """
+  if loss.sensitivity != 1 or loss.adjacency_type not in (_ADD, _REMOVE):
+    raise ValueError(f"a Gaussian loss of sensitivity 1 under addition or removal is needed, "
+                     f"got sensitivity {loss.sensitivity}, {loss.adjacency_type}")
   q, sigma = loss.sampling_prob, loss.standard_deviation
   deltas = np.zeros_like(epsilons, dtype=float)
   if loss.adjacency_type == _ADD:
@@ -81,24 +93,27 @@ def hockey_stick_deltas(loss: mechanisms.GaussianPrivacyLoss,
     inside = epsilons > math.log1p(-q) if q < 1 else np.ones(epsilons.shape, bool)
     deltas[~inside] = -np.expm1(epsilons[~inside])
     x = -0.5 - sigma ** 2 * _log_subsampled(epsilons[inside], q)
-  deltas[inside] = loss.mu_upper_cdf(x) - np.exp(epsilons[inside] + loss.mu_lower_log_cdf(x))
+  with np.errstate(invalid="ignore"):  # log-CDFs at x = -inf: logaddexp(-inf, -inf) = -inf
+    deltas[inside] = loss.mu_upper_cdf(x) - np.exp(epsilons[inside] + loss.mu_lower_log_cdf(x))
   return np.clip(deltas, 0, 1)
 
 
 def _log_subsampled(s: np.ndarray, q: float) -> np.ndarray:
   """``L(s) = log(1 + (e^s - 1) / q) = log(a e^s + c)``, ``a = 1 / q``, ``c = 1 - 1 / q``, for
-  ``e^s > 1 - q``; ``-inf`` where they are equal.
+  ``e^s > 1 - q``; ``-inf`` where they are equal to rounding.
 
-  As ``dp_accounting`` evaluates it for ``c < 0``: ``d + log1p(-exp(log(-c) - d))`` with
-  ``d = s + log(a)``, and ``log(a + c)`` at ``s = 0``. The same floating-point steps give the
-  same grid on dp-accounting 0.4.3, to the bit.
+  As ``dp_accounting`` evaluates it for ``c < 0``: ``d + log1p(-t)``, ``t = exp(log(-c) - d)``,
+  ``d = s + log(a)``, and ``log(a + c)`` at ``s = 0``: the same bits on dp-accounting 0.4.3.
+  Where rounding makes ``t >= 1`` (``s`` within a few ulps of ``log(1 - q)``), ``-inf``, the
+  limit: ``x = -+inf``, as ``dp_accounting`` takes within ``1e-9`` of it.
   """
   if q == 1.0:
     return s
   d = s + np.log(1 / q)
-  with np.errstate(divide="ignore"):
-    return np.where(s == 0, np.log(1 / q + (1 - 1 / q)),
-                    d + np.log1p(-np.exp(np.log(1 / q - 1) - d)))
+  t = np.exp(np.log(1 / q - 1) - d)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    logs = np.where(t >= 1, -np.inf, d + np.log1p(-t))
+  return np.where(s == 0, np.log(1 / q + (1 - 1 / q)), logs)
 
 
 __all__ = ["hockey_stick_deltas", "subsampled_gaussian_pld"]
