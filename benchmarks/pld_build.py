@@ -73,7 +73,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
-  calls = user_calls()  # first: the builds below would fill the accountant's cache
+  calls = user_calls()
   rows = build_times(args.repeats)
   result = {"dp_accounting": metadata.version("dp-accounting"),
             "python": platform.python_version(), "interval": INTERVAL, "builds": rows,

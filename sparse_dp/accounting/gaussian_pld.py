@@ -85,12 +85,13 @@ def hockey_stick_deltas(loss: mechanisms.GaussianPrivacyLoss,
     raise ValueError(f"a Gaussian loss of sensitivity 1 under addition or removal is needed, "
                      f"got sensitivity {loss.sensitivity}, {loss.adjacency_type}")
   q, sigma = loss.sampling_prob, loss.standard_deviation
+  smallest_removal_loss = math.log1p(-q) if q < 1 else -math.inf  # -(largest of addition)
   deltas = np.zeros_like(epsilons, dtype=float)
   if loss.adjacency_type == _ADD:
-    inside = epsilons < -math.log1p(-q) if q < 1 else np.ones(epsilons.shape, bool)
+    inside = epsilons < -smallest_removal_loss
     x = 0.5 + sigma ** 2 * _log_subsampled(-epsilons[inside], q)
   else:
-    inside = epsilons > math.log1p(-q) if q < 1 else np.ones(epsilons.shape, bool)
+    inside = epsilons > smallest_removal_loss
     deltas[~inside] = -np.expm1(epsilons[~inside])
     x = -0.5 - sigma ** 2 * _log_subsampled(epsilons[inside], q)
   with np.errstate(invalid="ignore"):  # log-CDFs at x = -inf: logaddexp(-inf, -inf) = -inf
