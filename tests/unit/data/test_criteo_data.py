@@ -3,10 +3,11 @@
 import gzip
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sparse_dp.data.criteo import CriteoReader, MalformedLineError, integer_features
-from sparse_dp.data.criteo_format import TABLE3_VOCABULARY_SIZES
+from sparse_dp.data.criteo_format import INTEGER_NAMES, TABLE3_VOCABULARY_SIZES
 from sparse_dp.data.synthetic import SyntheticCriteo, planted_auc
 from sparse_dp.models.pctr_data import CriteoSplit, EncodedSplit, hashed_vocabulary, model_inputs
 
@@ -37,6 +38,35 @@ def test_malformed_line_names_file_and_line_or_is_skipped_and_counted(tmp_path, 
   assert f"train.txt:5: {reason}" in str(error.value)
   reader = CriteoReader([path], chunk_size=2, on_bad_line="skip")
   assert len(reader.read_all()) == 6 and reader.skipped_lines == 1
+
+
+# Fields that a reader could take for something else: quotes, NA strings, comment and
+# separator characters, spaces, leading zeros, negative zero, long integers, non-ASCII text.
+_INTEGER_FIELDS = ["", "0", "-0", "007", "-12", "123456789012", "5"]
+_CATEGORICAL_FIELDS = ["", '"quoted"', '"', "NA", "null", "nan", "N/A", "#x", " spaced ",
+                       "a,b", "1e5", "00012", "\u00e9t\u00e9", "68fd1e64", "\\"]
+
+
+def test_a_chunk_read_by_the_fast_path_equals_its_field_by_field_parse(tmp_path):
+  rng = np.random.default_rng(0)
+  lines = ["\t".join([str(rng.integers(2))] + list(rng.choice(_INTEGER_FIELDS, 13))
+                     + list(rng.choice(_CATEGORICAL_FIELDS, 26))) for _ in range(300)]
+  lines += HAND_WRITTEN
+  fast = CriteoReader([], on_bad_line="skip").parse_lines(lines, "day", 1)
+  # One malformed line sends the chunk through the field-by-field checks.
+  checked_reader = CriteoReader([], on_bad_line="skip")
+  checked = checked_reader.parse_lines(lines + [BAD_LINES[0][0]], "day", 1)
+  assert checked_reader.skipped_lines == 1
+  pd.testing.assert_frame_equal(fast, checked)
+  assert fast["categorical-feature-14"].map(type).isin([str, type(None)]).all()
+  integers = fast[list(INTEGER_NAMES)].to_numpy()
+  assert (integers == 0).any() and not np.signbit(integers[integers == 0]).any()
+
+
+def test_a_non_ascii_digit_is_malformed_in_both_paths(tmp_path):
+  line = HAND_WRITTEN[0].replace("\t1382\t", "\t\u0661\u0663\t", 1)  # Arabic-Indic 13
+  with pytest.raises(MalformedLineError, match="day:2: int_5 = '\u0661\u0663' is not an int"):
+    CriteoReader([]).parse_lines(HAND_WRITTEN[:1] + [line], "day", 1)
 
 
 def test_missing_file_is_named(tmp_path):
