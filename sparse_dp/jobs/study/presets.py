@@ -62,7 +62,7 @@ class StudyPreset:
   adafest_plus: tuple[tuple[int, float], ...]  # (k, tau_sigmas) pairs
   epsilons: tuple[float, ...]
   epsilon_algorithms: tuple[str, ...]
-  # Streaming (``sparse-dp stream``; all 26 features).
+  # Streaming (``sparse-dp stream``).
   stream_train_days: str
   stream_eval_days: str
   stream_period: int
@@ -96,6 +96,9 @@ class StudyPreset:
   # Streaming period lengths (days, Fig. 5's T), each stream run at every one; empty:
   # ``stream_period`` alone.
   stream_periods: tuple[int, ...] = ()
+  # The streams' tables: the first K categorical features (``--categorical-features``);
+  # None: all 26.
+  stream_features: Optional[int] = None
 
   def describe(self) -> dict:
     return dataclasses.asdict(self)
@@ -110,7 +113,7 @@ SMOKE = StudyPreset(
     adafest_plus=((20, 2.0),), epsilons=(1.0, 4.0), epsilon_algorithms=("adafest",),
     stream_train_days="0", stream_eval_days="1", stream_period=1,
     stream_examples_per_day=200, stream_eval_examples_per_day=100,
-    streams=(("fest", "first-day"), ("fest", "running")),
+    streams=(("fest", "first-day"), ("fest", "running")), stream_features=2,
     bench_vocabularies=(1_000,), bench_trainers=("dpsgd", "adafest"), bench_steps=2,
     throughput_scales=(0.01, 0.1), throughput_examples=300,
     throughput_algorithms=("adafest",))

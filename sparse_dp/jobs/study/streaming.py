@@ -46,7 +46,9 @@ def _stream_flags(preset: StudyPreset, data: str, algorithm: str, source: str, s
           "--hidden-units": ",".join(map(str, preset.hidden_units)),
           "--fest-k": preset.fest_ks[0], "--selection-share": preset.selection_share,
           "--tau-sigmas": preset.tau_sigmas[0],
-          "--sigma-ratio": preset.sigma_ratios[0], "--seed": seed, "--state": state}
+          "--sigma-ratio": preset.sigma_ratios[0], "--seed": seed, "--state": state,
+          **({"--categorical-features": preset.stream_features}
+             if preset.stream_features is not None else {})}
 
 
 def _argv(flags: dict[str, Any]) -> list[str]:
