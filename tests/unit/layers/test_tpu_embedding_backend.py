@@ -129,7 +129,8 @@ def test_refusals_name_the_input_and_the_fix():
 def test_train_cli_auto_says_it_trains_with_cpu_off_tpu(tmp_path, capsys):
   # auto resolves to the cpu backend itself off TPU (test_off_tpu_auto_is_cpu_and_...)
   assert main(["train", "--max-examples", "200", "--batch-size", "64", "--hidden-units", "4",
-               "--noise-seed", "3", "--out", str(tmp_path / "auto"), "--json"]) == 0
+               "--categorical-features", "2", "--noise-seed", "3",
+               "--out", str(tmp_path / "auto"), "--json"]) == 0
   printed = capsys.readouterr()
   assert "sparse-dp: embedding auto -> cpu: no TPU strategy" in printed.err.splitlines()
   metrics = json.loads(printed.out)
