@@ -208,6 +208,10 @@ class Embedding(keras.layers.Layer):
         ragged or sparse ids with ``combiner=None``.
       tf.errors.InvalidArgumentError: an id outside ``[0, vocabulary_size)``, outside XLA.
     """
+    return self._looked_up(ids)
+
+  @tf.autograph.experimental.do_not_convert  # no tensor control flow: plain Python traces it
+  def _looked_up(self, ids):
     example, flat_ids, batch_size = self._flatten(ids)
     outside = None
     if compiling_with_xla():  # XLA would compile the check away: see _outside_as_nan
