@@ -70,3 +70,29 @@ def table_ids(x: dict) -> dict:
   """
   categorical = x["categorical"]
   return {f"embedding_{i}": categorical[:, i] for i in range(categorical.shape[1])}
+
+
+def save_model(model: keras.Model, path, include_optimizer: bool = True) -> None:
+  """Writes ``model`` as a SavedModel: its layers' configs, weights, DP record and serving
+  signature.
+
+  Keras's default (``save_traces=True``) also traces every layer's call into the file, about
+  half the save's seconds for 26 tables; ``keras.models.load_model`` rebuilds these models
+  from their configs instead. The ``serving_default`` signature is the one Keras writes:
+  the model's inference call on its inputs, each output named after its layer
+  (``{"logit": [B, 1]}``).
+
+  Args:
+    model: a built model (its inputs known), e.g. :func:`build_pctr_model`'s.
+    path: the SavedModel's folder.
+    include_optimizer: whether to save the optimizer's state too.
+  """
+  args, kwargs = model.save_spec()
+
+  @tf.function
+  def serving_default(*inputs, **named_inputs):
+    outputs = model(*inputs, training=False, **named_inputs)
+    return dict(zip(model.output_names, tf.nest.flatten(outputs)))
+
+  model.save(path, include_optimizer=include_optimizer, save_traces=False,
+             signatures=serving_default.get_concrete_function(*args, **kwargs))

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.jobs.train.job_flags import layer_widths
+from sparse_dp.models import pctr
 from sparse_dp.models.pctr import build_pctr_model
 
 
@@ -99,6 +100,6 @@ def save(model: keras.Model, vocabulary, folder) -> str:
   folder.mkdir(parents=True, exist_ok=True)
   # Compiled with the pCTR job's loss, so load_model needs no custom object.
   model.compile(loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  model.save(folder / "model", include_optimizer=False)
+  pctr.save_model(model, folder / "model", include_optimizer=False)
   vocabulary.save(folder / "vocabulary.json")
   return str(folder)

@@ -25,7 +25,7 @@ from sparse_dp.jobs.stream.stream_state import MODEL_FOLDER, WEIGHTS_FILE
 from sparse_dp.jobs.train import fitting, job_flags
 from sparse_dp.mechanisms.rows.remapping import BucketRemapping
 from sparse_dp.mechanisms.selection.preselection import Preselection, preselect_buckets
-from sparse_dp.models import pctr_data
+from sparse_dp.models import pctr, pctr_data
 from sparse_dp.training.dp_state.provenance import rebound_record
 
 _DAY_NUMBER = re.compile(r"day_(\d+)")
@@ -156,7 +156,7 @@ def _publish(folder: pathlib.Path, model, preselection, metrics: dict) -> None:
   if scratch.exists():
     shutil.rmtree(scratch)
   scratch.mkdir(parents=True)
-  model.save(scratch / MODEL_FOLDER)
+  pctr.save_model(model, scratch / MODEL_FOLDER)
   np.savez(scratch / WEIGHTS_FILE, **{f"{layer.name}/{i}": w.numpy()
                                       for layer in model.layers
                                       for i, w in enumerate(layer.weights)})

@@ -303,7 +303,8 @@ def _write_outputs(fit, metrics: dict, preselection, vocabulary, folder: pathlib
                    secrets) -> None:
   """Writes one algorithm's model, vocabulary, record key, preselection and plots."""
   from sparse_dp.data import training_examples
-  fit.model.save(folder / "model")
+  from sparse_dp.models import pctr
+  pctr.save_model(fit.model, folder / "model")
   vocabulary.save(folder / "vocabulary.json")
   if recorded is not None:
     key = training_examples.save(recorded, folder, secrets)
