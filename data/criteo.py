@@ -29,10 +29,14 @@ from sparse_dp.data.criteo_format import (
 
 COLUMNS = ("label",) + INTEGER_NAMES + CATEGORICAL_NAMES
 
-# A well-formed line: label 0 or 1, 13 empty or integer fields (ASCII digits), 26 fields
-# without a tab, carriage return, newline or NUL (which would split a line in pandas' C reader).
+# A line for pandas' C reader: label 0 or 1; 13 empty or integer fields of at most 15 ASCII
+# digits (exact in float64; its parser rounds some longer ones, and reads 18 digits with
+# leading zeros as 0); 26 fields without a tab, carriage return, newline or NUL (which would
+# split a line there) or a lone surrogate (which it cannot encode). Other lines take the
+# field-by-field checks.
 _WELL_FORMED = re.compile(
-    rf"[01](?:\t(?:-?[0-9]+)?){{{NUM_INTEGER}}}(?:\t[^\t\r\n\x00]*){{{NUM_CATEGORICAL}}}")
+    rf"[01](?:\t(?:-?[0-9]{{1,15}})?){{{NUM_INTEGER}}}"
+    rf"(?:\t[^\t\r\n\x00\ud800-\udfff]*){{{NUM_CATEGORICAL}}}")
 
 
 class MalformedLineError(ValueError):
@@ -117,9 +121,9 @@ class CriteoReader:
   def parse_lines(self, lines: list[str], path, first_line: int) -> pd.DataFrame:
     """The examples of ``lines`` (line ``first_line`` of ``path`` first, for messages).
 
-    A chunk whose lines are all well formed is read by pandas' C reader; a chunk with a
-    malformed line is checked field by field (the same frame for its good lines), and each
-    malformed line gets its reason.
+    A chunk whose lines all match ``_WELL_FORMED`` (the usual Criteo line) is read by pandas'
+    C reader; any other chunk is checked field by field (the same frame for the same good
+    lines), and each malformed line gets its reason.
     """
     if lines and all(map(_WELL_FORMED.fullmatch, lines)):
       return _well_formed_frame(lines)
@@ -155,7 +159,9 @@ class CriteoReader:
       return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
     out = pd.DataFrame({"label": fields["label"].astype(np.int8)})
     for name in INTEGER_NAMES:
-      out[name] = pd.to_numeric(fields[name].replace("", np.nan), errors="raise").astype(float)
+      # Python's float of the digits, correctly rounded (to_numeric rounds some 17-digit ones
+      # where the column has a missing value); -0 as 0.0.
+      out[name] = fields[name].replace("", "nan").astype(float) + 0.0
     for name in CATEGORICAL_NAMES:
       out[name] = fields[name].replace("", None)
     return out.reset_index(drop=True)
@@ -175,7 +181,7 @@ def _well_formed_frame(lines: list[str]) -> pd.DataFrame:
       dtype={"label": np.int8, **dict.fromkeys(INTEGER_NAMES, np.float64),
              **dict.fromkeys(CATEGORICAL_NAMES, object)})
   integers = list(INTEGER_NAMES)
-  frame[integers] = frame[integers] + 0.0  # -0.0 + 0.0 is 0.0, as to_numeric("-0") gives
+  frame[integers] = frame[integers] + 0.0  # -0.0 + 0.0 is 0.0, as the field-by-field parse
   categorical = frame[list(CATEGORICAL_NAMES)]
   frame[list(CATEGORICAL_NAMES)] = categorical.where(categorical.notna(), None)
   return frame
