@@ -64,6 +64,7 @@ def test_sample_then_train_on_the_batches_with_the_accountants_epsilon(tmp_path,
   Vocabulary.hashed([50] * 26).save(vocabulary)
   assert main(["train", "--reader", "batches", "--data", str(out), "--eval-data", str(eval_path),
                "--algorithm", "dpsgd", "--hidden-units", "4", "--vocabulary", str(vocabulary),
+               "--categorical-features", "2",
                "--seed-file", str(seed_file), "--out", str(tmp_path / "model"),
                "--noise-seed", "3", "--json"]) == 0
   metrics = json.loads(capsys.readouterr().out)
@@ -122,7 +123,7 @@ def test_sample_refuses_bad_inputs_in_one_line(tmp_path, capsys, small_sample):
 def _train_on_sample(small_sample, tmp_path) -> list:
   """``sparse-dp train --reader batches`` on the small sample, less its ``--data``."""
   return ["train", "--reader", "batches", "--eval-data", str(small_sample / "data" / "day_0"),
-          "--hidden-units", "4", "--out", str(tmp_path / "m"),
+          "--hidden-units", "4", "--categorical-features", "2", "--out", str(tmp_path / "m"),
           "--seed-file", str(small_sample / "seed")]
 
 
