@@ -83,11 +83,18 @@ def save_model(model: keras.Model, path, include_optimizer: bool = True) -> None
   (``{"logit": [B, 1]}``).
 
   Args:
-    model: a built model (its inputs known), e.g. :func:`build_pctr_model`'s.
+    model: a model that knows its inputs (a functional one, e.g. :func:`build_pctr_model`'s).
     path: the SavedModel's folder.
     include_optimizer: whether to save the optimizer's state too.
+
+  Raises:
+    ValueError: the model has no inputs yet (a subclassed model never called).
   """
-  args, kwargs = model.save_spec()
+  spec = model.save_spec()
+  if spec is None:
+    raise ValueError(f"model '{model.name}' has no inputs yet: build it or call it on a batch "
+                     "before saving it")
+  args, kwargs = spec
 
   @tf.function
   def serving_default(*inputs, **named_inputs):

@@ -1,6 +1,7 @@
 """The pCTR model's SavedModel: what Keras and TensorFlow Serving load back."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from sparse_dp import keras
@@ -28,3 +29,13 @@ def test_a_saved_model_serves_and_loads_as_the_model_predicts(tmp_path):
   assert [type(layer).__name__ for layer in loaded.layers if "embedding" in layer.name] == \
       ["Embedding"] * 3
   assert type(loaded.optimizer) is type(model.optimizer)
+
+
+def test_a_model_without_inputs_is_refused_before_anything_is_written(tmp_path):
+  class Never(keras.Model):
+    def call(self, x):
+      return x
+
+  with pytest.raises(ValueError, match="has no inputs yet: build it or call it"):
+    pctr.save_model(Never(), tmp_path / "model")
+  assert not (tmp_path / "model").exists()
