@@ -21,7 +21,9 @@ import pandas as pd
 
 from sparse_dp.data.criteo_format import (
   CATEGORICAL_NAMES,
+  INTEGER_FAULT,
   INTEGER_NAMES,
+  INTEGER_PATTERN,
   NUM_CATEGORICAL,
   NUM_FIELDS,
   NUM_INTEGER,
@@ -129,13 +131,14 @@ class CriteoReader:
       return _well_formed_frame(lines)
     raw = pd.Series(lines, dtype=object)
     bad = (raw.str.count("\t") != NUM_FIELDS - 1).to_numpy(copy=True)
-    reasons = np.where(bad, f"expected {NUM_FIELDS} tab-separated fields", "")
+    # object, not a fixed-width string array, which would cut a longer reason short
+    reasons = np.where(bad, f"expected {NUM_FIELDS} tab-separated fields", "").astype(object)
     fields = raw[~bad].str.split("\t", expand=True)
     if len(fields):
       fields.columns = list(COLUMNS)
       label_ok = fields["label"].isin(["0", "1"]).to_numpy()
       ints = fields[list(INTEGER_NAMES)]
-      int_ok = (ints.eq("") | ints.apply(lambda c: c.str.fullmatch("-?[0-9]+"))).to_numpy()
+      int_ok = (ints.eq("") | ints.apply(lambda c: c.str.fullmatch(INTEGER_PATTERN))).to_numpy()
       good_index = np.flatnonzero(~bad)
       for row in np.flatnonzero(~label_ok):
         bad[good_index[row]] = True
@@ -143,8 +146,8 @@ class CriteoReader:
       for row, col in zip(*np.nonzero(~int_ok)):
         if not bad[good_index[row]]:
           bad[good_index[row]] = True
-          reasons[good_index[row]] = (f"{INTEGER_NAMES[col]} = {ints.iat[row, col]!r} "
-                                      "is not an integer")
+          reasons[good_index[row]] = f"{INTEGER_NAMES[col]} = {ints.iat[row, col]!r} " + (
+              INTEGER_FAULT)
     if bad.any():
       if self.on_bad_line == "error":
         first = int(np.flatnonzero(bad)[0])

@@ -12,6 +12,11 @@ NUM_CATEGORICAL = 26
 NUM_FIELDS = 1 + NUM_INTEGER + NUM_CATEGORICAL
 
 INTEGER_NAMES = tuple(f"int_{i}" for i in range(1, NUM_INTEGER + 1))
+# An integer field: empty, or an optional "-" and 1-18 ASCII digits (|x| < 10^18, an int64;
+# longer ones overflow TensorFlow's parser). Anything else makes the line malformed.
+MAX_INTEGER_DIGITS = 18
+INTEGER_PATTERN = rf"-?[0-9]{{1,{MAX_INTEGER_DIGITS}}}"
+INTEGER_FAULT = f"is not an integer of at most {MAX_INTEGER_DIGITS} digits"
 # Named as in Ghazi et al.'s (NeurIPS 2023) Table 3.
 CATEGORICAL_NAMES = tuple(f"categorical-feature-{i}" for i in range(14, 14 + NUM_CATEGORICAL))
 

@@ -25,11 +25,10 @@ from typing import Iterator, Sequence
 import tensorflow as tf
 
 from sparse_dp.data.criteo import MalformedLineError
-from sparse_dp.data.criteo_format import NUM_FIELDS, NUM_INTEGER
+from sparse_dp.data.criteo_format import INTEGER_FAULT, INTEGER_PATTERN, NUM_FIELDS, NUM_INTEGER
 from sparse_dp.data.vocabulary import FIRST_BUCKET_ID, MISSING_ID, OOV_ID, Vocabulary
 
 MALFORMED_LINE = "malformed Criteo line: "
-_INTEGER = r"-?\d+"
 
 
 class CriteoStream:
@@ -123,7 +122,7 @@ def _check_line(path, number, line):
   count = tf.size(fields)
   padded = tf.concat([fields, tf.fill([tf.maximum(NUM_FIELDS - count, 0)], "")], 0)[:NUM_FIELDS]
   integers = padded[1:1 + NUM_INTEGER]
-  integer_ok = tf.logical_or(integers == "", tf.strings.regex_full_match(integers, _INTEGER))
+  integer_ok = tf.logical_or(integers == "", tf.strings.regex_full_match(integers, INTEGER_PATTERN))
   label_ok = tf.logical_or(padded[0] == "0", padded[0] == "1")
   first_bad = tf.argmin(tf.cast(integer_ok, tf.int32))
   reason = tf.case([
@@ -132,7 +131,7 @@ def _check_line(path, number, line):
        lambda: tf.strings.join(["label '", padded[0], "' is not 0 or 1"])),
       (tf.logical_not(tf.reduce_all(integer_ok)),
        lambda: tf.strings.join(["int_", tf.strings.as_string(first_bad + 1), " = '",
-                                tf.gather(integers, first_bad), "' is not an integer"])),
+                                tf.gather(integers, first_bad), "' " + INTEGER_FAULT])),
   ], default=lambda: tf.constant(""), exclusive=False)
   where = tf.strings.join([path, ":", tf.strings.as_string(number), ": ", reason])
   return padded, reason == "", where

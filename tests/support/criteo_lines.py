@@ -19,6 +19,8 @@ BAD_LINES = [
     (HAND_WRITTEN[0].replace("0\t1\t1\t5", "2\t1\t1\t5", 1), "label '2' is not 0 or 1"),
     (HAND_WRITTEN[0].replace("\t1382\t", "\t13.5\t", 1), "int_5 = '13.5' is not an integer"),
     (HAND_WRITTEN[0].replace("\t1382\t", "\tabc\t", 1), "int_5 = 'abc' is not an integer"),
+    (HAND_WRITTEN[0].replace("\t1382\t", "\t" + "1" * 19 + "\t", 1),
+     f"int_5 = '{'1' * 19}' is not an integer of at most 18 digits"),
 ]
 
 
