@@ -1,7 +1,7 @@
 """Reading Criteo files into pandas, chunk by chunk, with line-accurate errors.
 
-A malformed line (wrong number of fields, a non-integer where an integer
-belongs, a label other than 0/1) stops the read with an error naming the file
+A malformed line (wrong number of fields, an integer field neither empty nor
+``-?[0-9]{1,18}``, a label other than 0/1) stops the read with an error naming the file
 and the line number; with ``on_bad_line="skip"`` it is skipped and counted
 (``CriteoReader.skipped_lines``). Nothing is coerced silently: empty fields
 are missing values, and only they.

@@ -1,8 +1,8 @@
 """Reading Criteo files as a ``tf.data`` stream, for files that do not fit in memory.
 
 Lines are parsed in the graph, one at a time, with the same rules as
-:class:`sparse_dp.data.criteo.CriteoReader`: a line with a wrong field count, a
-non-integer integer feature or a label other than 0/1 stops the stream with
+:class:`sparse_dp.data.criteo.CriteoReader`: a line with a wrong field count, an
+integer field neither empty nor ``-?[0-9]{1,18}`` or a label other than 0/1 stops the stream with
 an error naming the file and line (``MalformedLineError``, or, inside
 ``model.fit``, a ``tf.errors.InvalidArgumentError`` whose message carries the
 same text after :data:`MALFORMED_LINE`); with ``on_bad_line="skip"`` the line

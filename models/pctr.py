@@ -92,7 +92,7 @@ def save_model(model: keras.Model, path, include_optimizer: bool = True) -> None
   """
   spec = model.save_spec()
   if spec is None:
-    raise ValueError(f"model '{model.name}' has no inputs yet: build it or call it on a batch "
+    raise ValueError(f"model '{model.name}' has no inputs yet: call it on a batch (or fit it) "
                      "before saving it")
   args, kwargs = spec
 

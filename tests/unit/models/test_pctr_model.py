@@ -36,6 +36,6 @@ def test_a_model_without_inputs_is_refused_before_anything_is_written(tmp_path):
     def call(self, x):
       return x
 
-  with pytest.raises(ValueError, match="has no inputs yet: build it or call it"):
+  with pytest.raises(ValueError, match="has no inputs yet: call it on a batch"):
     pctr.save_model(Never(), tmp_path / "model")
   assert not (tmp_path / "model").exists()
