@@ -17,8 +17,7 @@ import tensorflow as tf
 
 from sparse_dp._keras import keras
 from sparse_dp.jobs.train.job_flags import layer_widths
-from sparse_dp.models import pctr
-from sparse_dp.models.pctr import build_pctr_model
+from sparse_dp.models.pctr import build_pctr_model, save_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +97,9 @@ def save(model: keras.Model, vocabulary, folder) -> str:
   writes them."""
   folder = pathlib.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
-  # Compiled with the pCTR job's loss, so load_model needs no custom object.
+  # Compiled with the pCTR job's loss, so load_model needs no custom object beyond the
+  # layers sparse_dp registers when imported.
   model.compile(loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  pctr.save_model(model, folder / "model", include_optimizer=False)
+  save_model(model, folder / "model", include_optimizer=False)
   vocabulary.save(folder / "vocabulary.json")
   return str(folder)

@@ -48,7 +48,7 @@ _CATEGORICAL_FIELDS = ["", '"quoted"', '"', "NA", "null", "nan", "N/A", "#x", " 
                        "a,b", "1e5", "00012", "\u00e9t\u00e9", "68fd1e64", "\\"]
 
 
-def test_a_chunk_read_by_the_fast_path_equals_its_field_by_field_parse(tmp_path):
+def test_a_chunk_read_by_the_fast_path_equals_its_field_by_field_parse():
   rng = np.random.default_rng(0)
   lines = ["\t".join([str(rng.integers(2))] + list(rng.choice(_INTEGER_FIELDS, 13))
                      + list(rng.choice(_CATEGORICAL_FIELDS, 26))) for _ in range(300)]
@@ -73,7 +73,7 @@ def test_an_integer_of_16_to_18_digits_is_read_exactly(field):
   assert frame["int_5"].iloc[0] == float(int(field))
 
 
-def test_a_non_ascii_digit_is_malformed_in_both_paths(tmp_path):
+def test_a_non_ascii_digit_is_a_malformed_line():
   line = HAND_WRITTEN[0].replace("\t1382\t", "\t\u0661\u0663\t", 1)  # Arabic-Indic 13
   with pytest.raises(MalformedLineError, match="day:2: int_5 = '\u0661\u0663' is not an int"):
     CriteoReader([]).parse_lines(HAND_WRITTEN[:1] + [line], "day", 1)
