@@ -54,12 +54,20 @@ def _coefficients(index, positions: tf.Tensor, stride: int) -> tf.Tensor:
   return sign * (1.0 + tf.cast(h, tf.float64) * 2.0**-31)
 
 
-def _column_coefficients(index: int, width: int) -> np.ndarray:
-  """:func:`_coefficients` of columns ``0 .. width - 1`` of variable ``index``, computed when
-  the graph is built (the same integers in NumPy)."""
-  h = ((np.arange(width, dtype=np.int64) % _MODULUS) * _COLUMN + index * _VARIABLE) % _MODULUS
+def _static_coefficients(index, positions: np.ndarray, stride: int) -> np.ndarray:
+  """:func:`_coefficients` computed when the graph is built (the same integers in NumPy).
+
+  ``index`` is one variable's place or one per position.
+  """
+  h = ((positions.astype(np.int64) % _MODULUS) * stride
+       + np.asarray(index, np.int64) * _VARIABLE) % _MODULUS
   h = (h * _MIX + 1) % _MODULUS
   return (1.0 - 2.0 * ((h >> 7) & 1)) * (1.0 + h * 2.0**-31)
+
+
+def _column_coefficients(index: int, width: int) -> np.ndarray:
+  """:func:`_coefficients` of columns ``0 .. width - 1`` of variable ``index``, as NumPy."""
+  return _static_coefficients(index, np.arange(width), _COLUMN)
 
 
 def _rows_sum(index, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
@@ -192,10 +200,10 @@ class Fingerprint:
     A row-sparse gradient's indices are a sorted row list (the DP step's: its selected rows,
     then ``PAD``, or all row 0 in a refused step), read once each. Indices that were not sorted
     would be read as often as they repeat, and the fingerprint would then differ from the
-    weights': a refusal, never a pass. Every table's updated rows are read as one stack, and
-    the variables of at most ``_STACKED_ROWS`` rows updated whole (a ``Dense`` layer's) as
-    one stack per width (:class:`_StackedRead`): the graph does not grow by a read per
-    variable.
+    weights': a refusal, never a pass. Every table's updated rows are read as one stack
+    (:class:`_TableRows`), and the variables of at most ``_STACKED_ROWS`` rows updated whole
+    (a ``Dense`` layer's) as another (:class:`_WholeVariables`): per variable only its read
+    and its product with its column coefficients, the rest once for all.
 
     ``read`` is handed to :meth:`after_update`; ``gradients`` are the ones to apply: the
     same values, under XLA made to depend on the sums read (see the module docstring).
@@ -206,27 +214,22 @@ class Fingerprint:
       if gradient is None:
         continue
       if _row_sparse(gradient, variable):  # a table's selected rows (padded list)
-        tables.append((index, variable, _first_of_each(tf.cast(gradient.indices, tf.int64))))
+        tables.append((index, variable, gradient.indices))
       elif _num_rows(variable) <= _STACKED_ROWS:  # a Dense layer's weight, read whole
-        small.append((index, variable, None))
+        small.append((index, variable))
       else:  # a table updated on every row (DP-SGD), a chunk at a time
         before = variable_sum(index, variable)
         read.whole.append((index, before))
         if compiling_with_xla():
           ordered[variable.ref()] = _after(gradient, before)
-    widths = sorted({_width(variable) for _, variable, _ in small})
-    # One stack of the tables' rows (few: the selected ones), one per width of the others,
-    # which are read whole (padding a narrow table to a kernel's width would be costly).
-    groups = [tables] + [[e for e in small if _width(e[1]) == width] for width in widths]
-    for entries in groups:
-      if not entries:
-        continue
-      stack = _StackedRead(entries)
+    stacks = ([_TableRows(tables)] if tables else []) + (
+        [_WholeVariables(small)] if small else [])
+    for stack in stacks:
       before = stack.sums()
       read.stacks.append((stack, before))
       if compiling_with_xla():
         total = tf.reduce_sum(before)
-        for _, variable, _ in entries:
+        for variable in stack.variables:
           ordered[variable.ref()] = _after(gradients[variable.ref()], total)
     return read, ordered
 
@@ -246,40 +249,70 @@ class Fingerprint:
     return self.value.assign_add(tf.add_n(list(deltas.values()))), deltas
 
 
-class _StackedRead:
-  """Rows of several variables, read as one stack.
+class _TableRows:
+  """The rows an update changes in every table, read as one stack.
 
-  Entry ``k`` is ``(index, variable, rows)``: ``rows`` a padded row list of a table, or
-  ``None`` for every row of a small variable (read whole, :func:`_as_rows`). The stack holds
-  every entry's rows, their ``a(i)`` and their ``b`` padded to the widest, so that ``s`` of
-  every entry is one product and one segment sum.
+  Entry ``k`` is ``(index, table, rows)``: ``rows`` a sorted padded row list (a refused step's
+  is all row 0). The lists are laid end to end once: each repeat of a row within its table
+  and every ``PAD`` read as zeros, the row coefficients ``a(i)`` computed once; per table
+  only its gather and its product with its ``b`` (:func:`_entry_sums`).
   """
 
   def __init__(self, entries: list):
     self.indices = [index for index, _, _ in entries]
-    self.variables = [variable for _, variable, _ in entries]
-    self.rows = [tf.range(_num_rows(variable), dtype=tf.int64) if rows is None else rows
-                 for _, variable, rows in entries]
-    self.whole = [rows is None for _, _, rows in entries]
-    self.widths = [_width(variable) for variable in self.variables]
-    self.width = max(self.widths)
-    self.owner = tf.concat([tf.fill(tf.shape(rows), k) for k, rows in enumerate(self.rows)], 0)
+    self.variables = [table for _, table, _ in entries]
+    rows = [tf.cast(table_rows, tf.int64) for _, _, table_rows in entries]
+    lengths = [table_rows.shape[0] for table_rows in rows]
+    if any(length is None for length in lengths):  # graph mode: the selection's length
+      lengths = tf.stack([tf.size(table_rows, out_type=tf.int64) for table_rows in rows])
+      self.owner = tf.repeat(tf.range(len(rows), dtype=tf.int64), lengths)
+    else:
+      self.owner = tf.constant(np.repeat(np.arange(len(rows)), lengths), tf.int64)
+    stacked = tf.concat(rows, 0)
+    repeat = tf.concat([[False], tf.logical_and(tf.equal(stacked[1:], stacked[:-1]),
+                                                tf.equal(self.owner[1:], self.owner[:-1]))], 0)
+    self.read = tf.logical_and(is_valid(stacked), tf.logical_not(repeat))
+    self.parts = tf.split(tf.where(self.read, stacked, tf.zeros_like(stacked)), lengths,
+                          num=len(rows))
     self.coefficients = _coefficients(tf.gather(tf.constant(self.indices, tf.int64), self.owner),
-                                      tf.concat(self.rows, 0), _ROW)
-    self.columns = tf.constant(np.stack([
-        np.pad(_column_coefficients(index, width), (0, self.width - width))
-        for index, width in zip(self.indices, self.widths)]))
+                                      stacked, _ROW)
 
   def sums(self) -> tf.Tensor:
-    """float64 ``[K]``: ``s`` of each entry's rows now."""
-    values = tf.concat([
-        tf.pad(tf.cast(_as_rows(tf.convert_to_tensor(variable)) if whole
-                       else _rows_of(variable, rows), tf.float64),
-               [[0, 0], [0, self.width - width]])
-        for variable, rows, whole, width in zip(self.variables, self.rows, self.whole,
-                                                self.widths)], 0)
-    per_row = self.coefficients * tf.reduce_sum(values * tf.gather(self.columns, self.owner), 1)
+    """float64 ``[K]``: ``s`` of each table's rows now."""
+    per_row = _entry_sums(self.indices, [tf.gather(table, rows) for table, rows in
+                                         zip(self.variables, self.parts)])
+    per_row = tf.where(self.read, self.coefficients * per_row, 0.0)
     return tf.math.unsorted_segment_sum(per_row, self.owner, len(self.indices))
+
+
+class _WholeVariables:
+  """Small variables updated whole (a ``Dense`` layer's weights), read as one stack: every
+  row coefficient known when the graph is built, per variable only its read and its product
+  with its ``b`` (:func:`_entry_sums`)."""
+
+  def __init__(self, entries: list):
+    self.indices = [index for index, _ in entries]
+    self.variables = [variable for _, variable in entries]
+    lengths = [_num_rows(variable) for variable in self.variables]
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    self.owner = tf.constant(owner, tf.int64)
+    self.coefficients = tf.constant(_static_coefficients(
+        np.asarray(self.indices)[owner], np.concatenate([np.arange(n) for n in lengths]), _ROW))
+
+  def sums(self) -> tf.Tensor:
+    """float64 ``[K]``: ``s`` of each variable now."""
+    per_row = _entry_sums(self.indices, [_as_rows(tf.convert_to_tensor(variable))
+                                         for variable in self.variables])
+    return tf.math.unsorted_segment_sum(self.coefficients * per_row, self.owner,
+                                        len(self.indices))
+
+
+def _entry_sums(indices: list, values: list) -> tf.Tensor:
+  """float64 ``[sum n_k]``: ``w_i . b`` of each row of each entry's ``[n_k, d_k]`` values, in
+  order (one product per entry with its own ``b``: no padding to a common width)."""
+  return tf.concat([
+      tf.matmul(tf.cast(rows, tf.float64), _column_coefficients(index, rows.shape[-1])[:, None])
+      for index, rows in zip(indices, values)], 0)[:, 0]
 
 
 def _num_rows(variable) -> int:
@@ -288,24 +321,12 @@ def _num_rows(variable) -> int:
   return int(np.prod(shape[:-1])) if shape.rank >= 2 else 1
 
 
-def _width(variable) -> int:
-  """The width of a variable as rows (:func:`_as_rows`)."""
-  shape = variable.shape
-  return int(shape[-1]) if shape.rank >= 2 else max(1, int(shape.num_elements()))
-
-
 class _Read(NamedTuple):
   """What :meth:`Fingerprint.before_update` read: each large variable read whole and its
   ``s``, and the stacks of the other variables' rows with their ``s`` before the update."""
 
   whole: list  # (index, s before) per variable read whole, a chunk at a time
-  stacks: list  # (_StackedRead, float64 [K] s before)
-
-
-def _first_of_each(sorted_rows: tf.Tensor) -> tf.Tensor:
-  """A sorted row list with each repeat of a row made ``PAD`` (read as zeros)."""
-  repeat = tf.concat([[False], tf.equal(sorted_rows[1:], sorted_rows[:-1])], 0)
-  return tf.where(repeat, tf.constant(PAD, tf.int64), sorted_rows)
+  stacks: list  # (_TableRows or _WholeVariables, float64 [K] s before)
 
 
 def _row_sparse(gradient, variable) -> bool:

@@ -103,3 +103,49 @@ def test_the_step_keeps_the_fingerprint_current_through_its_update(sparse):
 
     step()
     assert not fingerprint.moved(), (sparse, jit)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_one_stack_reads_every_tables_rows_and_every_small_weight(jit):
+  """Tables of different widths (selected rows then ``PAD``, a refused step's repeated row 0,
+  a table without rows) and Dense weights of different shapes, updated in one step: ``s``
+  stays equal to a full read. In graph mode the row lists' lengths are unknown when traced."""
+  tables = [tf.Variable(tf.random.stateless_normal([rows, width], seed=[rows, width]))
+            for rows, width in ((30, 4), (50, 7), (9, 2), (12, 3))]
+  small = [tf.Variable(tf.random.stateless_normal(shape, seed=[len(shape), 8]))
+           for shape in ([7, 3], [3], [3, 5], [])]
+  variables = tables + small
+  state = tf.Variable(0.0, dtype=tf.float64)
+  fingerprint = wf.Fingerprint(variables, state)
+  state.assign(fingerprint.compute()[0])
+  pad = wf.PAD
+  # Table 1 starts with table 0's last row, and repeats it (as a refused step repeats row 0).
+  row_lists = [[2, 5, 29], [29, 29, 29], [], [1, 11, pad, pad]]
+  unknown_lengths = None if jit else [tf.TensorSpec([None], tf.int64)] * len(tables)
+
+  @tf.function(jit_compile=jit, input_signature=unknown_lengths)
+  def step(*rows):
+    updates = {}
+    for table, table_rows in zip(tables, rows):
+      values = tf.ones([tf.size(table_rows), table.shape[1]]) * 0.25
+      updates[table.ref()] = tf.IndexedSlices(values, table_rows, tf.shape(table, tf.int64))
+    for variable in small:
+      updates[variable.ref()] = tf.ones_like(variable) * 0.5
+    read, gradients = fingerprint.before_update(updates)
+    ops = []
+    for table in tables:
+      gradient = gradients[table.ref()]
+      valid = tf.not_equal(gradient.indices, pad)
+      first = tf.concat([[True], tf.not_equal(gradient.indices[1:], gradient.indices[:-1])], 0)
+      keep = tf.logical_and(valid, first)  # a lazy optimizer moves each row once
+      ops.append(table.scatter_sub(tf.IndexedSlices(
+          tf.boolean_mask(gradient.values, keep), tf.boolean_mask(gradient.indices, keep))))
+    ops += [variable.assign_sub(gradients[variable.ref()]) for variable in small]
+    with tf.control_dependencies(ops):
+      fingerprint.after_update(read)
+
+  step(*[tf.constant(rows, tf.int64) for rows in row_lists])
+  assert not fingerprint.moved()
+  assert float(state.numpy()) == pytest.approx(fingerprint.compute()[0], rel=1e-12)
+  tables[1].scatter_add(tf.IndexedSlices(tf.ones([1, 7]) * 1e-3, [40]))  # a row no step read
+  assert fingerprint.moved()
