@@ -20,6 +20,7 @@ import os
 import re
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 from sparse_dp._keras import keras
@@ -191,16 +192,29 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     """
     if self._untracked.places is None:
       return []
-    model = tf.bitcast(tf.convert_to_tensor(self.weight_fingerprint), tf.int64)
-    indices = tf.constant([[MODEL_WORD], [LAYER_WORD]], tf.int64)
-    ops = []
-    for weight, place in zip(self._untracked.weights, self._untracked.places):
-      words = tf.convert_to_tensor(weight)
-      layer = tf.bitcast(words[LAYER_WORD], tf.float64)
-      layer += tf.add_n([deltas[i] for i in place if i in deltas] + [tf.zeros([], tf.float64)])
-      ops.append(weight.assign(tf.tensor_scatter_nd_update(
-          words, indices, tf.stack([model, tf.bitcast(layer, tf.int64)]))))
-    return ops
+    weights, places = self._untracked.weights, self._untracked.places
+    if not weights:
+      return []
+    # Once for all layers: their records as rows, each layer's change of s as one segment
+    # sum of its variables', both words of every row replaced in one scatter.
+    records = tf.stack([tf.convert_to_tensor(weight) for weight in weights])  # [L, words]
+    updated = sorted(deltas)
+    pairs = [(k, updated.index(i)) for k, place in enumerate(places) for i in place
+             if i in deltas]  # (layer, updated variable)
+    layer_delta = tf.zeros([len(weights)], tf.float64)
+    if pairs:
+      layer_of, variable_of = (np.array(column, np.int64) for column in zip(*pairs))
+      layer_delta = tf.math.unsorted_segment_sum(
+          tf.gather(tf.stack([deltas[i] for i in updated]), variable_of), layer_of,
+          len(weights))
+    layer = tf.bitcast(records[:, LAYER_WORD], tf.float64) + layer_delta
+    model = tf.fill([len(weights)], tf.bitcast(tf.convert_to_tensor(self.weight_fingerprint),
+                                               tf.int64))
+    rows = np.arange(len(weights))
+    indices = np.stack([np.repeat(rows, 2), np.tile([MODEL_WORD, LAYER_WORD], len(weights))], 1)
+    records = tf.tensor_scatter_nd_update(
+        records, indices, tf.reshape(tf.stack([model, tf.bitcast(layer, tf.int64)], 1), [-1]))
+    return [weight.assign(words) for weight, words in zip(weights, tf.unstack(records))]
 
   def absorb_layers(self) -> None:
     """Merges the records the layers hold (restored or shared weights) into the state."""

@@ -283,3 +283,25 @@ def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_record
   assert binding.layer == pytest.approx(read_sum(index, carried)[0], rel=1e-12)
   with pytest.raises(WeightsMovedOutsideDPError, match=name):
     rebound_record(words, name, [saved + 1e-3], [carried])
+
+
+@pytest.mark.parametrize("tables", [1, 2])
+def test_every_layers_binding_follows_its_own_weights_through_the_steps(tables):
+  """After DP steps, each table's record holds the fingerprint of the whole model (with the
+  Dense head's weights, when there is one) and the part of it from that table alone, as a
+  fresh read of the weights gives."""
+  from sparse_dp.training.dp_state.dp_record import decode_binding
+  from sparse_dp.training.dp_state.state import record_holders
+  from sparse_dp.training.dp_state.weight_fingerprint import read_sum
+
+  model, _ = trained("adafest", tables)
+  total = float(model.dp_state.weight_fingerprint.numpy())
+  holders = record_holders(model)
+  assert len(holders) == tables
+  for layer in holders:
+    binding = decode_binding(layer.dp_record.numpy())
+    assert binding.model == total
+    assert len(binding.indices) == len(layer.trainable_weights)
+    fresh = sum(read_sum(index, weight)[0]
+                for index, weight in zip(binding.indices, layer.trainable_weights))
+    assert binding.layer == pytest.approx(fresh, rel=1e-12, abs=1e-12)
