@@ -110,21 +110,33 @@ class StackedTables:
         ``[room_t, d_t]`` (``None`` without ``values``).
     """
     first, last = self.bounds(sorted_rows)
-    # One PAD past the end: every gather below reads inside the list.
-    rows = tf.concat([sorted_rows, [padding.PAD]], 0)
-    if values is not None:
-      values = tf.concat([values, tf.zeros_like(values[:1])], 0)
-    parts = []
-    for t, (start, end) in enumerate(zip(tf.unstack(first), tf.unstack(last))):
-      if rooms is None:
-        index = tf.range(start, end)
-      else:
-        index = start + tf.range(tf.cast(rooms[t], tf.int64))
-        index = tf.where(index < end, index, tf.size(sorted_rows, out_type=tf.int64))
-      part = tf.gather(rows, index)
-      parts.append((tf.where(padding.is_valid(part), part - int(self.offsets[t]), part),
-                    None if values is None else tf.gather(values, index)[:, :self.widths[t]]))
-    return parts
+    lengths = last - first if rooms is None else tf.cast(tf.stack(rooms), tf.int64)
+    # Laid end to end, the parts are one gather of the list: position p of table t's part
+    # reads entry first_t + (p - start_t) while it is below last_t, else one PAD past the end.
+    starts = tf.cumsum(lengths, exclusive=True)
+    total = tf.reduce_sum(lengths)
+    table = _table_of_positions(starts, total)
+    index = tf.gather(first, table) + tf.range(total) - tf.gather(starts, table)
+    index = tf.where(index < tf.gather(last, table), index, tf.size(sorted_rows,
+                                                                   out_type=tf.int64))
+    stacked = tf.gather(tf.concat([sorted_rows, [padding.PAD]], 0), index)
+    offsets = tf.gather(tf.constant(self.offsets[:-1], tf.int64), table)
+    parts = tf.split(tf.where(padding.is_valid(stacked), stacked - offsets, stacked), lengths,
+                     num=self.num_tables)
+    if values is None:
+      return [(part, None) for part in parts]
+    values = tf.gather(tf.concat([values, tf.zeros_like(values[:1])], 0), index)
+    return [(part, part_values if width == self.width else part_values[:, :width])
+            for part, part_values, width in zip(
+                parts, tf.split(values, lengths, num=self.num_tables), self.widths)]
+
+
+def _table_of_positions(starts: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
+  """int64 ``[total]``: the part each position of parts laid end to end belongs to, from the
+  parts' starts (a count of the starts after the first at or before it; an empty part's
+  start is counted with the next one's)."""
+  marks = tf.scatter_nd(starts[1:, None], tf.ones_like(starts[1:]), total[None] + 1)
+  return tf.cumsum(marks[:-1])
 
 
 # Up to this many tables, a search among their offsets compares every pair (O(n T), a fused

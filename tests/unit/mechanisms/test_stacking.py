@@ -55,6 +55,31 @@ def test_split_into_rooms_pads_with_pad_rows_of_zeros_and_cuts_past_the_room():
   assert [p[1].shape for p in parts] == [(5, 3), (1, 5), (2, 1), (2, 4)]
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_split_into_rooms_known_from_the_batch_shape_compiles_and_leaves_empty_parts(jit):
+  """Rooms as the DP step makes them (from the batch's shape, constants once XLA knows it),
+  one of them empty, and a table without rows: each part as in graph mode."""
+  stacked = StackedTables(SIZES, WIDTHS)
+  rows = [np.array([1, 6]), np.array([0]), np.array([], np.int64), np.array([0, 2, 4])]
+  values = [np.full((len(r), w), t + 1.0, np.float32) for t, (r, w) in enumerate(zip(rows,
+                                                                                    WIDTHS))]
+  sorted_rows, sorted_values = _sorted_stack(stacked, rows, values)
+
+  @tf.function(jit_compile=jit)
+  def split(batch):
+    size = tf.shape(batch, out_type=tf.int64)[0]  # 2
+    return stacked.split(sorted_rows, sorted_values, rooms=[size + 1, size - 2, size, size + 2])
+
+  parts = split(tf.zeros([2]))
+  np.testing.assert_array_equal(parts[0][0].numpy(), [1, 6, PAD])
+  np.testing.assert_array_equal(parts[0][1].numpy(), [[1.0] * 3, [1.0] * 3, [0.0] * 3])
+  assert parts[1][0].shape == (0,) and parts[1][1].shape == (0, 5)  # row 0 cut: flagged
+  np.testing.assert_array_equal(parts[2][0].numpy(), [PAD, PAD])
+  np.testing.assert_array_equal(parts[3][0].numpy(), [0, 2, 4, PAD])
+  np.testing.assert_array_equal(parts[3][1].numpy()[:3], 4.0)
+  np.testing.assert_array_equal(parts[3][1].numpy()[3], 0.0)
+
+
 def test_each_row_has_the_coordinates_of_its_table_and_pad_has_none():
   stacked = StackedTables(SIZES, WIDTHS)
   rows = tf.constant([0, 6, 7, 8, 19, 24, PAD], tf.int64)
