@@ -67,9 +67,14 @@ class StackedTables:
   def stack_rows(self, rows: Sequence[tf.Tensor]) -> tf.Tensor:
     """Each table's rows (int64 ``[n_t]`` in ``[0, c_t)`` or ``PAD``) as stacked rows, in
     order: ``[sum n_t]``, ``PAD`` kept."""
+    rows = [tf.cast(table_rows, tf.int64) for table_rows in rows]
+    lengths = [table_rows.shape[0] for table_rows in rows]
+    if None not in lengths:  # known lengths: one offset per entry, one shift for all tables
+      stacked = tf.concat(rows, 0)
+      offsets = tf.constant(np.repeat(self.offsets[:-1], lengths), tf.int64)
+      return tf.where(padding.is_valid(stacked), stacked + offsets, stacked)
     shifted = []
     for offset, table_rows in zip(self.offsets, rows):
-      table_rows = tf.cast(table_rows, tf.int64)
       shifted.append(tf.where(padding.is_valid(table_rows), table_rows + int(offset), table_rows)
                      if offset else table_rows)
     return tf.concat(shifted, 0)

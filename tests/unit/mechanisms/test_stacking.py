@@ -80,6 +80,17 @@ def test_split_into_rooms_known_from_the_batch_shape_compiles_and_leaves_empty_p
   np.testing.assert_array_equal(parts[3][1].numpy()[3], 0.0)
 
 
+def test_stack_rows_shifts_each_tables_rows_and_keeps_pad_whether_lengths_are_known():
+  stacked = StackedTables(SIZES, WIDTHS)
+  rows = [[0, 6, PAD], [0], [], [PAD, 4]]
+  want = [0, 6, PAD, 7, PAD, 24]
+  known = stacked.stack_rows([tf.constant(r, tf.int64) for r in rows])
+  unknown = tf.function(lambda *r: stacked.stack_rows(list(r)), input_signature=[
+      tf.TensorSpec([None], tf.int64)] * len(rows))(*[tf.constant(r, tf.int64) for r in rows])
+  np.testing.assert_array_equal(known.numpy(), want)
+  np.testing.assert_array_equal(unknown.numpy(), want)
+
+
 def test_each_row_has_the_coordinates_of_its_table_and_pad_has_none():
   stacked = StackedTables(SIZES, WIDTHS)
   rows = tf.constant([0, 6, 7, 8, 19, 24, PAD], tf.int64)
