@@ -118,9 +118,9 @@ class StackedTables:
     lengths = last - first if rooms is None else tf.cast(tf.stack(rooms), tf.int64)
     # Laid end to end, the parts are one gather of the list: position p of table t's part
     # reads entry first_t + (p - start_t) while it is below last_t, else one PAD past the end.
-    starts = tf.cumsum(lengths, exclusive=True)
+    starts = tf.cumsum(lengths, exclusive=True)  # T values: no long scan under XLA
     total = tf.reduce_sum(lengths)
-    table = _table_of_positions(starts, total)
+    table = _table_of_positions(lengths)
     index = tf.gather(first, table) + tf.range(total) - tf.gather(starts, table)
     index = tf.where(index < tf.gather(last, table), index, tf.size(sorted_rows,
                                                                    out_type=tf.int64))
@@ -136,12 +136,17 @@ class StackedTables:
                 parts, tf.split(values, lengths, num=self.num_tables), self.widths)]
 
 
-def _table_of_positions(starts: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
-  """int64 ``[total]``: the part each position of parts laid end to end belongs to, from the
-  parts' starts (a count of the starts after the first at or before it; an empty part's
-  start is counted with the next one's)."""
-  marks = tf.scatter_nd(starts[1:, None], tf.ones_like(starts[1:]), total[None] + 1)
-  return tf.cumsum(marks[:-1])
+def _table_of_positions(lengths: tf.Tensor) -> tf.Tensor:
+  """int64 ``[sum lengths]``: the part each position of parts laid end to end belongs to.
+
+  O(n) in both modes: a repeat in graph mode; under XLA, where the lengths are constants but a
+  repeat is not compiled, one fill per part (a scan of the positions would be quadratic on
+  XLA:CPU, :mod:`~sparse_dp.mechanisms.rows.scans`).
+  """
+  if not scans.compiling_with_xla():
+    return tf.repeat(tf.range(tf.size(lengths, out_type=tf.int64)), lengths)
+  return tf.concat([tf.fill(length[None], tf.constant(t, tf.int64))
+                    for t, length in enumerate(tf.unstack(lengths))], 0)
 
 
 # Up to this many tables, a search among their offsets compares every pair (O(n T), a fused
