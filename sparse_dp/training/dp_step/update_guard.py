@@ -87,12 +87,19 @@ def withheld(gradients: dict, allowed: tf.Tensor, every_row: bool) -> dict:
   Returns:
     The gradients to apply.
   """
+  as_dtype = {}  # ``allowed`` as 0/1 of each dtype, cast once
+
+  def factor(dtype):
+    if dtype not in as_dtype:
+      as_dtype[dtype] = tf.cast(allowed, dtype)
+    return as_dtype[dtype]
+
   def gate(gradient):
     if not isinstance(gradient, tf.IndexedSlices):
-      return gradient * tf.cast(allowed, gradient.dtype)
-    values = gradient.values * tf.cast(allowed, gradient.values.dtype)
+      return gradient * factor(gradient.dtype)
+    values = gradient.values * factor(gradient.values.dtype)
     indices = (gradient.indices if every_row
-               else gradient.indices * tf.cast(allowed, gradient.indices.dtype))
+               else gradient.indices * factor(gradient.indices.dtype))
     return tf.IndexedSlices(values, indices, gradient.dense_shape)
 
   return {key: gate(gradient) for key, gradient in gradients.items()}
