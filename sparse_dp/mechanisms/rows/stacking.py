@@ -139,12 +139,13 @@ class StackedTables:
 def _table_of_positions(lengths: tf.Tensor) -> tf.Tensor:
   """int64 ``[sum lengths]``: the part each position of parts laid end to end belongs to.
 
-  O(n) in both modes: a repeat in graph mode; under XLA, where the lengths are constants but a
-  repeat is not compiled, one fill per part (a scan of the positions would be quadratic on
-  XLA:CPU, :mod:`~sparse_dp.mechanisms.rows.scans`).
+  In graph mode the count of parts ending at or before it (TensorFlow's search, an empty part
+  counted with the one before it); under XLA, where the lengths are constants, one fill per
+  part (XLA:CPU searches and scans in quadratic time, :mod:`~sparse_dp.mechanisms.rows.scans`).
   """
   if not scans.compiling_with_xla():
-    return tf.repeat(tf.range(tf.size(lengths, out_type=tf.int64)), lengths)
+    return tf.searchsorted(tf.cumsum(lengths), tf.range(tf.reduce_sum(lengths)), side="right",
+                           out_type=tf.int64)
   return tf.concat([tf.fill(length[None], tf.constant(t, tf.int64))
                     for t, length in enumerate(tf.unstack(lengths))], 0)
 
