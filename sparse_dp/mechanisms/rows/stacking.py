@@ -120,7 +120,7 @@ class StackedTables:
     # reads entry first_t + (p - start_t) while it is below last_t, else one PAD past the end.
     starts = tf.cumsum(lengths, exclusive=True)  # T values: no long scan under XLA
     total = tf.reduce_sum(lengths)
-    table = _table_of_positions(lengths)
+    table = part_of_each_position(lengths)
     index = tf.gather(first, table) + tf.range(total) - tf.gather(starts, table)
     index = tf.where(index < tf.gather(last, table), index, tf.size(sorted_rows,
                                                                    out_type=tf.int64))
@@ -136,12 +136,18 @@ class StackedTables:
                 parts, tf.split(values, lengths, num=self.num_tables), self.widths)]
 
 
-def _table_of_positions(lengths: tf.Tensor) -> tf.Tensor:
-  """int64 ``[sum lengths]``: the part each position of parts laid end to end belongs to.
+def part_of_each_position(lengths: tf.Tensor) -> tf.Tensor:
+  """The part each position of parts laid end to end belongs to.
 
   In graph mode the count of parts ending at or before it (TensorFlow's search, an empty part
   counted with the one before it); under XLA, where the lengths are constants, one fill per
   part (XLA:CPU searches and scans in quadratic time, :mod:`~sparse_dp.mechanisms.rows.scans`).
+
+  Args:
+    lengths: int64 ``[T]``, each part's length (static under XLA).
+
+  Returns:
+    int64 ``[sum lengths]``, each position's part in ``[0, T)``.
   """
   if not scans.compiling_with_xla():
     return tf.searchsorted(tf.cumsum(lengths), tf.range(tf.reduce_sum(lengths)), side="right",

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from sparse_dp.mechanisms.rows.padding import PAD, is_valid, safe_rows
 from sparse_dp.mechanisms.rows.scans import compiling_with_xla
+from sparse_dp.mechanisms.rows.stacking import part_of_each_position
 
 _MODULUS = 2**31 - 1  # products of two residues fit in int64
 _ROW, _COLUMN, _VARIABLE, _MIX = 1_103_515_245, 12_345_679, 69_069, 1_664_525
@@ -265,7 +266,7 @@ class _TableRows:
     lengths = [table_rows.shape[0] for table_rows in rows]
     if any(length is None for length in lengths):  # graph mode: the selection's length
       lengths = tf.stack([tf.size(table_rows, out_type=tf.int64) for table_rows in rows])
-      self.owner = tf.repeat(tf.range(len(rows), dtype=tf.int64), lengths)
+      self.owner = part_of_each_position(lengths)
     else:
       self.owner = tf.constant(np.repeat(np.arange(len(rows)), lengths), tf.int64)
     stacked = tf.concat(rows, 0)
