@@ -363,9 +363,7 @@ def _checked_size(length: tf.Tensor, probability: float) -> tf.Tensor:
       raise ValueError(f"{message} (length {static:.6g}, expected "
                        f"{static * probability:.6g} positions)")
     return length
-  checks = [tf.debugging.assert_less_equal(
-                length * probability, tf.constant(MAX_POSITIONS, tf.float64), message=message),
-            tf.debugging.assert_less_equal(
-                length, tf.constant(_MAX_LENGTH, tf.float64), message=message)]
-  with tf.control_dependencies(checks):
+  fits = tf.logical_and(length * probability <= MAX_POSITIONS, length <= _MAX_LENGTH)
+  # The message only: the length may be a count of the rows a batch did not touch.
+  with tf.control_dependencies([tf.debugging.Assert(fits, [message])]):
     return tf.identity(length)
