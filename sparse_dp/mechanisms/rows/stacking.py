@@ -136,19 +136,23 @@ class StackedTables:
                 parts, tf.split(values, lengths, num=self.num_tables), self.widths)]
 
 
-def part_of_each_position(lengths: tf.Tensor) -> tf.Tensor:
+def part_of_each_position(lengths) -> tf.Tensor:
   """The part each position of parts laid end to end belongs to.
 
-  In graph mode the count of parts ending at or before it (TensorFlow's search, an empty part
-  counted with the one before it); under XLA, where the lengths are constants, one fill per
-  part (XLA:CPU searches and scans in quadratic time, :mod:`~sparse_dp.mechanisms.rows.scans`).
+  Lengths known when the graph is built give a constant. Otherwise, in graph mode, the count
+  of parts ending at or before each position (TensorFlow's search, an empty part counted
+  with the one before it); under XLA, where the lengths are constants once compiled, one fill
+  per part (XLA:CPU searches and scans in quadratic time, :mod:`~sparse_dp.mechanisms.rows.
+  scans`).
 
   Args:
-    lengths: int64 ``[T]``, each part's length (static under XLA).
+    lengths (Sequence[int] | tf.Tensor): each part's length: Python ints, or int64 ``[T]``.
 
   Returns:
     int64 ``[sum lengths]``, each position's part in ``[0, T)``.
   """
+  if not tf.is_tensor(lengths) and all(isinstance(n, int) for n in lengths):
+    return tf.constant(np.repeat(np.arange(len(lengths)), lengths), tf.int64)
   if not scans.compiling_with_xla():
     return tf.searchsorted(tf.cumsum(lengths), tf.range(tf.reduce_sum(lengths)), side="right",
                            out_type=tf.int64)

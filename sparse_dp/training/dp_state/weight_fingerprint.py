@@ -264,11 +264,9 @@ class _TableRows:
     self.variables = [table for _, table, _ in entries]
     rows = [tf.cast(table_rows, tf.int64) for _, _, table_rows in entries]
     lengths = [table_rows.shape[0] for table_rows in rows]
-    if any(length is None for length in lengths):  # graph mode: the selection's length
+    if None in lengths:  # graph mode: the selection's length
       lengths = tf.stack([tf.size(table_rows, out_type=tf.int64) for table_rows in rows])
-      self.owner = part_of_each_position(lengths)
-    else:
-      self.owner = tf.constant(np.repeat(np.arange(len(rows)), lengths), tf.int64)
+    self.owner = part_of_each_position(lengths)
     stacked = tf.concat(rows, 0)
     repeat = tf.concat([[False], tf.logical_and(tf.equal(stacked[1:], stacked[:-1]),
                                                 tf.equal(self.owner[1:], self.owner[:-1]))], 0)
@@ -295,10 +293,9 @@ class _WholeVariables:
     self.indices = [index for index, _ in entries]
     self.variables = [variable for _, variable in entries]
     lengths = [_num_rows(variable) for variable in self.variables]
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    self.owner = tf.constant(owner, tf.int64)
+    self.owner = part_of_each_position(lengths)
     self.coefficients = tf.constant(_static_coefficients(
-        np.asarray(self.indices)[owner], np.concatenate([np.arange(n) for n in lengths]), _ROW))
+        np.repeat(self.indices, lengths), np.concatenate([np.arange(n) for n in lengths]), _ROW))
 
   def sums(self) -> tf.Tensor:
     """float64 ``[K]``: ``s`` of each variable now."""
