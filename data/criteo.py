@@ -146,8 +146,8 @@ class CriteoReader:
       for row, col in zip(*np.nonzero(~int_ok)):
         if not bad[good_index[row]]:
           bad[good_index[row]] = True
-          reasons[good_index[row]] = f"{INTEGER_NAMES[col]} = {ints.iat[row, col]!r} " + (
-              INTEGER_FAULT)
+          reasons[good_index[row]] = (f"{INTEGER_NAMES[col]} = {ints.iat[row, col]!r} "
+                                      f"{INTEGER_FAULT}")
     if bad.any():
       if self.on_bad_line == "error":
         first = int(np.flatnonzero(bad)[0])
