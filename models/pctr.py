@@ -50,9 +50,12 @@ def build_pctr_model(vocabulary_sizes: Sequence[int],
   integers = keras.Input(shape=(NUM_INTEGER,), dtype=tf.float32, name="integers")
   categorical = keras.Input(shape=(len(vocabulary_sizes),), dtype=tf.int64,
                                name="categorical")
-  ids = [categorical[:, i] if hashed_rows is None else
-         keras.layers.Hashing(size, name=f"hashing_{i}")(categorical[:, i])
-         for i, size in enumerate(rows)]
+  # One op for all columns: 26 slices were 26 Keras layers, each traced and vectorised in
+  # the DP step's per-example program (1.2 s of its 5.7 s trace).
+  columns = tf.unstack(categorical, axis=1)
+  ids = [column if hashed_rows is None else
+         keras.layers.Hashing(size, name=f"hashing_{i}")(column)
+         for i, (column, size) in enumerate(zip(columns, rows))]
   embedded = [Embedding(size, dim, name=f"embedding_{i}", table_placement=table_placement)(ids[i])
               for i, (size, dim) in enumerate(zip(rows, embedding_dims))]
   hidden = keras.layers.Concatenate()(embedded + [integers])
