@@ -262,8 +262,7 @@ class Embedding(keras.layers.Layer):
     nor how many are outside (an un-noised statistic of it).
     """
     flat_ids = tf.cast(flat_ids, tf.int64)
-    outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
-    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(outside)),
+    check = tf.debugging.Assert(tf.reduce_all(tf.logical_not(self._outside(flat_ids))),
                                 [out_of_vocabulary_message(self.name, self.vocabulary_size)])
     with tf.control_dependencies([check]):
       return tf.identity(flat_ids)
@@ -279,8 +278,13 @@ class Embedding(keras.layers.Layer):
     update does not depend on it) and reports the count, which ``fit``
     refuses on the host (:mod:`sparse_dp.training.wrappers.host_guards`).
     """
-    outside = tf.logical_or(flat_ids < 0, flat_ids >= self.vocabulary_size)
+    outside = self._outside(flat_ids)
     return tf.where(outside, tf.zeros_like(flat_ids), flat_ids), outside
+
+  def _outside(self, flat_ids):
+    """``id < 0 or id >= vocabulary_size`` for int64 ids, as one unsigned comparison (a
+    negative id is 2^64 + id as uint64)."""
+    return tf.cast(flat_ids, tf.uint64) >= tf.constant(self.vocabulary_size, tf.uint64)
 
   def _combine(self, vectors, example, batch_size):
     example = tf.cast(example, tf.int32)

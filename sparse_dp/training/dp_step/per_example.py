@@ -310,7 +310,7 @@ def over_examples(fn, data, signature, positions=None):
   # position; zeros at position 0 in an empty batch, whose row 0 is no example),
   # whose results are cut off. (No branch on the batch size: XLA could not shape
   # its outputs.)
-  with_spare = [tf.concat([p, _first_or_zeros(p)], 0) for p in present + [positions]]
+  with_spare = [_with_spare(p) for p in present + [positions]]
   return tf.nest.map_structure(lambda result: result[:-1], _vectorized(on_one, with_spare))
 
 
@@ -323,10 +323,17 @@ def _examples(part) -> tf.Tensor:
   return leading_dimension(part)
 
 
-def _first_or_zeros(batch: tf.Tensor) -> tf.Tensor:
-  """``batch[:1]``, or one example of zeros when the batch is empty: shape ``[1, ...]``."""
-  zeros = tf.zeros(tf.concat([[1], tf.shape(batch)[1:]], 0), batch.dtype)
-  return tf.concat([batch[:1], zeros], 0)[:1]
+def _with_spare(batch: tf.Tensor) -> tf.Tensor:
+  """``batch`` and one spare example after it: a copy of its first, zeros when it is empty.
+
+  The spare is the first row of ``batch[:1]`` padded with one example of zeros (of ``""``
+  for strings).
+  """
+  if batch.shape.rank is not None:
+    one_after = [[0, 1]] + [[0, 0]] * (batch.shape.rank - 1)
+  else:
+    one_after = tf.pad([[0, 1]], [[0, tf.rank(batch) - 1], [0, 0]])
+  return tf.concat([batch, tf.pad(batch[:1], one_after)[:1]], 0)
 
 
 def _vectorized(fn, elements):
@@ -387,6 +394,8 @@ def _dense(stacked, width: int) -> tf.Tensor:
   """Per-example ``[B, T, width]`` from stacked (or ragged, padded with zeros) tokens."""
   if isinstance(stacked, tf.RaggedTensor):
     stacked = stacked.to_tensor()
+  if stacked.shape.rank == 3 and stacked.shape[-1] == width:  # as stacked, most often
+    return stacked
   return tf.reshape(stacked, [tf.shape(stacked)[0], -1, width])
 
 

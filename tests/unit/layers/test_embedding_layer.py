@@ -44,6 +44,16 @@ def test_shared_table_across_features():
   np.testing.assert_allclose(model([tf.constant([3]), tf.constant([4])]).numpy(), [w[3] + w[4]])
 
 
+def test_under_xla_ids_outside_the_vocabulary_read_nan_at_both_ends():
+  # XLA compiles the assert away: an id < 0 or >= the vocabulary reads NaN (the DP step
+  # then zeroes its example), whatever its size; the ids inside read their rows.
+  layer = Embedding(10, 2, name="user_id")
+  ids = tf.constant([-1, 0, 9, 10, -2**63, 2**63 - 1], tf.int64)
+  vectors = tf.function(lambda ids: layer(ids), jit_compile=True)(ids).numpy()
+  assert np.isnan(vectors[[0, 3, 4, 5]]).all()
+  np.testing.assert_array_equal(vectors[1:3], table(layer)[[0, 9]])
+
+
 @pytest.mark.parametrize("bad", [-987654, 987654, 10**12 + 987654])
 def test_out_of_range_ids_fail_naming_layer_and_vocabulary_never_the_id(bad):
   # The id is the private data: the error names the layer, the vocabulary and the fix only.
