@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.randomness.seeds import portable
+from sparse_dp.mechanisms.randomness.seeds import philox_words
 
 _HALF = 2 ** 63  # k >= 2^63 means U >= 1/2
 
 
 def standard_exponential(shape, seed: tf.Tensor) -> tf.Tensor:
   """float64 ``Exp(1)`` samples of ``shape`` from a ``[2]`` stateless seed."""
-  bits = tf.random.stateless_uniform(shape, portable(seed), minval=None, maxval=None,
-                                     dtype=tf.uint64, alg="philox")  # on a TPU too
-  return exponential_from_bits(bits)
+  return exponential_from_bits(philox_words(shape, seed))
 
 
 def exponential_from_bits(bits: tf.Tensor) -> tf.Tensor:

@@ -19,7 +19,7 @@ import math
 
 import tensorflow as tf
 
-from sparse_dp.mechanisms.randomness.seeds import portable
+from sparse_dp.mechanisms.randomness.seeds import philox_words
 
 
 def standard_normal(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
@@ -46,8 +46,7 @@ def standard_normal(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
   shape = tf.cast(shape, tf.int64)
   count = tf.reduce_prod(shape)
   pairs = (count + 1) // 2
-  words = tf.random.stateless_uniform(pairs[None], portable(seed), minval=None, maxval=None,
-                                      dtype=tf.uint64, alg="philox")  # on a TPU too
+  words = philox_words(pairs[None], seed)
   high = tf.bitwise.right_shift(words, tf.constant(32, tf.uint64))
   low = tf.bitwise.bitwise_and(words, tf.constant(0xFFFFFFFF, tf.uint64))
   radius = tf.sqrt(-2.0 * tf.math.log(_uniform(high)))

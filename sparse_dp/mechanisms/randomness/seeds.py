@@ -17,6 +17,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 _LOW_32 = 0xFFFFFFFF
+_PHILOX = tf.random.Algorithm.PHILOX.value
+_SCRAMBLE_KEY = 0x02461E293EC8F720  # TensorFlow's key for turning a seed into Philox's
 
 
 def portable(seed: tf.Tensor) -> tf.Tensor:
@@ -34,6 +36,31 @@ def portable(seed: tf.Tensor) -> tf.Tensor:
   seed = tf.cast(seed, tf.int64)
   folded = tf.bitwise.bitwise_xor(seed, tf.bitwise.right_shift(seed, tf.constant(32, tf.int64)))
   return tf.bitwise.bitwise_and(folded, tf.constant(_LOW_32, tf.int64))
+
+
+def philox_words(shape, seed: tf.Tensor) -> tf.Tensor:
+  """Raw uint64 words of TensorFlow's stateless Philox stream of :func:`portable` ``(seed)``.
+
+  They are ``tf.random.stateless_uniform(shape, portable(seed), minval=None, maxval=None,
+  dtype=tf.uint64, alg="philox")``, the same numbers with and without XLA (Philox asked
+  for by name: on a TPU XLA's default generator is another). The seed becomes Philox's key
+  and counter as TensorFlow scrambles it: the first two words of the stream keyed by
+  ``0x02461E293EC8F720`` at counter ``seed`` give ``key = [w0]``, ``counter = [0, w1]``,
+  drawn as two uint64 words (13 graph nodes, where TensorFlow's 32-bit halves take 40).
+
+  Args:
+    shape (Sequence[int] | tf.Tensor): the words' shape, an int vector.
+    seed: int ``[2]`` stateless seed.
+
+  Returns:
+    uint64 words of ``shape``.
+  """
+  mixed = tf.raw_ops.StatelessRandomUniformFullIntV2(
+      shape=[2], key=tf.constant([_SCRAMBLE_KEY], tf.uint64),
+      counter=tf.cast(portable(seed), tf.uint64), alg=_PHILOX, dtype=tf.uint64)
+  return tf.raw_ops.StatelessRandomUniformFullIntV2(
+      shape=shape, key=mixed[:1], counter=tf.pad(mixed[1:], [[1, 0]]), alg=_PHILOX,
+      dtype=tf.uint64)
 
 
 def split(seed: tf.Tensor, count: int) -> list:
