@@ -225,9 +225,15 @@ def _worker(kind: str, settings: dict) -> dict:
   import tensorflow as tf
 
   import sparse_dp
+  # setup.py installs the tree's models/ and data/ as sparse_dp.models and sparse_dp.data
+  # (package_dir); on PYTHONPATH only sparse_dp/ is the tree's, and an editable install
+  # of another tree would supply those two. The tree itself, searched first, supplies them.
+  sparse_dp.__path__.insert(1, str(pathlib.Path(sparse_dp.__file__).parents[1]))
   from sparse_dp.jobs.bench import step_time_benchmark
+  from sparse_dp.models import pctr
   result = step_time_benchmark.measure(settings) if kind == "table4" else measure_pctr(settings)
-  return {**result, "sparse_dp": sparse_dp.__file__, "tensorflow": tf.__version__}
+  return {**result, "sparse_dp": sparse_dp.__file__, "models": pctr.__file__,
+          "tensorflow": tf.__version__}
 
 
 def measure_pctr(settings: dict) -> dict:
