@@ -92,6 +92,10 @@ def main(argv=None) -> int:
                          "-p", "no:cacheprovider", "-m", args.marker, *args.tests],
                         cwd=root, env=env, check=False)
   wall = time.perf_counter() - start
+  if not counters.exists():  # pytest stopped before its session ended (a usage error)
+    print(f"tier_profile: pytest exited with code {done.returncode} before writing its "
+          "counters; see its output above", file=sys.stderr)
+    return done.returncode or 1
   files = json.loads(counters.read_text())
   counters.unlink()
   totals = collections.Counter()
