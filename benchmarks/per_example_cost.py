@@ -1,32 +1,14 @@
 """Cost of computing each example's loss alone in the DP step.
 
-Times the DP step of two source trees in one run: this repository (the
-per-example step: ``tf.vectorized_map`` over the examples of a dense batch,
-``sparse_dp/training/dp_step/per_example.py``) and a baseline revision
-(``--baseline-rev``, default ``e069d01``: one forward and backward pass over the
-whole batch, the same clipping, noise and update), checked out with
-``git worktree add --detach`` into a temporary folder and removed at the end.
-
-Settings:
-
-* ``table4-<trainer>-<vocab>``: the step-time model of Ghazi et al., NeurIPS 2023, App. D.2.1
-  (Table 4): one table of ``dim`` 64, batch 1,024, SGD, measured by each tree's
-  own ``python -m sparse_dp.jobs.bench.step_time_benchmark`` worker, for DP-SGD and
-  DP-AdaFEST at 1e5, 1e6 and 1e7 rows;
-* ``pctr-<algorithm>``: the model of ``sparse-dp train`` with its default
-  settings (26 tables of the synthetic data's Table-3 sizes, dims
-  ``int(2 V^0.25)``, 4 x 598 ReLU units, batch 2,048, Adam 3e-3, epsilon 1 on
-  360,000 training examples, the job's ``DPConfig``), timed over
-  ``model.make_train_function()`` calls on random ids and features of the right
-  shapes (batch dimension unknown, as the job's Poisson batches), after warm-up;
-  ``pctr-none`` is the non-private step, for reference.
-
-Each measurement runs in its own subprocess (``PYTHONPATH=<tree>``,
-``TF_ENABLE_ONEDNN_OPTS=0``, ``TF_CPP_MIN_LOG_LEVEL=2``); for every repeat and
-setting the baseline runs, then the current tree, so load on a shared machine
-hits both alike. Reported per setting: each tree's median over the repeats of a
-run's median seconds per step, their ratio (current / baseline), each
-repeat's ratio (the spread) and the median of those.
+Times the DP step of two source trees in one run: this repository (the per-example step:
+``tf.vectorized_map`` over the examples of a dense batch) and a baseline revision
+(``--baseline-rev``, default ``e069d01``: one forward and backward pass over the whole
+batch), checked out with ``git worktree add --detach`` into a temporary folder and removed at
+the end. Settings: ``table4-<trainer>-<vocab>``, the step-time model of Ghazi et al., NeurIPS
+2023, App. D.2.1 (Table 4); ``pctr-<algorithm>``, the model of ``sparse-dp train`` with its
+default settings (``pctr-none``, the non-private step, for reference). Each measurement runs
+in its own subprocess, the trees alternating; reported per setting: each tree's median
+seconds per step and their ratio. See benchmarks/README.md ("per_example_cost.py").
 
   python benchmarks/per_example_cost.py --out benchmarks/results/per_example_cost.json
 """

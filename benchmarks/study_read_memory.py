@@ -1,20 +1,15 @@
 """Memory of reading a study's examples: the text frame, or each chunk encoded as read.
 
-A study (``sparse-dp study``) holds its examples in memory as the model's arrays.
-It used to read every line into one pandas frame of strings
-(:class:`sparse_dp.models.pctr_data.CriteoSplit`) and encode the frame after; it
-now encodes each chunk of 100,000 lines as it is read
-(:class:`sparse_dp.models.pctr_data.EncodedSplit`). Each way reads the first
-``--examples`` lines of a Criteo file (default: a synthetic day at the Table-3
-sizes, drawn into ``--folder`` once) in its own subprocess, and reports the
-subprocess's peak resident memory (``ru_maxrss``, KiB), its growth over the
-interpreter with the package imported, that growth per example, and the seconds
-the read took. The two ways run one after the other, ``--repeats`` times, at each
-of the ``--examples`` sizes; ``bytes_per_further_example`` is the slope of the
-peak between the smallest and the largest size (the chunk being parsed, a fixed
-cost, drops out of it).
+A study (``sparse-dp study``) holds its examples in memory as the model's arrays. It used to
+read every line into one pandas frame of strings
+(:class:`sparse_dp.models.pctr_data.CriteoSplit`) and encode the frame after; it now encodes
+each chunk of 100,000 lines as it is read (:class:`sparse_dp.models.pctr_data.EncodedSplit`).
+Each way reads the first ``--examples`` lines of a Criteo file in its own subprocess and
+reports its peak resident memory (``ru_maxrss``) and seconds; ``bytes_per_further_example``
+is the slope of the peak between the smallest and the largest size. See benchmarks/README.md
+("study_read_memory.py").
 
-  python benchmarks/study_read_memory.py --examples 500000,1000000 \
+  python benchmarks/study_read_memory.py --examples 500000,1000000 \\
       --out benchmarks/results/study_read_memory.json
 """
 

@@ -1,13 +1,10 @@
 """A few-minute TPU smoke test of the DP step through the TPU embedding path.
 
 Settles what no machine of this project can (docs/tpu.md, "What has run on TPU hardware"):
-that the real engine's rounds run (V1 ``TPUEmbedding`` through ``TPUTrainer``; V2
-``TPUEmbeddingV2`` or ordinary TPU variables through ``fit``), that the step compiles for
-every core, its first-step and steady step times, and, run twice (``--cores all`` then
-``--cores 1``), that every core's share sums to the one-core update: the two runs' table
-checksums agree to float rounding (same seeds: the same Poisson batches, selections and
-noise, which only the first replica adds). Prints a table to paste into an issue and writes
-it as JSON with ``--out``.
+that the real engine's rounds run, that the step compiles for every core, its first-step and
+steady step times, and, run twice (``--cores all`` then ``--cores 1``), that every core's
+share sums to the one-core update (the two runs' table checksums agree to float rounding).
+Prints a table to paste into an issue and writes it as JSON with ``--out``.
 
 On a TPU VM::
 
@@ -15,7 +12,7 @@ On a TPU VM::
     python benchmarks/tpu_smoke.py --tpu local --cores 1 --out one.json
 
 Off TPU (``--tpu none``) the same steps run through ``TPUTrainer`` and the V1 API double, on
-CPU: the script's own check (tests/unit/layers/test_tpu_smoke.py).
+CPU: the script's own check. See docs/tpu.md ("Smoke test").
 """
 
 from __future__ import annotations

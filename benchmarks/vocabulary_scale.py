@@ -5,31 +5,13 @@ Usage (the committed result, ``benchmarks/results/vocabulary_scale.{json,png}``)
     python benchmarks/vocabulary_scale.py --scales 1,10,100 \\
         --out benchmarks/results/vocabulary_scale.json
 
-The model and step are ``sparse-dp train``'s: :func:`sparse_dp.models.pctr.build_pctr_model`
-(26 tables of Table 3's vocabularies times the scale, dims ``int(2 V^0.25)``, four
-ReLU layers of 598), compiled with ``--optimizer`` and made private with the job's
-calibration (:func:`sparse_dp.jobs.train.fitting._dp_config`: epsilon 1, one epoch of
-``--examples`` at batch 2,048), fed the job's Poisson batches
-(``PrivateTraining.poisson_dataset``; also for ``none``) through ``model.fit``
-with the DP callback. The examples are a day of
-:class:`sparse_dp.data.synthetic.SyntheticCriteo` at the same scale (its bucket ids
-are the rows; a missing value reads row 0).
-
-Each algorithm and scale trains in its own subprocess (``TF_ENABLE_ONEDNN_OPTS=0``):
-``--warmup`` steps untimed (tracing), then timed steps until ``--steps`` of them or
-``--max-seconds`` of timed training, whichever comes first (at least
-``--min-steps``); examples per second is ``steps x batch / seconds`` over all
-timed steps, as the job reports it. Memory from ``/proc/self/status``: the
-resident set before the first step (tables, slots, data), its peak over the
-warm-up, and its peak over the timed steps (``VmHWM`` reset after the warm-up
-through ``/proc/self/clear_refs``), so the step's own temporaries are the last
-minus the first.
-
-Before a child trains, the memory it needs (tables, the optimizer's state, DP-SGD's
-dense noise of its largest table, overhead: the step-time study's bound,
-:func:`sparse_dp.jobs.train.memory.bytes_needed`) is compared with the machine's available
-memory less ``--reserve-gb`` for other users; a child that would not fit is not
-started and the JSON says why.
+The model and step are ``sparse-dp train``'s (:func:`sparse_dp.models.pctr.build_pctr_model`
+at Table 3's vocabularies times the scale, the job's epsilon-1 calibration, its Poisson
+batches through ``model.fit``), on a day of :class:`sparse_dp.data.synthetic.SyntheticCriteo`
+at the same scale. Each algorithm and scale trains in its own subprocess: examples per second
+over the timed steps after ``--warmup``, resident memory before the first step and its peaks
+over the warm-up and the timed steps; a child whose memory would not fit is not started. See
+docs/vocabulary_scale.md ("How it runs").
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Seconds per DP step with and without XLA, ratios taken in one run.
 
-Two settings, each timed in graph mode and with ``jit_compile=True``, in turn,
-each run in its own subprocess, ``--repeats`` times:
-
-* ``table4``: ``sparse-dp bench step`` (the Table-4 model: one table of dim 64,
-  batch 1,024, Zipf ids, SGD) for each trainer and vocabulary;
-* ``pctr``: the pCTR job's model, optimizer and ``DPConfig`` (``sparse-dp train``'s
-  defaults: 26 tables, 4 x 598 ReLU units, batch 2,048, Adam), timed by
-  ``benchmarks/per_example_cost.py``'s worker, for each of ``--pctr-algorithms``.
-
-Graph mode gets batches of the expected size; under XLA a DP step gets each
-batch padded to its capacity with its example mask, as ``poisson_dataset``
-pads it for a compiled model (1,329 rows for 1,024 of 1e9; 2,472 for 2,048 of 360,000), so the
-ratio is the one a user sees. Writes every timing and the median XLA / graph
-ratio per setting (each repeat's pair taken together).
+Two settings, each timed in graph mode and with ``jit_compile=True``, in turn, each run in its
+own subprocess, ``--repeats`` times: ``table4``, ``sparse-dp bench step`` (the Table-4 model)
+for each trainer and vocabulary; ``pctr``, the pCTR job's model, optimizer and ``DPConfig``,
+timed by ``benchmarks/per_example_cost.py``'s worker, for each of ``--pctr-algorithms``.
+Under XLA a DP step gets each batch padded to its capacity with its example mask, as
+``poisson_dataset`` pads it for a compiled model, so the ratio is the one a user sees. Writes
+every timing and the median XLA / graph ratio per setting. See benchmarks/README.md
+("xla_step_time.py").
 
     python benchmarks/xla_step_time.py --out benchmarks/results/xla_step_time.json
 """

@@ -1,19 +1,17 @@
 """Reading Criteo files as a ``tf.data`` stream, for files that do not fit in memory.
 
 Lines are parsed in the graph, one at a time, with the same rules as
-:class:`sparse_dp.data.criteo.CriteoReader`: a line with a wrong field count, an
-integer field neither empty nor ``-?[0-9]{1,18}`` or a label other than 0/1 stops the stream with
-an error naming the file and line (``MalformedLineError``, or, inside
-``model.fit``, a ``tf.errors.InvalidArgumentError`` whose message carries the
-same text after :data:`MALFORMED_LINE`); with ``on_bad_line="skip"`` the line
-is dropped and counted in ``CriteoStream.skipped_lines``.
+:class:`sparse_dp.data.criteo.CriteoReader`: a malformed line stops the stream with an error
+naming the file and line (``MalformedLineError``, or, inside ``model.fit``, a
+``tf.errors.InvalidArgumentError`` whose message carries the same text after
+:data:`MALFORMED_LINE`); with ``on_bad_line="skip"`` the line is dropped and counted in
+``CriteoStream.skipped_lines``.
 
 Each element is ``({"integers": float32[13], "categorical": int64[26]},
 label float32[1])``: integer features as ``log(1 + max(x, 0))`` with missing
 as 0 (App. D.1.1), categorical features encoded by a
 :class:`sparse_dp.data.vocabulary.Vocabulary` exactly as its pandas ``encode``
-does (hashed features by the same FarmHash fingerprint, counted ones by a
-lookup table).
+does. See docs/commands/train.md ("The data").
 """
 
 from __future__ import annotations

@@ -7,19 +7,9 @@ features are log-normal counts. The label of an example is drawn from
 ``sigmoid(bias + sum_f w_f[bucket_f] + u . log(1 + ints))``, so the planted
 model's AUC on the data (``planted_auc``) is the best any model can reach.
 
-Days are numbered as the Criteo-1TB files, ``day_0`` to ``day_23``, and drift:
-on each day after day 0 a share of the most popular ranks is given to other
-buckets, so the popular buckets of day 0 are not those of day 23 (the time
-series of §4.3). Everything is a function of ``seed``.
-
-With ``light_users = s > 0`` the first feature is a user id with a long tail of light
-users, as ratings data has: a share ``1 - s`` of the examples comes from the heavy users
-(the top 5% of its ranks, Zipf among them), ``s`` uniformly from the others, and the
-user's planted effect is strong (``N(0, 1)``).
-
-Buckets are written as 8-digit hexadecimal hashes (a bijection of the bucket
-id), integer features as decimal, missing values as empty fields, exactly as
-Criteo's files; the readers of :mod:`sparse_dp.data.criteo` read them back.
+Days ``day_0`` to ``day_23`` drift (the time series of §4.3); ``light_users = s > 0`` makes
+the first feature a user id with a long tail of light users. Everything is a function of
+``seed``. See docs/commands/train.md ("The data").
 """
 
 from __future__ import annotations

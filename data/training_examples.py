@@ -1,29 +1,15 @@
 """Which examples a model was trained on, by content: testable only with a key kept out of it.
 
 ``sparse-dp train`` writes beside the saved model :data:`FILE`, a keyed hash of
-each training example's 39 features (13 integers, 26 categorical values; the
-label left out, so an example with its label changed still matches), and
-:data:`KEY_ID_FILE`, the key's id. The key is a fresh 256-bit secret per
-folder, written (mode 0600) to ``<key id>.key`` in the user's secrets folder
-(``--secrets-dir``, else ``$SPARSE_DP_SECRETS_DIR``, else ``~/.sparse_dp/keys``;
-:func:`secrets_dir`), never inside the folder: the folder alone holds
-nothing from which it can be tested whether an example was trained on.
-``sparse-dp distill --teacher`` finds the key by its id, hashes its
-distillation inputs the same way and refuses those in the record: a copy of the
-training file, the same file by another path or link, or another file sharing
-some of its examples, whatever its name. Without the key it refuses to run
-(unless told to skip the check), and a folder with the unkeyed
-:data:`LEGACY_FILE` of earlier versions is refused.
-
-Each example's content digest (:func:`feature_hashes`, 64 bits, never written)
-is hashed with keyed BLAKE2b (8 bytes) together with its occurrence among equal
-digests, so duplicates are hashed apart: the record has one pseudorandom value
-per training example, sorted, and shows nothing but their number
-(``train_examples`` in ``metrics.json``). Two different examples collide with
-probability about ``2^-63``; among ``n`` recorded and ``m`` checked examples the
-chance that any one is refused wrongly is at most ``n m 2^-63``; a training
-example is never missed. Cost: one vectorised pass, one BLAKE2b call and 8
-bytes per example.
+each training example's 39 features (the label left out), and :data:`KEY_ID_FILE`, the key's
+id. The key is a fresh 256-bit secret per folder, written (mode 0600) to ``<key id>.key`` in
+the user's secrets folder (:func:`secrets_dir`), never inside the folder.
+``sparse-dp distill --teacher`` finds the key by its id, hashes its distillation inputs the
+same way and refuses those in the record. Each example's content digest
+(:func:`feature_hashes`, 64 bits, never written) is hashed with keyed BLAKE2b (8 bytes)
+together with its occurrence among equal digests: among ``n`` recorded and ``m`` checked
+examples the chance that any one is refused wrongly is at most ``n m 2^-63``; a training
+example is never missed. See docs/commands/train.md ("The data").
 """
 
 from __future__ import annotations

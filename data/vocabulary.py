@@ -2,18 +2,12 @@
 
 Each feature maps its raw values (hex strings) to ids: ``0`` for a missing
 value, ``1`` for a value outside the vocabulary, ``2..`` for the kept buckets
-in order of decreasing training frequency. A bucket is kept when it occurs at
-least ``min_count`` times, and at most ``max_size`` are kept. With
-``hash_buckets`` the values are hashed into that many buckets instead (ids
-``2..hash_buckets+1``) by TensorFlow's stable FarmHash fingerprint
-(``tf.strings.to_hash_bucket_fast``), the same function the ``tf.data`` reader
-applies, so a model trained on either reader serves the other's ids.
-
-Privacy: a vocabulary counted on the training data is a function of it (a
-bucket seen once reveals that its example was there), so DP training needs a
-vocabulary that is not: :meth:`Vocabulary.hashed` (data-independent) or one
-counted on public data. The counts are kept so that DP-FEST can use them as a
-public prior when the user declares them public.
+in order of decreasing training frequency (at least ``min_count`` occurrences, at most
+``max_size`` kept). With ``hash_buckets`` the values are hashed into that many buckets
+instead (ids ``2..hash_buckets+1``) by TensorFlow's stable FarmHash fingerprint, the same
+function the ``tf.data`` reader applies. A vocabulary counted on the training data is a
+function of it, so DP training needs :meth:`Vocabulary.hashed` (data-independent) or one
+counted on public data. See docs/commands/train.md ("The data").
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """Preprocessing layers whose statistics of the private data are DP, with their epsilon.
 
 An adapted ``Normalization``, ``Discretization`` or ``IntegerLookup`` holds exact statistics
-of the training data, which ``make_private`` refuses
-(:mod:`sparse_dp.training.checks.preprocessing_checks`). These functions compute them with
-pure ``epsilon``-DP mechanisms (add/remove adjacency, ``N`` public) and return the layer with
-its epsilon, a :class:`PrivateStatistic` for ``make_private(..., private_statistics=[...])``:
+of the training data, which ``make_private`` refuses. These functions compute them with pure
+``epsilon``-DP mechanisms (add/remove adjacency, ``N`` public) and return the layer with its
+epsilon, a :class:`PrivateStatistic` for ``make_private(..., private_statistics=[...])``:
 
 * :func:`private_mean_variance`: values clipped to ``[low, high]``, Laplace noise of scale
-  ``F Delta / (epsilon / 2)`` on the sums of the values and of their squares (Dwork et al.,
-  TCC 2006);
+  ``F Delta / (epsilon / 2)`` on the sums of values and of squares (Dwork et al., TCC 2006);
 * :func:`private_quantiles`: per quantile ``p``, the exponential mechanism over a public grid
   with utility ``-|#{x <= c} - p N|``, at ``epsilon / m`` each (Smith, STOC 2011);
-* :func:`private_vocabulary`: DP-FEST's Gumbel top-k of the ids' example counts
-  (:func:`sparse_dp.mechanisms.dp_top_k`).
+* :func:`private_vocabulary`: DP-FEST's Gumbel top-k of the ids' example counts.
 
 The noise comes from the OS's entropy unless ``seed`` is given. See docs/epsilon.md ("The
 sample").

@@ -8,13 +8,8 @@ composition (Lemma C.5, App. C.3): ``epsilon = sum(pure) + epsilon_train(delta)`
 Steps on batches truncated to at most ``M`` examples (:class:`Truncation`,
 ``sparse-dp sample --max-batch-size``) are truncated Poisson-subsampled
 Gaussians: ``dp_accounting.TruncatedSubsampledGaussianDpEvent`` (dp-accounting
->= 0.5.1, PLD only). On an older dp-accounting (the Python 3.11 stack pins
-0.4.3) they are refused rather than bounded: a sound bound from the
-untruncated accountant exists (truncated and untruncated training differ only
-when some batch exceeds ``M``, so in total variation by at most
-``gamma = T P(Binomial(N, q) > M)``, giving ``(eps, delta + (1 + e^eps) gamma)``),
-but it is only as tight as ``gamma`` is small, and the exact event is one
-upgrade away.
+>= 0.5.1, PLD only); an older dp-accounting refuses them. See docs/epsilon.md ("How the
+privacy is accounted").
 """
 
 from __future__ import annotations

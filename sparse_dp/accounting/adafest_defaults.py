@@ -4,20 +4,14 @@ The threshold ``tau = t sigma1 C1`` (Ghazi et al., NeurIPS 2023, §3.2) and the 
 ``r = sigma1 / sigma2`` come from two statements, neither of which depends on epsilon:
 
 1. False positives. A row no example touched passes with probability ``Psi(t)`` (App.
-   B.2), so a step updates ``Psi(t) sum_t V_t`` such rows, whatever noise the epsilon
-   calls for. ``t`` is the least value with at most ``FALSE_POSITIVE_SHARE`` of the
-   expected batch size ``B`` in false positives: ``Psi(t) sum_t V_t = 0.01 B``, at least
-   ``MIN_THRESHOLD_SIGMAS``: one ``t`` for all the selected tables, from their rows
-   together; large tables get a high one, so their update stays sparse.
-2. The row at the threshold. A row ``c`` examples touch has contribution ``c C1 / sqrt(n)``
-   (``n`` lookups an example, ``C1 <= sqrt(n)``) and passes half the time at
-   ``c = t sigma1 sqrt(n)``. Its noisy gradient's signal-to-noise ratio is then
-   ``c g / (sigma2 C2 sqrt(d)) = t r (g / C2) sqrt(n / d)`` for per-example row gradients
-   of norm ``g`` and tables of width ``d``: it depends on ``t r`` alone, not on sigma. The
-   rule keeps ``t r = THRESHOLD_TIMES_RATIO`` (8: ``r = 2`` at ``t = 4``, the better of
-   ``r = 2`` and ``5`` on the default data). The count of examples at which a row passes
-   half the time, ``sigma sqrt(n) sqrt(t^2 + 64)``, then hardly moves with ``t``: a lower
-   ``t`` lets more untouched rows through and puts more of the noise on the map.
+   B.2); ``t`` is the least value with ``Psi(t) sum_t V_t = FALSE_POSITIVE_SHARE B`` (0.01 of
+   the expected batch size ``B``), at least ``MIN_THRESHOLD_SIGMAS``: one ``t`` for all the
+   selected tables, from their rows together.
+2. The row at the threshold. Its noisy gradient's signal-to-noise ratio is
+   ``t r (g / C2) sqrt(n / d)``: it depends on ``t r`` alone, and the rule keeps
+   ``t r = THRESHOLD_TIMES_RATIO`` (8: ``r = 2`` at ``t = 4``).
+
+See docs/adafest_defaults.md ("The rule") for the derivation and the values it gives.
 """
 
 from __future__ import annotations

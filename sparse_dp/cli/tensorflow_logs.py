@@ -1,19 +1,12 @@
 """TensorFlow's C++ start-up lines, held back from the ``sparse-dp`` command's output.
 
-Importing TensorFlow and initialising its devices writes lines such as
-"oneDNN custom operations are on", "Could not find cuda drivers", "Unable to
-register cuBLAS factory", "TF-TRT Warning" and the CPU-feature notice to the
-process's standard error, from C++. ``TF_CPP_MIN_LOG_LEVEL`` silences them
-on TF 2.15, but TF 2.21 logs through absl before its log level is read, so
-the command also points file descriptor 2 at a temporary file while
-TensorFlow loads and finds its devices, and shows what was written there
-only if that fails. It also compiles a one-line function with XLA there: XLA's first
-compilation in a process writes lines of its own ("Compiled cluster using XLA!", on TF 2.15
-an E-level "SetPriority unimplemented for this stream" and absl's "before
-absl::InitializeLog()"), and every training command compiles with XLA (the weight
-fingerprint of ``make_private``; the step with ``--jit-compile``). Later C++ warnings and
-errors are shown as usual
-(``TF_CPP_MIN_LOG_LEVEL=2`` keeps warnings and errors and hides INFO only).
+Importing TensorFlow and initialising its devices writes lines ("oneDNN custom operations are
+on", "Could not find cuda drivers", ...) to standard error from C++, and TF 2.21 logs them
+through absl before ``TF_CPP_MIN_LOG_LEVEL`` is read. So the command points file descriptor 2
+at a temporary file while TensorFlow loads, finds its devices and compiles a one-line function
+with XLA (whose first compilation writes lines of its own), and shows what was written there
+only if that fails. Later C++ warnings and errors are shown as usual. See
+docs/getting-started.md ("TensorFlow's start-up lines").
 """
 
 from __future__ import annotations

@@ -180,6 +180,11 @@ class Embedding(keras.layers.Layer):
     self.embedding_backend = None
 
   def build(self, input_shape):
+    """Makes the table variable (where ``table_placement`` says) and the ``dp_record`` weight.
+
+    Args:
+      input_shape: the shape of the ids (Keras's; the table's shape does not depend on it).
+    """
     with variables_placed(self.table_placement, self.name):
       self.embeddings = self.add_weight(
           name="embeddings", shape=(self.vocabulary_size, self.output_dim),
@@ -321,12 +326,27 @@ class Embedding(keras.layers.Layer):
     return tf.not_equal(ids, 0)
 
   def compute_output_shape(self, input_shape):
+    """The shape of the output for ids of ``input_shape``.
+
+    Args:
+      input_shape: the shape of the ids, ``[B]`` or ``[B, L]``.
+
+    Returns:
+      A ``tf.TensorShape``: ``[B, L, output_dim]`` for ``[B, L]`` ids with ``combiner=None``,
+        else ``[B, output_dim]``.
+    """
     input_shape = tf.TensorShape(input_shape)
     if input_shape.rank == 2 and self.combiner is None:
       return input_shape.concatenate([self.output_dim])
     return tf.TensorShape([input_shape[0], self.output_dim])
 
   def get_config(self):
+    """The layer's configuration, for Keras serialization.
+
+    Returns:
+      A dict: the ``Layer`` config with the arguments of ``__init__`` (the initializer
+        serialized).
+    """
     return {**super().get_config(), "vocabulary_size": self.vocabulary_size,
             "output_dim": self.output_dim, "combiner": self.combiner,
             "mask_zero": self.mask_zero, "table_placement": self.table_placement,

@@ -159,7 +159,18 @@ class DPConfig:
   def dense_table_names(self, vocabulary_sizes: Sequence[tuple[str, int]],
                         expected_batch_size: float) -> frozenset:
     """The tables DP-AdaFEST noises on every row: :func:`dense_table_names` of this config's
-    ``dense_tables`` and algorithm."""
+    ``dense_tables`` and algorithm.
+
+    Args:
+      vocabulary_sizes: the model's ``Embedding`` layers, ``(name, rows V_t)`` each.
+      expected_batch_size: ``B = q N``.
+
+    Returns:
+      The names of the dense tables (a frozenset); empty for an algorithm without a selection.
+
+    Raises:
+      ValueError: as :func:`dense_table_names` raises it.
+    """
     return dense_table_names(self.dense_tables, self.kind, vocabulary_sizes, expected_batch_size)
 
 

@@ -1,19 +1,12 @@
 """Canaries for the pCTR model: fresh categorical ids, random labels, secret inclusion.
 
-Canary ``j`` looks up row ``V_t + j`` of every table ``t`` (``V_t`` the
-table's vocabulary size): the model's tables get ``m`` extra rows each, and no
-training example (whose ids are below ``V_t``) or other canary uses them, so
-the canary's rows are its own. Its label is a fair coin and its integer
-features are zero, so nothing but its own rows can fit its label. Each canary
-is included in the training data independently with probability 1/2
-(Steinke et al. 2023, §3); the labels and the inclusion bits come from a seed
-drawn from the OS's cryptographic source unless one is given (a fixed seed
-makes the experiment reproducible, and the bits only as secret as the seed).
-
-The included canaries are appended to the training examples *before* the job
-Poisson-samples them (``make_private``'s ``poisson_dataset``), so a canary is
-an ordinary example to the mechanism and the accountant: the job's
-``q = B / N`` counts them in ``N``.
+Canary ``j`` looks up row ``V_t + j`` of every table ``t`` (``V_t`` the table's vocabulary
+size): the tables get ``m`` extra rows each, which no training example or other canary uses.
+Its label is a fair coin and its integer features are zero. Each canary is included in the
+training data independently with probability 1/2 (Steinke et al. 2023, §3), from a seed drawn
+from the OS's cryptographic source unless one is given; the included canaries are appended
+before the job Poisson-samples them, so ``q = B / N`` counts them in ``N``. See
+docs/commands/audit.md ("How the audit computes").
 """
 
 from __future__ import annotations

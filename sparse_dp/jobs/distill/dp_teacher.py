@@ -1,20 +1,15 @@
 """``sparse-dp distill --method dp-teacher``: a DP-AdaFEST teacher, a student by post-processing.
 
 The teacher is trained here with DP-AdaFEST (:func:`sparse_dp.jobs.train.fitting.fit_and_evaluate`,
-as ``sparse-dp train``) or loaded from a ``sparse-dp train`` folder. The student
-never sees the private data: it fits the teacher's logits on public (or
-synthetic) inputs, a function of the DP teacher and of data independent of
-the private data, so by post-processing (Dwork & Roth, Prop. 2.1) it is as
-private as the teacher. Its epsilon is the teacher's, read from the teacher's
-``dp_record`` (every DP run that trained its weights, composed by the PLD
-accountant), never recomputed from flags. Distilled on the teacher's own
-training examples (their features declared public, ``--features-are-public``),
-the student protects only their labels: changing one label is a replacement,
-covered at ``(2 epsilon, (1 + e^epsilon) delta)``
-(:func:`~sparse_dp.jobs.distill.privacy_fields.label_replacement`). A loaded teacher's
-record of training examples is keyed, its key in the user's secrets folder
-(``--secrets-dir``); without it the job refuses, or, with ``--skip-teacher-data-check``,
-distils unchecked and says so in the report's caveats.
+as ``sparse-dp train``) or loaded from a ``sparse-dp train`` folder. The student fits the
+teacher's logits on public (or synthetic) inputs, so by post-processing (Dwork & Roth, Prop.
+2.1) it is as private as the teacher: its epsilon is read from the teacher's ``dp_record``,
+never recomputed from flags. Distilled on the teacher's own training examples
+(``--features-are-public``), the student protects only their labels, at
+``(2 epsilon, (1 + e^epsilon) delta)``
+(:func:`~sparse_dp.jobs.distill.privacy_fields.label_replacement`). A loaded teacher's keyed
+record of training examples is checked unless ``--skip-teacher-data-check``. See
+docs/commands/distill.md (``dp-teacher``).
 """
 
 from __future__ import annotations

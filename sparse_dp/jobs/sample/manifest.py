@@ -4,17 +4,11 @@
 job needs to account the sample, and to check that the shards are the ones
 written: ``num_examples`` (``N``), ``batch_size`` (the expected batch ``B``),
 ``sampling_rate`` (``q = B / N``), ``steps`` (``T``), ``max_batch_size``
-(truncation, or ``null``), the input files (name, bytes, SHA-256, examples
-read), the shards (file, first step, each batch's size, bytes, SHA-256) and
-the sample's public ``salt``. It never holds the secret seed; ``mac``, keyed by
-the seed (:meth:`sparse_dp.jobs.sample.draws.SampleKey.mac`), authenticates the
-rest: a manifest is read only with the seed file it was drawn with, and one
-edited after it was written (a consistent ``num_examples``/``sampling_rate``
-pair would change the accounted ``q``) is refused.
-
-The per-step batch sizes and the exact ``N`` depend on the data (under the
-add/remove adjacency the accountant uses, one example moves them by one): the
-manifest is as private as the batches.
+(truncation, or ``null``), the input files, the shards and the sample's public ``salt``.
+It never holds the secret seed; ``mac``, keyed by the seed
+(:meth:`sparse_dp.jobs.sample.draws.SampleKey.mac`), authenticates the rest, so an edited
+manifest is refused. Its batch sizes and ``N`` depend on the data: the manifest is as
+private as the batches. See docs/commands/sample.md.
 """
 
 from __future__ import annotations

@@ -3,18 +3,11 @@
 Runs :mod:`sparse_dp.jobs.sample.pipeline` on the DirectRunner (this machine) or,
 with ``--runner``, on any Beam runner (DataflowRunner, FlinkRunner,
 SparkRunner); options after ``--`` go to Beam's ``PipelineOptions`` as they
-are (``-- --project=P --region=R --temp_location=gs://...``). ``sparse-dp train
---reader batches --data OUT --seed-file SEED`` trains on the batches, one per
-step.
-
-The secret seed comes from ``--seed-file`` (its bytes; keep the file apart from
-the batches, which this refuses), on every runner: only its path travels in
-the pipeline (each worker reads the file), and training needs the file to check
-the manifest's MAC. Each run draws a fresh public salt, so samples drawn with
-one seed file hold independent batches; the ledger beside the seed file
-(:mod:`sparse_dp.jobs.sample.sample_ledger`) refuses a salt drawn twice, and
-``--reproduce FOLDER`` is the one way to draw a sample again: into its own
-folder, under its claims.
+are. ``sparse-dp train --reader batches --data OUT --seed-file SEED`` trains on the
+batches, one per step. The secret seed comes from ``--seed-file`` on every runner (only its
+path travels in the pipeline); each run draws a fresh public salt, the ledger beside the
+seed file (:mod:`sparse_dp.jobs.sample.sample_ledger`) refuses a salt drawn twice, and
+``--reproduce FOLDER`` is the one way to draw a sample again. See docs/commands/sample.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The batches of a Poisson sample that training runs have taken, so none trains twice.
 
-Amplification by subsampling assumes each sampled batch is released through
-one training step. Two runs that train on the same batches are not two
-independently subsampled mechanisms: together they are one subsampled Gaussian
-of noise multiplier ``sigma / sqrt(2)`` per step, whose epsilon can exceed the
-sum of the two runs' printed epsilons. So a run claims the steps it will train
-before it reads them, by creating ``claims/from-<first step>.json`` in the
-sample's folder, and a later run (in this process or another) starts after the
-last claimed step. Steps are taken in order, so two runs that could overlap
-start from the same step and want the same file: on a local folder the create
-is exclusive and the second run is refused; on a remote filesystem
-(``gs://...``) the check and the write are two calls, not one atomic create.
-The guarantee is per folder: a copy of it holds the same batches with claims of
-its own. (A second sample drawn with the same seed file holds other batches: it
-has its own salt, :mod:`sparse_dp.jobs.sample.sample_ledger`.)
+Amplification by subsampling assumes each sampled batch is released through one training
+step: two runs on the same batches are together one subsampled Gaussian of noise multiplier
+``sigma / sqrt(2)`` per step, whose epsilon can exceed the sum of the two runs' printed
+epsilons. So a run claims the steps it will train before it reads them, by creating
+``claims/from-<first step>.json`` in the sample's folder, and a later run (in this process or
+another) starts after the last claimed step. On a local folder the create is exclusive; on a
+remote filesystem (``gs://...``) the check and the write are two calls, not one atomic
+create. The guarantee is per folder. See docs/commands/sample.md.
 """
 
 from __future__ import annotations

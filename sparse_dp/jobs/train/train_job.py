@@ -4,19 +4,13 @@ Reads Criteo files (or writes a synthetic Criteo day first, the default), holds
 out the last 10% of examples for evaluation, encodes them with a vocabulary
 that does not depend on the private data (:mod:`sparse_dp.models.pctr_data`),
 trains with ``sparse_dp.make_private`` on Poisson-sampled batches, and
-reports held-out AUC and calibration (log-loss against the base-rate
-predictor's, expected calibration error over 10 equal-width bins,
-:mod:`sparse_dp.models.calibration`) with the epsilon spent. Writes to ``--out``:
-the SavedModel, ``vocabulary.json``, ``metrics.json``, ``training.png`` and
-``reliability.png`` (the held-out reliability diagram)
-(and ``preselection.json`` for DP-FEST / DP-AdaFEST+; with ``--reader pandas``,
-``training_examples_keyed.npy`` and ``.json``: a keyed hash of each training example,
-:mod:`sparse_dp.data.training_examples`, which ``distill --teacher`` checks; its key goes
-to ``--secrets-dir``, never under ``--out``).
-With ``--compare A,B`` every algorithm trains on the same examples and split at
-the same epsilon, in ``--out/<algorithm>/``, and ``compare.json``,
-``compare.md`` and ``compare.png`` (AUC against gradient-size reduction)
-tabulate them.
+reports held-out AUC and calibration (:mod:`sparse_dp.models.calibration`) with the epsilon
+spent. Writes to ``--out`` the SavedModel, ``vocabulary.json``, ``metrics.json``, the plots
+and, with ``--reader pandas``, the keyed record of training examples
+(:mod:`sparse_dp.data.training_examples`; its key goes to ``--secrets-dir``, never under
+``--out``). With ``--compare A,B`` every algorithm trains on the same examples and split at
+the same epsilon, in ``--out/<algorithm>/``, tabulated in ``compare.json``, ``compare.md``
+and ``compare.png``. See docs/commands/train.md.
 """
 
 from __future__ import annotations

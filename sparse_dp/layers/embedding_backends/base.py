@@ -5,15 +5,12 @@ records each lookup's rows and vectors, and returns, per table, the update
 its mechanisms produced: ``(sum_i [g_i]_C2 + noise) / B`` on the selected rows
 (DP-AdaFEST, an ``IndexedSlices``) or on every row (DP-SGD, a dense tensor).
 A backend answers the two questions the step leaves open:
-
-* :meth:`EmbeddingBackend.lookup`: the rows of a layer's ids (one vector per id);
-* :meth:`EmbeddingBackend.apply_gradients`: how that update, and the dense
-  weights' gradients, are applied.
-
-:class:`CpuBackend` (CPU and GPU) keeps today's Keras variables and sparse
-optimizers; :class:`~sparse_dp.layers.embedding_backends.tpu.TPUEmbeddingBackend`
-expresses the same update in the TPU embedding API's terms. Neither computes a
-DP quantity.
+:meth:`EmbeddingBackend.lookup` (the rows of a layer's ids, one vector per id) and
+:meth:`EmbeddingBackend.apply_gradients` (how that update, and the dense weights'
+gradients, are applied). :class:`CpuBackend` (CPU and GPU) keeps today's Keras variables
+and sparse optimizers; :class:`~sparse_dp.layers.embedding_backends.tpu.TPUEmbeddingBackend`
+expresses the same update in the TPU embedding API's terms. Neither computes a DP quantity.
+See docs/tpu.md ("How the backends meet the API").
 """
 
 from __future__ import annotations
@@ -69,7 +66,11 @@ class EmbeddingBackend(abc.ABC):
 
   @contextlib.contextmanager
   def training_step(self, features):
-    """The scope of one DP step's forward passes on the batch's ``features`` (when traced)."""
+    """The scope of one DP step's forward passes (when traced); nothing happens here.
+
+    Args:
+      features: the batch's model inputs.
+    """
     del features
     yield
 
@@ -152,15 +153,50 @@ class CpuBackend(EmbeddingBackend):
   name = "cpu"
 
   def lookup(self, layer, flat_ids):
+    """Gathers rows of ``layer``'s Keras table variable.
+
+    Args:
+      layer (sparse_dp.layers.Embedding): one of :attr:`tables`.
+      flat_ids: int64 ``[n]``, the rows to read.
+
+    Returns:
+      ``(rows, None)``: ``[n, output_dim]``, the rows; every id can be read.
+    """
     return gather_rows(layer.embeddings, flat_ids), None
 
   def apply_table_updates(self, optimizer, updates):
+    """Never called: :meth:`apply_gradients` applies the tables with the dense weights.
+
+    Args:
+      optimizer: the model's Keras optimizer.
+      updates: ``{layer: update}``, each table's update.
+
+    Raises:
+      AssertionError: always.
+    """
     raise AssertionError("CpuBackend applies tables with the dense weights")
 
   def optimizer_variables(self, trainable_variables) -> list:
+    """Every trainable variable, the tables too: one optimizer updates them all.
+
+    Args:
+      trainable_variables (list[tf.Variable]): the model's trainable variables.
+
+    Returns:
+      A list of ``trainable_variables``.
+    """
     return list(trainable_variables)  # the tables too: one optimizer updates them all
 
   def apply_gradients(self, optimizer, trainable_variables, gradients):
+    """Applies every gradient, tables included, in one ``optimizer.apply_gradients`` call.
+
+    A table's gradient is split by parameter-server shard where the table is sharded.
+
+    Args:
+      optimizer (keras.optimizers.Optimizer): the model's Keras optimizer.
+      trainable_variables (list[tf.Variable]): the model's trainable variables.
+      gradients: the step's gradients, by variable ref.
+    """
     # A table update's padding (index PAD, zero values) goes to row 0: Keras sums repeated
     # indices, and a zero sum leaves a row as it is (sparse_dp.optimizers).
     gradients = {ref: ordinary_slices(g) for ref, g in gradients.items()}

@@ -183,7 +183,11 @@ class SparseCoreBackend(TPUEmbeddingBackend):
 
   @contextlib.contextmanager
   def training_step(self, features):
-    """Step 1: one engine lookup of the ids each table looks up in the batch's ``features``."""
+    """Step 1: one engine lookup of the ids each table looks up in the batch's ``features``.
+
+    Args:
+      features: the batch's model inputs.
+    """
     ids = self.input_ids(features)
     activations = self.engine.lookup({name: tf.reshape(value, [-1]) for name, value in ids.items()})
     self._tracing.round = {name: example_round(ids[name], activations[name]) for name in ids}
@@ -194,6 +198,14 @@ class SparseCoreBackend(TPUEmbeddingBackend):
       self._tracing.round = None
 
   def apply_table_updates(self, optimizer, updates):
-    """Steps 3 and 4: the engine's update of the selected rows; no Keras table is written."""
+    """Steps 3 and 4: the engine's update of the selected rows; no Keras table is written.
+
+    Args:
+      optimizer: the model's Keras optimizer (unused: the engine has its own).
+      updates: ``{layer: update}``, each table's update from the DP step.
+
+    Returns:
+      A one-element list: the engine's ``apply_gradients`` op of the training round.
+    """
     del optimizer
     return [self.engine.apply_gradients(*self.training_round(updates))]

@@ -222,6 +222,11 @@ class TPUEmbeddingBackend(EmbeddingBackend):
 
   @contextlib.contextmanager
   def training_step(self, features):
+    """Marks this replica as tracing a DP step's forward passes, for the scope.
+
+    Args:
+      features: the batch's model inputs (unused).
+    """
     del features
     self._tracing.in_step = True
     try:
@@ -321,6 +326,16 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     return None
 
   def apply_table_updates(self, optimizer, updates):
+    """The engine's update of the step's rows, then their copy into the Keras tables.
+
+    Args:
+      optimizer: the model's Keras optimizer (unused: the engine has its own).
+      updates: ``{layer: update}``, each table's update from the DP step.
+
+    Returns:
+      A list of the ops, one per table, that copy the updated rows into
+        ``layer.embeddings``.
+    """
     features, gradients = self.training_round(updates)
     applied = self.engine.apply_gradients(features, gradients)
     with tf.control_dependencies([applied]):
@@ -365,7 +380,14 @@ class TPUEmbeddingBackend(EmbeddingBackend):
     return tf.gather(self.engine.slots(layer.name)["parameters"], rows)
 
   def table_rows(self, layer) -> tf.Tensor:
-    """Rows ``[0, V)`` of the layer's engine table (the dummy row left out)."""
+    """The layer's engine table without its dummy row.
+
+    Args:
+      layer (sparse_dp.layers.Embedding): one of :attr:`tables`.
+
+    Returns:
+      ``[V, output_dim]``, rows ``[0, V)`` of the engine's table.
+    """
     return self.engine.slots(layer.name)["parameters"][:layer.vocabulary_size]
 
   def sync_tables(self) -> None:

@@ -105,7 +105,15 @@ class TwoProgramBackend(TPUEmbeddingBackend):
     return getattr(self._tracing, "pending", None)
 
   def apply_table_updates(self, optimizer, updates):
-    """Holds the training round in ``pending``; reads the engine's learning rate of the step."""
+    """Holds the training round in ``pending``; reads the engine's learning rate of the step.
+
+    Args:
+      optimizer: the model's Keras optimizer, whose learning rate the engine takes.
+      updates: ``{layer: update}``, each table's update from the DP step.
+
+    Returns:
+      A one-element list: the op that assigns the step's learning rate.
+    """
     self._tracing.pending = self.training_round(updates)
     return [self._round_rate.assign(step_learning_rate(optimizer)())]
 

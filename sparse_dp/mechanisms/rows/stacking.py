@@ -43,6 +43,7 @@ class StackedTables:
 
   @property
   def num_tables(self) -> int:
+    """``T``, the tables stacked."""
     return len(self.sizes)
 
   @property
@@ -65,8 +66,14 @@ class StackedTables:
     return self.stack_rows(rows), tf.concat(padded, 0)
 
   def stack_rows(self, rows: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Each table's rows (int64 ``[n_t]`` in ``[0, c_t)`` or ``PAD``) as stacked rows, in
-    order: ``[sum n_t]``, ``PAD`` kept."""
+    """Each table's rows as stacked rows, the tables' in order.
+
+    Args:
+      rows: per table, int64 ``[n_t]`` rows in ``[0, c_t)`` or ``PAD``.
+
+    Returns:
+      int64 ``[sum n_t]``, row ``j`` of table ``t`` as ``o_t + j``; ``PAD`` kept.
+    """
     rows = [tf.cast(table_rows, tf.int64) for table_rows in rows]
     lengths = [table_rows.shape[0] for table_rows in rows]
     if None not in lengths:  # known lengths: one offset per entry, one shift for all tables
@@ -80,21 +87,40 @@ class StackedTables:
     return tf.concat(shifted, 0)
 
   def table_of(self, rows: tf.Tensor) -> tf.Tensor:
-    """The table of each stacked row (int64), ``num_tables`` for ``PAD``."""
+    """The table of each stacked row.
+
+    Args:
+      rows: int64 ``[n]``, stacked rows or ``PAD``.
+
+    Returns:
+      int64 ``[n]``, each row's table ``t``; ``num_tables`` for ``PAD``.
+    """
     table = _count_at_most(tf.constant(self.offsets[1:], tf.int64), padding.safe_rows(rows))
     return tf.where(padding.is_valid(rows), table, self.num_tables)
 
   def coordinate_mask(self, rows: tf.Tensor) -> tf.Tensor:
-    """bool ``[n, D]``: the coordinates that belong to each row's table (none for ``PAD``)."""
+    """The coordinates of the stacked width ``D`` that belong to each row's table.
+
+    Args:
+      rows: int64 ``[n]``, stacked rows or ``PAD``.
+
+    Returns:
+      bool ``[n, D]``: true on the first ``d_t`` coordinates of a row of table ``t``; none
+        for ``PAD``.
+    """
     widths = tf.constant(self.widths + [0], tf.int64)
     row_width = tf.gather(widths, self.table_of(rows))
     return tf.range(self.width, dtype=tf.int64)[None, :] < row_width[:, None]
 
   def bounds(self, sorted_rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(first [T], last [T])``: table ``t``'s rows are ``sorted_rows[first_t:last_t]``.
+    """Where each table's rows lie in a sorted stacked row list.
 
     Args:
       sorted_rows: a padded row list of stacked rows (sorted, then ``PAD``).
+
+    Returns:
+      ``(first [T], last [T])``, int64: table ``t``'s rows are
+        ``sorted_rows[first_t:last_t]``.
     """
     below = _count_below(sorted_rows, tf.constant(self.offsets, tf.int64))  # [T + 1]
     return below[:-1], below[1:]

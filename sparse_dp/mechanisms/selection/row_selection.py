@@ -65,7 +65,11 @@ class RowSelection(NamedTuple):
     return self.num_true_positives + self.num_false_positives
 
   def selected_rows(self) -> tf.Tensor:
-    """The selected rows without the padding (a dynamic shape: not for compiled code)."""
+    """The selected rows without the padding (a dynamic shape: not for compiled code).
+
+    Returns:
+      int64 ``[num_selected]``, the first ``num_selected`` entries of :attr:`rows`.
+    """
     return self.rows[:self.num_selected]
 
 

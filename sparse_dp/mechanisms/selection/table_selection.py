@@ -62,6 +62,9 @@ class StackedSelection(NamedTuple):
     Args:
       rooms: per table, the length of its row list (int64 scalars), or ``None`` where every
         row is kept (graph mode).
+
+    Returns:
+      bool ``[T]``: true where ``cut``, or, given rooms, where ``num_rows`` exceeds the room.
     """
     if rooms is None:
       return self.cut
@@ -78,6 +81,9 @@ def false_positive_rooms(vocabulary_sizes: Sequence[int], threshold: float,
     vocabulary_sizes: ``c_t``.
     threshold: ``tau``.
     noise_stddev: ``sigma1 * C1``.
+
+  Returns:
+    A list of ints, ``false_positive_capacity(c_t, p)`` per table, in order.
   """
   probability = false_positive_probability(threshold, noise_stddev)
   return [false_positive_capacity(int(size), probability) for size in vocabulary_sizes]

@@ -1,19 +1,17 @@
 """Refuses layers whose state is a statistic of data, unless declared public.
 
-A model is released with every weight it holds. An adapted ``Normalization``
-holds the mean and variance of the data it was adapted on (one value moves
-them without bound), a ``Discretization`` its quantiles, a ``StringLookup``,
-``IntegerLookup`` or ``TextVectorization`` the ids or words that occur (one
-example's rare id changes the vocabulary): un-noised statistics, released
-outside the epsilon, and the noise of training does not cover them. Such a
-layer is refused at ``make_private`` unless its statistics come from public
-data (a public vocabulary, published quantiles, or values computed with a DP
-mechanism whose epsilon the user accounts) and the user says so, naming it in
-``make_private(..., public_layers=[...])``. The same holds for any layer holding a
-lookup table (a ``tf.lookup.StaticHashTable`` built from the ids that occur) and
-for a frozen ``BatchNormalization`` whose moving statistics are not at their
-initial values (:mod:`.held_state`). Constants written in a layer's
-configuration (``Rescaling``'s scale) are the user's declared configuration.
+A model is released with every weight it holds. An adapted ``Normalization`` holds the mean
+and variance of the data it was adapted on (one value moves them without bound), a
+``Discretization`` its quantiles, a ``StringLookup``, ``IntegerLookup`` or
+``TextVectorization`` the ids or words that occur (one example's rare id changes the
+vocabulary): un-noised statistics, released outside the epsilon. Such a layer is refused at
+``make_private`` unless its statistics come from public data (a public vocabulary, published
+quantiles, or values computed with a DP mechanism whose epsilon the user accounts) and the
+user names it in ``make_private(..., public_layers=[...])``. The same holds for a layer holding
+a lookup table and for a frozen ``BatchNormalization`` whose moving statistics are not at
+their initial values (:mod:`.held_state`). Constants written in a layer's configuration
+(``Rescaling``'s scale) are the user's declared configuration. See docs/epsilon.md ("The
+sample").
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ forward pass that writes state (:mod:`sparse_dp.training.dp_step.state_writes`);
 layers mix examples then keeps the bound but does not train as written. Two checks refuse such
 models first, naming the layer or loss and the fix:
 
-* :func:`check_model` (:mod:`.model_checks`), static, at ``make_private``:
-  BatchNormalization in training mode, ``tfrs.tasks.Retrieval``, ``activity_regularizer``;
+* :func:`check_model` (:mod:`.model_checks`), static, at ``make_private``: BatchNormalization
+  in training mode, ``tfrs.tasks.Retrieval``, ``activity_regularizer``;
 * :func:`check_separable` (:mod:`.separability`), a probe run once on the first batch, for
-  any model and loss.
-
-See docs/epsilon.md ("Each example alone", with the Retrieval model on public negatives).
+  any model and loss. See docs/epsilon.md ("Each example alone", with the Retrieval model on
+  public negatives).
 """
 
 from sparse_dp.training.checks.model_checks import ModelValidationError, check_model

@@ -169,8 +169,12 @@ class DPState(tf.__internal__.tracking.AutoTrackable):
     self._untracked.fingerprint = fingerprint
 
   def weights_moved(self) -> bool:
-    """Whether the weights moved since the DP step (or a recorded release) last left them;
-    ``False`` when the record is not bound (no fingerprint kept)."""
+    """Whether the weights moved since the DP step (or a recorded release) last left them.
+
+    Returns:
+      ``True`` when the fingerprint of the weights changed; ``False`` when it did not, or
+        when the record is not bound (no fingerprint kept).
+    """
     fingerprint = self._untracked.fingerprint
     return fingerprint is not None and fingerprint.moved()
 

@@ -141,8 +141,15 @@ def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None
 
 
 def stacked_tables(tables: list):
-  """The tables laid end to end in one id space (:class:`~sparse_dp.mechanisms.rows.stacking.
-  StackedTables`), in their order in ``leaves``; ``None`` without tables."""
+  """The tables laid end to end in one id space, in their order.
+
+  Args:
+    tables (list[sparse_dp.layers.Embedding]): the model's embedding layers.
+
+  Returns:
+    A :class:`~sparse_dp.mechanisms.rows.stacking.StackedTables` of their sizes and widths,
+      or ``None`` without tables.
+  """
   if not tables:
     return None
   return StackedTables([t.vocabulary_size for t in tables], [t.output_dim for t in tables])

@@ -2,22 +2,16 @@
 
 For a batch with per-example losses ``l_i``:
 
-1. one forward pass records every embedding lookup and ``Dense`` call, and one
-   backward pass gives ``dL/d(looked-up vectors)`` and ``dL/dz`` of every Dense
-   layer: the per-example gradients of all weights, never materialised as such;
-2. for DP-AdaFEST, the clipped contribution map (``C1``) is noised
-   (``sigma1 C1``) and thresholded at ``tau``; rows that do not pass are
-   zeroed in every example's gradient (lines 6-8);
+1. one forward and one backward pass give the per-example gradients of all weights (through
+   ``dL/d(looked-up vectors)`` and each Dense layer's ``dL/dz``, never materialised as such);
+2. for DP-AdaFEST, the clipped contribution map (``C1``) is noised (``sigma1 C1``) and
+   thresholded at ``tau``; rows that do not pass are zeroed (lines 6-8);
 3. each example's gradient is clipped jointly over all weights to ``C2``;
-4. Gaussian noise ``sigma2 C2`` (``sigma C2`` for DP-SGD) goes on the dense
-   weights and on the selected rows only (DP-AdaFEST) or on every row
-   (DP-SGD, the dense reference); the noisy sum is divided by the *expected*
-   batch size, as the accounting assumes.
+4. Gaussian noise ``sigma2 C2`` (``sigma C2`` for DP-SGD) goes on the dense weights and on
+   the selected rows only (DP-AdaFEST) or on every row (DP-SGD); the noisy sum is divided by
+   the *expected* batch size, as the accounting assumes.
 
-Under a ``tf.distribute`` strategy the contribution map and the selection are the whole
-batch's, each replica clips its own examples and only the first adds noise; with
-``microbatch_size`` the noise is added once per logical batch. See docs/epsilon.md ("Inside
-the DP step").
+Replicas, micro-batches and why the step is built so: docs/epsilon.md ("Inside the DP step").
 """
 
 from __future__ import annotations

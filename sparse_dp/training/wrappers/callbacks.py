@@ -53,6 +53,9 @@ class PrivacyCallback(keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     """Reads the step limit and the log key, and refuses a ``fit`` with no step left.
 
+    Args:
+      logs: Keras's logs (unused).
+
     Raises:
       BudgetExhaustedError: the epsilon budget allows not even one more step.
     """
@@ -80,7 +83,12 @@ class PrivacyCallback(keras.callbacks.Callback):
     return self._spent_at[1]
 
   def on_epoch_begin(self, epoch, logs=None):
-    """Reads the steps taken before the epoch, once."""
+    """Reads the steps taken before the epoch, once.
+
+    Args:
+      epoch: the epoch's index (unused).
+      logs: Keras's logs (unused).
+    """
     if not self.training.is_private:
       return
     # One read of the step counter per epoch: reading it every batch would make
@@ -88,7 +96,13 @@ class PrivacyCallback(keras.callbacks.Callback):
     self._steps_before_epoch = int(self.training.steps_taken.numpy())
 
   def on_train_batch_end(self, batch, logs=None):
-    """Logs the epsilon spent and stops after the budget's last step."""
+    """Logs the epsilon spent and stops after the budget's last step.
+
+    Args:
+      batch: the step just run, counted from 0 within the epoch.
+      logs: Keras's batch logs; the epsilon spent is written under ``epsilon`` (or
+        ``epsilon_not_poisson``).
+    """
     training = self.training
     if not training.is_private:
       return
@@ -102,6 +116,12 @@ class PrivacyCallback(keras.callbacks.Callback):
             f"{training.epsilon_text(training.epsilon())}).")
 
   def on_epoch_end(self, epoch, logs=None):
-    """Logs the exact epsilon after the epoch."""
+    """Logs the exact epsilon after the epoch.
+
+    Args:
+      epoch: the epoch's index (unused).
+      logs: Keras's epoch logs; the epsilon is written under ``epsilon`` (or
+        ``epsilon_not_poisson``).
+    """
     if logs is not None and self.training.is_private:
       logs[self._key] = self.training.epsilon()

@@ -1,21 +1,13 @@
 """Synthetic next-item sequences and secret-sharer canaries for Swing distillation.
 
-The data are generated, never downloaded. Users walk a first-order Markov chain
-over ``num_items`` items: each item has ``branching`` successors drawn by a Zipf
-popularity (so a few items are frequent), with Dirichlet(1) transition
-probabilities. An example is the last ``history_length`` items of a walk and
-the item that follows them.
-
+The data are generated, never downloaded: users walk a first-order Markov chain over
+``num_items`` items (``branching`` Zipf-popular successors each, Dirichlet(1) transition
+probabilities); an example is the last ``history_length`` items of a walk and the next item.
 *Privacy clue items* stand in for the paper's privacy clue words (Li et al., arXiv 2022,
-§3.2 and App. C: "name", "password", "@" ...): ids after which the next item is
-likely to be private. They are drawn among the most popular items, so the
-student's own data contain them, as the paper's student data contain the prompt
-"This email was written by".
-
-*Canaries* follow the secret sharer (Carlini et al. 2019; Li et al., arXiv 2022, §4.3, who
-insert "My ID is 4 6 7 8 2 3"): a random history, optionally ending in a clue
-item (the analogue of "My ID is"), followed by a random secret item; each is
-repeated ``canary_repeats`` times in the teacher's data only.
+§3.2 and App. C), drawn among the most popular items. *Canaries* follow the secret sharer
+(Carlini et al. 2019; Li et al., arXiv 2022, §4.3): a random history, optionally ending in a
+clue item, then a random secret item, repeated ``canary_repeats`` times in the teacher's data
+only. See docs/commands/distill.md ("Swing's data").
 """
 
 from __future__ import annotations

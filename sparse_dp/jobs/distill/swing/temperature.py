@@ -1,9 +1,7 @@
 """Swing distillation (Li et al., arXiv 2022): dynamic temperature and soft target protection.
 
 Li et al. ("Swing Distillation: A Privacy-Preserving Knowledge Distillation Framework",
-arXiv:2212.08349, 2022) change two things in Hinton's KD, here on next-item prediction (a
-"token" is the next item, clue words are clue items:
-:mod:`sparse_dp.jobs.distill.swing.swing_data`):
+arXiv:2212.08349, 2022) change two things in Hinton's KD, here on next-item prediction:
 
 * dynamic temperature (Eqs. 5-6, Eq. 5 rebuilt from the paper's prose):
   ``tau_t = T + beta / d_t``, ``d_t >= 1`` the distance to the closest clue item

@@ -57,7 +57,14 @@ class EngineDouble(_API.TPUEmbeddingForServing):
     return self
 
   def slots(self, table_name: str) -> dict:
-    """``{"parameters": table, slot name: slot}`` of one table."""
+    """One table's variables, building the engine first if needed.
+
+    Args:
+      table_name: the table's name (its layer's).
+
+    Returns:
+      ``{"parameters": table, slot name: slot}``, the table and its optimizer slots.
+    """
     self._maybe_build()
     return self._variables[table_name]
 
