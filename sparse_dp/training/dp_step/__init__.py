@@ -5,5 +5,5 @@ each example's loss alone (:mod:`.per_example`, :mod:`.dense_layers`, :mod:`.los
 :mod:`.penalties`), refusing a forward pass that writes state (:mod:`.state_writes`) and
 any optimizer update outside the step (:mod:`.update_guard`). :mod:`.mixed_precision`,
 :mod:`.input_ids` and :mod:`.run_statistics` are what the step reads of the model and
-reports of the run.
+reports of the run; :mod:`.tracing` has AutoGraph call the step as written.
 """

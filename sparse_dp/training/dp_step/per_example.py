@@ -29,6 +29,7 @@ from sparse_dp.mechanisms.rows import padding
 from sparse_dp.mechanisms.rows.stacking import StackedTables
 from sparse_dp.training.dp_step import dense_layers
 from sparse_dp.training.dp_step.state_writes import forward_without_state_writes
+from sparse_dp.training.dp_step.tracing import traced_as_written
 
 LossesOf = Callable[[object], tuple]  # data -> (losses [B], labels or None, predictions or None)
 """A model's training-mode forward pass and loss on a batch.
@@ -63,6 +64,7 @@ class PerExampleGradients(NamedTuple):
     return tf.shape(self.losses, out_type=tf.int64)[0]
 
 
+@traced_as_written
 def per_example_gradients(leaves: list, losses_of: LossesOf, data, in_batch=None,
                           loss_scale: float = 1.0, positions=None) -> PerExampleGradients:
   """``l_i``, each table's row gradients and each ``Dense`` layer's ``(X_i, D_i)``.

@@ -33,6 +33,7 @@ from sparse_dp.training.dp_step.per_example import (
   per_example_rows,
   stacked_tables,
 )
+from sparse_dp.training.dp_step.tracing import traced_as_written
 
 # The step's flags, which the host guards (:mod:`sparse_dp.training.wrappers.host_guards`)
 # refuse outside the compiled program.
@@ -109,6 +110,7 @@ class _Tables:
     return tuple(layer.name in noise.dense_tables for layer in self.layers)
 
 
+@traced_as_written
 def private_gradients(leaves: list, losses_of: LossesOf, data, noise: StepNoise,
                       seed: tf.Tensor, microbatch_size: Optional[int] = None,
                       on_outputs: Optional[Callable] = None, *,

@@ -1,13 +1,18 @@
 """The DP step's clipped sums equal an explicit per-example computation."""
 
 import functools
+import importlib
+import inspect
 import itertools
+import pkgutil
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from scipy import stats
 
+import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 from sparse_dp.mechanisms.rows.padding import ordinary_slices
@@ -193,3 +198,53 @@ def test_no_two_weights_draw_the_same_noise(contribution_multiplier):
   for i, j in itertools.combinations(range(len(starts)), 2):
     common_length = min(len(starts[i]), len(starts[j]))
     assert not np.array_equal(starts[i][:common_length], starts[j][:common_length]), (i, j)
+
+
+def _library_functions() -> set:
+  """The names of the plain functions of sparse_dp.mechanisms and sparse_dp.training."""
+  names = set()
+  for package in (sparse_dp.mechanisms, sparse_dp.training):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+      module = importlib.import_module(info.name)
+      names |= {name for name, value in vars(module).items() if inspect.isfunction(value)}
+  return names
+
+
+def test_autograph_runs_the_step_as_written_and_converts_the_models_call(capsys):
+  """A ``tf.function`` around ``private_gradients`` converts none of the library's step
+  (``sparse_dp.training.dp_step.tracing``; 91 functions, about 16 s of tracing, when it did),
+  as ``fit`` runs it; the model's own ``call`` is still converted, as Keras does under
+  ``fit``: a layer's Python condition on a tensor traces. AutoGraph logs "Not allowed" for
+  each function it converts."""
+
+  class Sign(keras.layers.Layer):
+    def call(self, inputs):
+      if tf.reduce_sum(inputs) >= 0.0:  # a tensor as a Python bool: AutoGraph must convert it
+        return inputs
+      return -inputs
+
+  keras.utils.set_random_seed(3)
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  model = keras.Model(ids, keras.layers.Dense(1)(Sign()(Embedding(VOCAB_B, 3)(ids))))
+  leaves = dense_layers.trainable_leaf_layers(model)
+  noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=None, l2_norm_clip=0.7,
+                    contribution_clip=3.0, threshold=1.0, expected_batch_size=1.0)
+
+  def losses_of(data):
+    return tf.squeeze(model(data[0], training=True), -1), None, None
+
+  step = tf.function(lambda data: private_gradients(leaves, losses_of, data, noise,
+                                                    tf.constant([1, 2], tf.int64)))
+  x, y = batch()
+  tf.autograph.set_verbosity(2, alsologtostdout=True)
+  try:
+    _, losses, _ = step((x["b"], y))
+  finally:
+    tf.autograph.set_verbosity(0, alsologtostdout=False)
+  log = capsys.readouterr().out
+  assert losses.shape == (12,)
+  # Marked ("Permanently allowed"), or found so by an earlier test of the process ("Allowlisted").
+  assert re.search(r"(Permanently allowed: |Allowlisted )<function private_gradients", log)
+  assert re.search(r"Not allowed: <bound method \S*Sign\.call", log)
+  converted = set(re.findall(r"Not allowed: <function ([\w.<>]+) at", log))
+  assert not converted & _library_functions(), converted
