@@ -99,17 +99,40 @@ def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(polic
   assert moved > 0.1 and apart < 0.01 * moved
 
 
-def gradients_of(model, noise: StepNoise, loss_scale: float = 1.0, debug_metrics=False,
-                 microbatch_size=None):
-  """The DP step's gradients (as dense arrays) and statistics on one batch, compiled by XLA."""
+@functools.lru_cache(maxsize=None)
+def compiled_step(policy: str, sparse: bool = False, microbatch_size=None):
+  """A model of :func:`model_under` ``policy`` and its DP step on a batch, compiled by XLA.
+
+  sigma, C2 and the loss scale are tensor arguments, so one compiled program serves every
+  value of them (with ``debug_metrics``: the statistics are added, the gradients the same).
+  Shared by the tests: nothing they run writes the model's weights (no optimizer step).
+
+  Returns:
+    ``(model, step)``: ``step(data, sigma, clip, loss_scale)`` returns ``private_gradients``'s
+      gradients, losses and statistics.
+  """
+  model = model_under(policy)
+  leaves = dense_layers.trainable_leaf_layers(model)
+
+  @tf.function(jit_compile=True)
+  def step(data, sigma, clip, loss_scale):
+    return private_gradients(leaves, per_example_loss_fn(model), data,
+                             step_noise(sigma, clip, sparse), tf.constant([3, 4], tf.int64),
+                             microbatch_size, debug_metrics=True, loss_scale=loss_scale)
+
+  return model, step
+
+
+def gradients_of(policy: str, sigma: float, clip: float, sparse: bool = False,
+                 loss_scale: float = 1.0, microbatch_size=None):
+  """The DP step's gradients (as dense arrays) and statistics on one batch of ``B``, compiled
+  by XLA (:func:`compiled_step`, noise :func:`step_noise`)."""
   rng = np.random.default_rng(0)
   data = (tf.constant(rng.integers(0, VOCAB, B), tf.int64),
           tf.constant(rng.integers(0, 2, (B, 1)), tf.float32))
-  leaves = dense_layers.trainable_leaf_layers(model)
-  step = tf.function(lambda data: private_gradients(
-      leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
-      microbatch_size, debug_metrics=debug_metrics, loss_scale=loss_scale), jit_compile=True)
-  gradients, _, stats = step(data)
+  model, step = compiled_step(policy, sparse, microbatch_size)
+  gradients, _, stats = step(data, *(tf.constant(value, tf.float32)
+                                     for value in (sigma, clip, loss_scale)))
   assert all(g.dtype == tf.float32 for g in gradients.values())
   return ([tf.convert_to_tensor(ordinary_slices(gradients[v.ref()])).numpy()
            for v in model.trainable_variables], stats)
@@ -143,8 +166,7 @@ def test_the_noise_of_a_bfloat16_step_is_the_float32_steps_draw(sparse):
   # alone, at most 2 B C2 = 12 in norm (plus float32 rounding of values near
   # 5e5, ~0.06 each). Noise drawn or added in bfloat16 (8 significant bits)
   # would be off by ~1e3 in each coordinate.
-  noise = step_noise(1e6, 0.5, sparse)
-  (float32, _), (bfloat16, _) = (gradients_of(model_under(policy), noise)
+  (float32, _), (bfloat16, _) = (gradients_of(policy, 1e6, 0.5, sparse)
                                  for policy in ("float32", "mixed_bfloat16"))
   assert min(np.abs(g).max() for g in float32) > 1e5  # it is the noise
   apart = np.sqrt(sum(np.sum((a.astype(float) - b) ** 2) for a, b in zip(bfloat16, float32)))
@@ -158,10 +180,10 @@ def test_the_loss_scale_is_divided_out_of_each_example_before_clipping(microbatc
   # the same for S = 1 and S = 1024 (a power of two scales float16 exactly);
   # left in, the unclipped examples would count 1024 times, and divided out
   # after clipping, the clipped ones would count C2 / 1024.
-  model = model_under("mixed_float16")
-  norms = per_example_norms(model)
+  # One compiled step for both scales (and the overflow test's three steps).
+  norms = per_example_norms(compiled_step("mixed_float16")[0])
   clip = float(np.median(norms))
-  unscaled, scaled = (gradients_of(model, step_noise(0.0, clip), loss_scale=scale,
+  unscaled, scaled = (gradients_of("mixed_float16", 0.0, clip, loss_scale=scale,
                                    microbatch_size=microbatch_size)[0] for scale in (1.0, 1024.0))
   for a, b in zip(unscaled, scaled):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
@@ -189,12 +211,11 @@ def per_example_norms(model) -> np.ndarray:
 def test_a_float16_overflow_zeroes_its_example_as_any_non_finite_example(microbatch_size):
   # S = 2^20: dl/dz ~ 0.5 S overflows float16 (largest 65504) in every example;
   # each is zeroed before clipping and counted; the update is finite (the noise).
-  model = model_under("mixed_float16")
-  gradients, stats = gradients_of(model, step_noise(1.0, 1.0), loss_scale=2.0 ** 20,
-                                  debug_metrics=True, microbatch_size=microbatch_size)
+  gradients, stats = gradients_of("mixed_float16", 1.0, 1.0, loss_scale=2.0 ** 20,
+                                  microbatch_size=microbatch_size)
   assert float(stats["non_finite_examples"]) == B
-  noise_only, _ = gradients_of(model, step_noise(1.0, 1.0), loss_scale=1.0)
-  clean, _ = gradients_of(model, step_noise(0.0, 1.0), loss_scale=1.0)
+  noise_only, _ = gradients_of("mixed_float16", 1.0, 1.0)
+  clean, _ = gradients_of("mixed_float16", 0.0, 1.0)
   for got, noisy, signal in zip(gradients, noise_only, clean):
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, noisy - signal, rtol=0, atol=1e-5)

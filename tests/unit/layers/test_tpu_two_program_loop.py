@@ -56,6 +56,14 @@ def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_th
   reference.fit(fixed, verbose=0)
   for a, b in zip(looped.trainable_weights, reference.trainable_weights):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+  # input_ids runs on each example alone: one that reverses the batch gives each example its
+  # own ids, so exactly the steps of the model input's (one that gives wrong ids is refused:
+  # test_input_ids_run_on_each_example_alone_and_a_wrong_one_is_refused).
+  reversed_ids, reversed_private = _private(table_placement="host")
+  TPUTrainer(reversed_private, input_ids=lambda x: {"ids": tf.reverse(x, [0])},
+             api_factory=TPUEmbeddingAPIDouble).fit(fixed)
+  for a, b in zip(looped.trainable_weights, reversed_ids.trainable_weights):
+    np.testing.assert_array_equal(a, b)
   layer = looped.get_layer("ids")
   # Programs A and B (TPU programs on a TPU) never read or write the host table.
   for program in (trainer._program_a, trainer._program_b):
@@ -197,19 +205,14 @@ def test_an_example_reads_only_the_rows_of_the_ids_it_sent_the_engine():
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_input_ids_run_on_each_example_alone_and_a_wrong_one_is_refused(jit_compile):
   """``input_ids`` runs on each example alone: one that reverses the batch gives each
-  example its own ids (the steps of the model input's; checked in graph mode only, where the
-  two trainings cost a third of the compiled ones), and one that gives other ids than the
-  layer looks up is refused: in the step outside XLA, by the host guard under it (a lookup of
-  the whole batch's ids would find most of them there)."""
+  example its own ids (the steps of the model input's, exactly: in graph mode only, where
+  the trainings cost a third of the compiled ones, with the loop's steps in
+  ``test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_the_caveat``),
+  and one that gives other ids than the layer looks up is refused: in the step outside XLA,
+  by the host guard under it (a lookup of the whole batch's ids would find most of them
+  there)."""
   ids, labels = synthetic_data()
   batches = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(64).take(1)
-  runs = []
-  for input_ids in ((None, lambda x: {"ids": tf.reverse(x, [0])}) if not jit_compile else ()):
-    model, private = _private(table_placement="host")
-    TPUTrainer(private, input_ids=input_ids, api_factory=TPUEmbeddingAPIDouble).fit(batches)
-    runs.append([w.numpy() for w in model.trainable_weights])
-  for a, b in zip(*runs):
-    np.testing.assert_array_equal(a, b)
   _, private = _private(table_placement="host")
   trainer = TPUTrainer(private, input_ids=lambda x: {"ids": (x + 1) % VOCAB},
                        api_factory=TPUEmbeddingAPIDouble, jit_compile=jit_compile)

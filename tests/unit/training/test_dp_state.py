@@ -1,5 +1,6 @@
 """The DP state lasts: checkpoints carry it, a resumed or second run continues the budget."""
 
+import functools
 import pathlib
 import subprocess
 import sys
@@ -175,8 +176,10 @@ def test_a_rollback_in_the_same_process_never_reuses_noise(tmp_path):
   assert private.accountant.steps >= 1
 
 
+@functools.lru_cache(maxsize=None)
 def epsilon_of(steps, sigma=2.0):
-  """An independent dp_accounting epsilon of ``steps`` Poisson-subsampled Gaussian steps."""
+  """An independent dp_accounting epsilon of ``steps`` Poisson-subsampled Gaussian steps (a
+  float, kept: each PLD takes about a second, and several tests ask for the same steps)."""
   accountant = pld.PLDAccountant()
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       BATCH / N, dp_accounting.GaussianDpEvent(sigma)), steps)

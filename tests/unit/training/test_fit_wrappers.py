@@ -1,9 +1,7 @@
 """What make_private's fit and compile check: recompiles, steps_per_execution, validation data."""
 
-import dp_accounting
 import pytest
 import tensorflow as tf
-from dp_accounting import pld
 
 import sparse_dp
 from sparse_dp import keras
@@ -13,6 +11,7 @@ from sparse_dp.training.checks.validation import ModelValidationError
 from sparse_dp.training.poisson import padded_batches
 
 from support.keras_models import N, functional_model, synthetic_data
+from support.poisson_composition import poisson_gaussians_epsilon
 
 SIGMA, BATCH = 1.0, 256  # q = 1/16: 16 steps per epoch
 
@@ -35,33 +34,6 @@ def centred_loss(y, logits):
   """Binary cross-entropy minus the batch's mean: each loss depends on the whole batch."""
   losses = keras.losses.binary_crossentropy(y, logits, from_logits=True)
   return losses - tf.reduce_mean(losses)
-
-
-def test_recompiling_with_a_loss_that_couples_examples_is_probed_and_refused():
-  model, private = private_model()
-  train(model, private)
-  steps = int(private.steps_taken.numpy())
-  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=centred_loss)
-  weights = [w.numpy() for w in model.trainable_weights]
-  with pytest.raises(ModelValidationError, match="centred_loss"):
-    train(model, private)
-  assert int(private.steps_taken.numpy()) == steps
-  for before, after in zip(weights, model.trainable_weights):
-    assert (before == after.numpy()).all()
-
-
-def test_recompiling_with_an_ordinary_loss_keeps_training_privately():
-  model, private = private_model()
-  train(model, private)
-  model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)  # table updates stay sparse
-  history = train(model, private)
-  steps = 2 * 4
-  assert int(private.steps_taken.numpy()) == steps and private.poisson_sampling
-  accountant = pld.PLDAccountant()
-  accountant.compose(dp_accounting.PoissonSampledDpEvent(
-      BATCH / N, dp_accounting.GaussianDpEvent(SIGMA)), steps)
-  assert history.history["epsilon"][-1] == pytest.approx(accountant.get_epsilon(1 / N), rel=1e-3)
 
 
 def test_on_a_tpu_the_step_counts_as_compiled_and_keras_never_nests_it(monkeypatch):
@@ -97,7 +69,9 @@ class BatchEpsilons(keras.callbacks.Callback):
     self.values.append(float(logs["epsilon"]))
 
 
-def test_batch_logs_carry_only_an_epsilon_already_spent():
+def test_batch_logs_then_recompiles_of_the_trained_model():
+  """Batch logs carry only an epsilon already spent; a recompile with an ordinary loss keeps
+  training privately; one with a loss that couples the examples is probed and refused."""
   model, private = private_model()
   recorder = BatchEpsilons()
   ids, labels = synthetic_data()
@@ -109,6 +83,22 @@ def test_batch_logs_carry_only_an_epsilon_already_spent():
   assert recorder.values == pytest.approx([spent(k) for k in (0, 0, 3, 3, 3, 6, 6, 6)],
                                           rel=1e-6)
   assert recorder.values[0] == 0 and recorder.values[-1] < private.epsilon()
+
+  model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  assert isinstance(model.optimizer, sparse_dp.optimizers.LazyAdam)  # table updates stay sparse
+  history = train(model, private)
+  steps = 8 + 4
+  assert int(private.steps_taken.numpy()) == steps and private.poisson_sampling
+  assert history.history["epsilon"][-1] == pytest.approx(
+      poisson_gaussians_epsilon(BATCH / N, steps, 1 / N, SIGMA), rel=1e-3)
+
+  model.compile(optimizer=keras.optimizers.legacy.SGD(0.5), loss=centred_loss)
+  weights = [w.numpy() for w in model.trainable_weights]
+  with pytest.raises(ModelValidationError, match="centred_loss"):
+    train(model, private)
+  assert int(private.steps_taken.numpy()) == steps
+  for before, after in zip(weights, model.trainable_weights):
+    assert (before == after.numpy()).all()
 
 
 def test_recompiling_with_an_optimizer_without_sparse_updates_is_refused():
@@ -129,9 +119,11 @@ def test_steps_per_execution_with_a_budget_is_refused_at_make_private_and_compil
     model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution="auto")
 
 
-def test_steps_per_execution_without_a_budget_counts_every_step():
+def test_steps_per_execution_without_a_budget_and_a_one_loss_list_count_every_step():
   model, private = private_model()
-  model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=3)
+  # A list of one loss is that loss (test_batch_logs_then_recompiles_of_the_trained_model
+  # trains after a recompile with a loss that is not a list).
+  model.compile(optimizer=model.optimizer, loss=[model.loss], steps_per_execution=3)
   history = train(model, private, epochs=0.5)  # 8 steps: 3 + 3 + 2
   assert int(private.steps_taken.numpy()) == 8
   assert history.history["epsilon"][-1] == pytest.approx(private.epsilon())
@@ -165,10 +157,3 @@ def test_recompiling_without_one_loss_names_the_fix(loss, message):
   with pytest.raises(ValueError, match=message):
     model.compile(optimizer="sgd", loss=loss)
     train(model, private)
-
-
-def test_a_one_loss_list_is_that_loss():
-  model, private = private_model()
-  model.compile(optimizer="sgd", loss=[keras.losses.BinaryCrossentropy(from_logits=True)])
-  train(model, private)
-  assert int(private.steps_taken.numpy()) == 4

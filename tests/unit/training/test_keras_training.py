@@ -1,5 +1,6 @@
 """make_private trains Keras models with every algorithm through model.fit."""
 
+import collections
 import functools
 
 import numpy as np
@@ -20,42 +21,66 @@ CONFIGS = {
 }
 
 
+OPTIMIZERS = {"sgd": lambda: keras.optimizers.legacy.SGD(0.5),
+              "adam": lambda: keras.optimizers.Adam(0.01),
+              "rowwise-adagrad": lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)}
+
+
 def fit(model, private, ids, labels, epochs=3):
   dataset = private.poisson_dataset(ids, labels, epochs=epochs)
   return model.fit(dataset, verbose=0, callbacks=[private.callback()])
 
 
-def trained(algorithm):
-  """:func:`_trained`, its logs copied: the tests that read the fit cannot change it."""
-  before, after, logs, steps, epsilon, report = _trained(algorithm)
-  return before, after, {name: list(values) for name, values in logs.items()}, steps, epsilon, (
-      report)
-
-
-@functools.lru_cache(maxsize=None)  # two tests read the same fit
-def _trained(algorithm):
-  """3 epochs of ``algorithm`` on a model compiled with an accuracy metric: the loss before
-  and after, the fit's logs, the steps, the epsilon and the report (values, not the model)."""
-  ids, labels = synthetic_data()
-  model = functional_model()
+def accuracy_model(optimizer="sgd"):
+  """:func:`functional_model` with ``OPTIMIZERS[optimizer]``, compiled with an accuracy metric."""
+  model = functional_model(optimizer=OPTIMIZERS[optimizer]())
   model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
-  before = model.evaluate(ids, labels, verbose=0)[0]
+  return model
+
+
+@functools.lru_cache(maxsize=None)  # the loss before training, the same for every optimizer
+def initial_loss():
+  """The loss of :func:`accuracy_model`'s initial weights on :func:`synthetic_data`."""
+  return accuracy_model().evaluate(*synthetic_data(), verbose=0)[0]
+
+
+Run = collections.namedtuple("Run", "after logs steps epsilon report traces weights slots")
+
+
+def trained(algorithm, optimizer="sgd"):
+  """:func:`_trained`, its logs and arrays copied: the tests that read the fit cannot change it."""
+  run = _trained(algorithm, optimizer)
+  return run._replace(logs={name: list(values) for name, values in run.logs.items()},
+                      weights=[w.copy() for w in run.weights], slots=[w.copy() for w in run.slots])
+
+
+@functools.lru_cache(maxsize=None)  # several tests read the same fit
+def _trained(algorithm, optimizer="sgd"):
+  """3 epochs of ``algorithm`` on :func:`accuracy_model`: the loss after, the fit's logs, the
+  steps, the epsilon, the report, how many times ``fit`` traced the DP step, the trained
+  weights and the optimizer's (values, not the model). ``_trained.__wrapped__`` runs it again."""
+  ids, labels = synthetic_data()
+  model = accuracy_model(optimizer)
   private = sparse_dp.make_private(
       model, sparse_dp.DPConfig(algorithm, noise_seed=1, **CONFIGS[algorithm]),
       num_examples=N, batch_size=256)
+  traces = []
+  step = model.train_step
+  model.train_step = lambda data: traces.append(1) or step(data)  # runs when traced
   history = fit(model, private, ids, labels)
-  return (before, model.evaluate(ids, labels, verbose=0)[0], history.history,
-          private.accountant.steps, private.epsilon(), private.report())
+  return Run(model.evaluate(ids, labels, verbose=0)[0], history.history,
+             private.accountant.steps, private.epsilon(), private.report(), len(traces),
+             [w.numpy() for w in model.trainable_weights], model.optimizer.get_weights())
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
 def test_algorithm_lowers_loss_and_reports_epsilon(algorithm):
-  before, after, logs, steps, epsilon, report = trained(algorithm)
-  assert after < before - 0.1
-  assert 0 < logs["epsilon"][-1] == pytest.approx(epsilon) and steps == 48
-  assert report.poisson_sampling
+  run = trained(algorithm)
+  assert run.after < initial_loss() - 0.1
+  assert 0 < run.logs["epsilon"][-1] == pytest.approx(run.epsilon) and run.steps == 48
+  assert run.report.poisson_sampling
   if algorithm == "adafest":
-    assert logs["gradient_size_reduction"][-1] > 2
+    assert run.logs["gradient_size_reduction"][-1] > 2
 
 
 @pytest.mark.parametrize("algorithm", ["fest", "adafest+"])
@@ -107,7 +132,7 @@ def test_subclassed_model_and_target_epsilon():
   assert 1.9 < private.epsilon() <= 2.0
 
 
-def test_training_stops_before_exceeding_the_budget(capsys):
+def test_training_stops_before_exceeding_the_budget_and_the_step_refuses_past_it(capsys):
   ids, labels = synthetic_data()
   model = functional_model()
   private = sparse_dp.make_private(
@@ -115,7 +140,7 @@ def test_training_stops_before_exceeding_the_budget(capsys):
       num_examples=N, batch_size=256)
   fit(model, private, ids, labels, epochs=10)
   steps = private.accountant.steps
-  assert 0 < steps < 160
+  assert 0 < steps < 160 and steps == int(private.step_limit.numpy())
   assert private.epsilon() <= 1.0 < private.epsilon(steps + 1)
   assert "would exceed the epsilon budget" in capsys.readouterr().out
   # A second fit on the spent budget fails before taking a step. (The
@@ -123,21 +148,13 @@ def test_training_stops_before_exceeding_the_budget(capsys):
   weights = [w.numpy() for w in model.trainable_weights]
   with pytest.raises(sparse_dp.training.BudgetExhaustedError, match="allows no further step"):
     fit(model, private, ids, labels)
-  assert private.accountant.steps == steps
-  for a, b in zip(weights, model.trainable_weights):
-    np.testing.assert_array_equal(a, b.numpy())
-
-
-def test_budget_holds_without_the_callback():
-  ids, labels = synthetic_data()
-  model = functional_model()
-  private = sparse_dp.make_private(
-      model, sparse_dp.DPConfig("dpsgd", noise_seed=1, noise_multiplier=2.0, epsilon_budget=1.0),
-      num_examples=N, batch_size=256)
-  limit = int(private.step_limit.numpy())
+  # Without the callback the step itself refuses the step past the budget; the fit
+  # above ran every step up to it, so the step allows exactly the budget's steps.
   with pytest.raises(tf.errors.InvalidArgumentError, match="allows no further step"):
     model.fit(private.poisson_dataset(ids, labels, epochs=10), verbose=0)
-  assert private.accountant.steps == limit and private.epsilon() <= 1.0
+  assert private.accountant.steps == steps and private.epsilon() <= 1.0
+  for a, b in zip(weights, model.trainable_weights):
+    np.testing.assert_array_equal(a, b.numpy())
 
 
 def test_model_without_loss_or_with_unsupported_layer_is_refused():
@@ -152,8 +169,8 @@ def test_model_without_loss_or_with_unsupported_layer_is_refused():
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
 def test_gradient_accumulation_trains_with_noise_once_per_batch(algorithm):
   ids, labels = synthetic_data()
-  model = functional_model()
-  model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"])
+  model = accuracy_model()
+  # Builds the accuracy metric the step updates: without it fit traces the step twice.
   before = model.evaluate(ids, labels, verbose=0)[0]
   private = sparse_dp.make_private(
       model, sparse_dp.DPConfig(algorithm, noise_seed=1, microbatch_size=64, debug_metrics=True,
@@ -167,25 +184,26 @@ def test_gradient_accumulation_trains_with_noise_once_per_batch(algorithm):
 
 
 def test_logs_hold_no_un_noised_statistic_by_default():
-  _, _, logs, _, _, report = trained("adafest")  # compiled with an accuracy metric
-  assert set(logs) == {"epsilon", "nonzero_rows", "nonzero_rows_min", "nonzero_rows_max",
-                       "nonzero_coordinates", "gradient_size_reduction", "noisy_gradient_norm"}
-  assert "debug_metrics" not in report.to_dict()
+  run = trained("adafest")  # compiled with an accuracy metric
+  assert set(run.logs) == {"epsilon", "nonzero_rows", "nonzero_rows_min", "nonzero_rows_max",
+                           "nonzero_coordinates", "gradient_size_reduction", "noisy_gradient_norm"}
+  assert "debug_metrics" not in run.report.to_dict()
 
 
 def test_noise_seed_is_secret_by_default_and_reproducible_when_fixed():
   ids, labels = synthetic_data()
 
-  def trained(**seed):
+  def trained_without_seed():
     model = functional_model()
-    private = sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0,
-                                                               **seed),
+    private = sparse_dp.make_private(model, sparse_dp.DPConfig("dpsgd", noise_multiplier=1.0),
                                      num_examples=N, batch_size=256)
     model.fit(private.poisson_dataset(ids, labels, epochs=0.1), verbose=0)
     return model.get_weights()[0]
 
-  assert not np.array_equal(trained(), trained())  # fresh OS seeds: different noise
-  np.testing.assert_array_equal(trained(noise_seed=5), trained(noise_seed=5))
+  assert not np.array_equal(trained_without_seed(), trained_without_seed())  # fresh OS seeds
+  # DPConfig(noise_seed=1): the same run again, 48 steps, trains the same weights.
+  for shared, again in zip(trained("dpsgd").weights, _trained.__wrapped__("dpsgd").weights):
+    np.testing.assert_array_equal(shared, again)
 
 
 def test_unbuilt_subclassed_model_is_refused_clearly():
@@ -213,33 +231,18 @@ def test_keras_3_model_is_refused_by_make_private_naming_the_fix():
                            num_examples=N, batch_size=256)
 
 
-@pytest.mark.parametrize("optimizer", first_case_fast([
-    lambda: keras.optimizers.legacy.SGD(0.5), lambda: keras.optimizers.Adam(0.01),
-    lambda: sparse_dp.optimizers.RowwiseAdagrad(0.5)], ids=["sgd", "adam", "rowwise-adagrad"]))
+@pytest.mark.parametrize("optimizer", first_case_fast(list(OPTIMIZERS)))
 def test_fit_traces_the_dp_step_once_and_trains_as_with_lazy_slots(optimizer, monkeypatch):
-  ids, labels = synthetic_data()
-
-  def trained():
-    model = functional_model(optimizer=optimizer())
-    private = sparse_dp.make_private(
-        model, sparse_dp.DPConfig("adafest", noise_seed=3, **CONFIGS["adafest"]),
-        num_examples=N, batch_size=256)
-    traces = []
-    step = model.train_step
-    model.train_step = lambda data: traces.append(1) or step(data)  # runs when traced
-    fit(model, private, ids, labels, epochs=1)
-    return (len(traces), [w.numpy() for w in model.trainable_weights],
-            model.optimizer.get_weights())
-
-  traces, weights, slots = trained()
+  made_first = trained("adafest", optimizer)
   # The optimizer's slots are made before fit traces its step: a trace that makes
   # variables is traced again, which doubles the start-up of a model of many tables.
-  assert traces == 1
+  assert made_first.traces == 1
   with monkeypatch.context() as lazy:
     lazy.setattr(sparse_dp.training.wrappers.private_training.PrivateTraining,
                  "create_optimizer_weights", lambda self: None)
-    lazy_traces, lazy_weights, lazy_slots = trained()
-  assert lazy_traces == 2  # what this test would see without them
-  assert len(slots) == len(lazy_slots)
-  for made_first, made_lazily in zip(weights + slots, lazy_weights + lazy_slots):
-    np.testing.assert_array_equal(made_first, made_lazily)
+    made_lazily = _trained.__wrapped__("adafest", optimizer)
+  assert made_lazily.traces == 2  # what this test would see without them
+  assert len(made_first.slots) == len(made_lazily.slots)
+  for first, lazily in zip(made_first.weights + made_first.slots,
+                           made_lazily.weights + made_lazily.slots):
+    np.testing.assert_array_equal(first, lazily)

@@ -1,13 +1,9 @@
 """The package owns the sample: fresh Poisson batches every pass, and no epsilon for others."""
 
-import functools
-
-import dp_accounting
 import numpy as np
 import pandas as pd
 import pytest
 import tensorflow as tf
-from dp_accounting import pld
 from scipy import stats
 
 import sparse_dp
@@ -21,6 +17,7 @@ from sparse_dp.training.poisson.poisson_sampling import (
 )
 
 from support.keras_models import VOCAB, N, functional_model, synthetic_data
+from support.poisson_composition import poisson_gaussians_epsilon
 from support.stacks import ALPHA
 
 SIGMA = 1.0
@@ -28,16 +25,7 @@ SIGMA = 1.0
 
 def independent_epsilon(q, steps, delta, sigma=SIGMA):
   """dp_accounting's own PLD epsilon of ``steps`` Poisson-subsampled Gaussian steps."""
-  return _composed(q, steps, sigma).get_epsilon(delta)
-
-
-@functools.lru_cache(maxsize=None)
-def _composed(q, steps, sigma):
-  """dp_accounting's PLD accountant of those steps, composed once for every delta."""
-  accountant = pld.PLDAccountant()
-  accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
-                     steps)
-  return accountant
+  return poisson_gaussians_epsilon(q, steps, delta, sigma)
 
 
 def record_trained_batches(model):
@@ -189,7 +177,7 @@ def test_larger_batch_than_declared_is_refused_with_both_sizes():
   assert largest_plausible_batch(2000, 0.01) == 56
 
 
-def test_other_inputs_are_counted_and_their_epsilon_says_not_poisson():
+def test_other_inputs_are_counted_their_epsilon_says_not_poisson_and_copies_are_refused():
   ids, labels = synthetic_data()
   model, private = private_model()
   poisson = private.poisson_dataset(ids, labels, epochs=0.25)
@@ -208,23 +196,18 @@ def test_other_inputs_are_counted_and_their_epsilon_says_not_poisson():
   model.fit(ids, labels, batch_size=256, epochs=1, steps_per_epoch=2, verbose=0)
   taken, unproved = int(private.steps_taken.numpy()), int(private.state.non_poisson_steps.numpy())
   assert (taken, unproved) == (3 + 3 + 2 + 1 + 2, 3 + 2 + 1 + 2)
+  # A map that doubles each batch doubles every example's influence (sensitivity 2 C):
+  # refused by the batch size, and not counted.
+  doubled = poisson.map(lambda x, y: (tf.concat([x, x], 0), tf.concat([y, y], 0)))
+  with pytest.warns(UserWarning, match="through map"),\
+       pytest.raises(tf.errors.InvalidArgumentError, match="expected batch size 256 "):
+    model.fit(doubled, verbose=0)
+  assert int(private.steps_taken.numpy()) == taken
   report = private.report()
   assert not report.poisson_sampling and not report.to_dict()["poisson_sampling"]
   epsilon_line = next(line for line in report.statement().splitlines() if "-DP for" in line)
   assert "NOT a proved epsilon" in epsilon_line
   assert "NOT a proved epsilon" in private.epsilon_text(private.epsilon())
-
-
-def test_a_map_over_poisson_batches_that_copies_examples_is_refused_by_batch_size():
-  """A map that doubles each batch doubles every example's influence (sensitivity 2 C)."""
-  ids, labels = synthetic_data()
-  model, private = private_model()
-  doubled = private.poisson_dataset(ids, labels).map(
-      lambda x, y: (tf.concat([x, x], 0), tf.concat([y, y], 0)))
-  with pytest.warns(UserWarning, match="through map"),\
-       pytest.raises(tf.errors.InvalidArgumentError, match="expected batch size 256 "):
-    model.fit(doubled, verbose=0)
-  assert int(private.steps_taken.numpy()) == 0
 
 
 def test_poisson_dataset_of_other_than_num_examples_rows_is_refused_naming_both():

@@ -5,6 +5,7 @@ refused by a later ``make_private``."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import types
 
@@ -84,52 +85,127 @@ def covered_again(model, private, own):
   assert private.epsilon() > 0
 
 
+def bindings(model):
+  """The model's weight fingerprint, and each record holder's ``dp_record`` words and trainable
+  weights, as arrays."""
+  from sparse_dp.training.dp_state.state import record_holders
+
+  return (float(model.dp_state.weight_fingerprint.numpy()),
+          tuple((layer.dp_record.numpy(), tuple(w.numpy() for w in layer.trainable_weights))
+                for layer in record_holders(model)))
+
+
 @pytest.fixture(scope="module")
 def saved_dp_model(tmp_path_factory):
   """``saved(algorithm)``: the folder ``model.save`` wrote of a DP-trained model, its table's
-  name, record and rows; one DP run per algorithm for the tests that only read them."""
+  name, record and rows, and its :func:`bindings`; one DP run per algorithm for the tests that
+  only read them (copies: a test may change what it gets)."""
   @functools.lru_cache(maxsize=None)
   def saved(algorithm):
     model, _ = trained(algorithm)
     table = model.layers[1]
     rows = table.name, table.dp_record.numpy(), table.embeddings.numpy()
+    read = bindings(model)
     folder = tmp_path_factory.mktemp(algorithm) / "dp_model"
     model.save(str(folder))
-    return (str(folder), *rows)
+    return (str(folder), *rows, read)
 
-  def copy(algorithm):
-    return tuple(v.copy() if isinstance(v, np.ndarray) else v for v in saved(algorithm))
-  return copy
+  return lambda algorithm: copy.deepcopy(saved(algorithm))
 
 
-MOVES = ("shared_fit", "tape", "assign")
+def shared_fit(model, private, _):
+  """A plain model on the DP model's table, fit: the table moved."""
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  plain = keras.Model(ids, keras.layers.Dense(1)(model.layers[1](ids)))
+  plain.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  plain.fit(*data(), verbose=0)
+  refused(private)
+
+
+def tape_update(model, private, _):
+  """An optimizer applies a tape's gradient to the table."""
+  table = model.layers[1]
+  optimizer = keras.optimizers.legacy.SGD(0.5)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(model(data()[0][:8]))
+  optimizer.apply_gradients([(tape.gradient(loss, table.embeddings), table.embeddings)])
+  refused(private)
+
+
+def assign(model, private, _):
+  """An assign to the table."""
+  table = model.layers[1]
+  table.embeddings.assign_add(tf.ones_like(table.embeddings) * 1e-3)
+  refused(private)
+
+
+def twin_route(route):
+  """The weights of a non-private twin (:func:`plain_twin`) arrive by ``route``: not covered,
+  and not saved."""
+  def move(model, private, tmp_path):
+    twin = plain_twin()
+    if route == "set_weights":
+      model.set_weights(twin.get_weights())
+    else:
+      path = str(tmp_path / ("twin.h5" if route == "load_weights_h5" else "twin"))
+      twin.save_weights(path)
+      model.load_weights(path)
+    np.testing.assert_array_equal(model.layers[1].embeddings.numpy(),
+                                  twin.layers[1].embeddings.numpy())
+    refused(private)
+    with pytest.raises(WeightsMovedOutsideDPError):
+      model.save_weights(str(tmp_path / f"laundered_{route}"))
+    assert not (tmp_path / f"laundered_{route}.index").exists()
+  move.__name__ = route
+  return move
+
+
+def second_make_private(model, private, _):
+  """A second ``make_private`` after the Dense head, then the table, moved is refused."""
+  model.layers[-1].kernel.assign_add(tf.ones_like(model.layers[-1].kernel))  # Dense only
+  refused(private)
+  with pytest.raises(WeightsMovedOutsideDPError, match="optimizer.iterations"):
+    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+  model.layers[1].embeddings.assign_add(tf.ones_like(model.layers[1].embeddings))
+  with pytest.raises(WeightsMovedOutsideDPError, match="layer"):
+    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
+
+
+def new_head(model, private, _):
+  """A new head on the DP-trained table: the table's own part of the binding covers it (a last
+  step: its ``make_private`` rewrites the shared table's ``dp_record``)."""
+  ids = keras.Input(shape=(), dtype=tf.int64)
+  second = keras.Model(ids, keras.layers.Dense(1)(model.layers[1](ids)))
+  second.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
+                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
+  assert sparse_dp.make_private(second, CONFIGS["dpsgd"], num_examples=N,
+                                batch_size=B).epsilon() >= private.epsilon()
+
+
+MOVES = (shared_fit, tape_update, assign)
+ROUTES = tuple(twin_route(route) for route in ("set_weights", "load_weights_h5",
+                                               "load_weights_tf"))
+STEPS = {"dpsgd": (*ROUTES, *MOVES, second_make_private, new_head),
+         "fest": (*MOVES, *ROUTES),
+         "adafest": (*MOVES, *ROUTES)}
 
 
 @pytest.mark.parametrize("algorithm", list(CONFIGS))
-def test_a_table_moved_by_a_plain_model_or_a_tape_or_an_assign_is_refused(algorithm, tmp_path):
-  """Every algorithm's tables are fingerprinted, DP-SGD's and DP-FEST's included. One DP run:
-  its own weights, loaded back, are covered again before each later move."""
+def test_weights_moved_outside_dp_or_taken_from_a_non_private_twin_are_refused(algorithm,
+                                                                              tmp_path):
+  """Every algorithm's tables are fingerprinted, DP-SGD's and DP-FEST's included: a table moved
+  by a plain model, a tape or an assign, and a non-private twin's weights set or loaded, are
+  refused. One DP run per algorithm: its own weights, loaded back, are covered again before
+  each later step. DP-SGD's run takes the twin's weights right after its DP steps, the others'
+  a plain model's fit; DP-SGD's goes on to a second ``make_private`` and a new head."""
   model, private = trained(algorithm)
   own = str(tmp_path / "own.h5")
   model.save_weights(own)
-  table = model.layers[1]
-  for move in MOVES:
-    if move != MOVES[0]:
+  for index, step in enumerate(STEPS[algorithm]):
+    if index:
       covered_again(model, private, own)
-    if move == "shared_fit":
-      ids = keras.Input(shape=(), dtype=tf.int64)
-      plain = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
-      plain.compile(optimizer=keras.optimizers.legacy.SGD(0.5),
-                    loss=keras.losses.BinaryCrossentropy(from_logits=True))
-      plain.fit(*data(), verbose=0)
-    elif move == "tape":
-      optimizer = keras.optimizers.legacy.SGD(0.5)
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(data()[0][:8]))
-      optimizer.apply_gradients([(tape.gradient(loss, table.embeddings), table.embeddings)])
-    else:
-      table.embeddings.assign_add(tf.ones_like(table.embeddings) * 1e-3)
-    refused(private)
+    step(model, private, tmp_path)
 
 
 def test_a_replaced_train_function_trains_without_dp_and_no_epsilon_is_given():
@@ -157,54 +233,6 @@ def test_a_replaced_train_function_trains_without_dp_and_no_epsilon_is_given():
   refused(private)
 
 
-ROUTES = ("set_weights", "load_weights_h5", "load_weights_tf")
-
-
-@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
-def test_weights_of_a_non_private_twin_are_not_covered(algorithm, tmp_path):
-  """Each route in turn on one DP run, its own weights loaded back (covered again) before each
-  later route."""
-  model, private = trained(algorithm)
-  own = str(tmp_path / "own.h5")
-  model.save_weights(own)
-  twin = plain_twin()
-  for route in ROUTES:
-    if route != ROUTES[0]:
-      covered_again(model, private, own)
-    if route == "set_weights":
-      model.set_weights(twin.get_weights())
-    else:
-      path = str(tmp_path / ("twin.h5" if route == "load_weights_h5" else "twin"))
-      twin.save_weights(path)
-      model.load_weights(path)
-    np.testing.assert_array_equal(model.layers[1].embeddings.numpy(),
-                                  twin.layers[1].embeddings.numpy())
-    refused(private)
-    with pytest.raises(WeightsMovedOutsideDPError):
-      model.save_weights(str(tmp_path / f"laundered_{route}"))
-    assert not (tmp_path / f"laundered_{route}.index").exists()
-
-
-def test_its_own_weights_loaded_back_are_covered_again(tmp_path):
-  model, private = trained("dpsgd")
-  model.save_weights(str(tmp_path / "own.h5"))
-  model.set_weights(plain_twin().get_weights())
-  refused(private)
-  model.load_weights(str(tmp_path / "own.h5"))
-  assert private.epsilon() > 0
-
-
-def test_a_second_make_private_after_the_weights_moved_is_refused():
-  model, private = trained("dpsgd")
-  model.layers[-1].kernel.assign_add(tf.ones_like(model.layers[-1].kernel))  # Dense only
-  refused(private)
-  with pytest.raises(WeightsMovedOutsideDPError, match="optimizer.iterations"):
-    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
-  model.layers[1].embeddings.assign_add(tf.ones_like(model.layers[1].embeddings))
-  with pytest.raises(WeightsMovedOutsideDPError, match="layer"):
-    sparse_dp.make_private(model, CONFIGS["dpsgd"], num_examples=N, batch_size=B)
-
-
 def test_plain_fit_on_the_data_before_make_private_is_refused():
   model = build()
   model.fit(*data(), verbose=0)
@@ -226,18 +254,6 @@ def test_a_reloaded_dp_model_fine_tuned_without_dp_is_refused(algorithm, saved_d
   again.fit(*data(), verbose=0)  # a plain fine-tune of the reloaded model
   with pytest.raises(WeightsMovedOutsideDPError):
     sparse_dp.make_private(again, CONFIGS[algorithm], num_examples=N, batch_size=B)
-
-
-def test_a_model_built_on_dp_trained_layers_keeps_their_record():
-  """A new head on a DP-trained table: the table's own part of the binding covers it."""
-  model, private = trained("dpsgd")
-  table = model.layers[1]
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  second = keras.Model(ids, keras.layers.Dense(1)(table(ids)))
-  second.compile(optimizer=keras.optimizers.legacy.SGD(0.1),
-                 loss=keras.losses.BinaryCrossentropy(from_logits=True))
-  assert sparse_dp.make_private(second, CONFIGS["dpsgd"], num_examples=N,
-                                batch_size=B).epsilon() >= private.epsilon()
 
 
 def test_distilling_a_teacher_whose_weights_moved_after_its_record_is_refused(saved_dp_model,
@@ -274,7 +290,7 @@ def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_record
   from sparse_dp.training.dp_state.dp_record import decode_binding
   from sparse_dp.training.dp_state.provenance import rebound_record
 
-  _, name, words, saved = saved_dp_model("adafest")
+  _, name, words, saved, _ = saved_dp_model("adafest")
   carried = saved[[3, 1, 4]]
   rebound = rebound_record(words, name, [saved], [carried])
   binding = decode_binding(rebound)
@@ -286,22 +302,19 @@ def test_a_streams_carried_rows_are_bound_only_if_the_saved_rows_were_the_record
 
 
 @pytest.mark.parametrize("tables", [1, 2])
-def test_every_layers_binding_follows_its_own_weights_through_the_steps(tables):
+def test_every_layers_binding_follows_its_own_weights_through_the_steps(tables, saved_dp_model):
   """After DP steps, each table's record holds the fingerprint of the whole model (with the
   Dense head's weights, when there is one) and the part of it from that table alone, as a
-  fresh read of the weights gives."""
+  fresh read of the weights gives. One table: the DP run :func:`saved_dp_model` saved."""
   from sparse_dp.training.dp_state.dp_record import decode_binding
-  from sparse_dp.training.dp_state.state import record_holders
   from sparse_dp.training.dp_state.weight_fingerprint import read_sum
 
-  model, _ = trained("adafest", tables)
-  total = float(model.dp_state.weight_fingerprint.numpy())
-  holders = record_holders(model)
+  total, holders = (saved_dp_model("adafest")[-1] if tables == 1
+                    else bindings(trained("adafest", tables)[0]))
   assert len(holders) == tables
-  for layer in holders:
-    binding = decode_binding(layer.dp_record.numpy())
+  for words, weights in holders:
+    binding = decode_binding(words)
     assert binding.model == total
-    assert len(binding.indices) == len(layer.trainable_weights)
-    fresh = sum(read_sum(index, weight)[0]
-                for index, weight in zip(binding.indices, layer.trainable_weights))
+    assert len(binding.indices) == len(weights)
+    fresh = sum(read_sum(index, weight)[0] for index, weight in zip(binding.indices, weights))
     assert binding.layer == pytest.approx(fresh, rel=1e-12, abs=1e-12)

@@ -13,6 +13,8 @@ import sparse_dp
 from sparse_dp import keras
 from sparse_dp.layers import Embedding
 
+from support.tiers import first_case_fast
+
 VOCAB, N, BATCH = 20, 64, 16
 IDS = np.arange(N) % VOCAB
 LABELS = (np.arange(N) % 2).astype("float32")
@@ -213,19 +215,36 @@ def test_embedding_mask_zero_trains_privately_with_padding_left_out():
   assert moved[0] < 1e-5 < 1e-3 < moved[1:].min()
 
 
-@pytest.mark.parametrize("fixed", ["labels [B, 1]", "multi-task", "LayerNormalization",
-                                   "Dense on [B, T, k]"])
+def _layer_norm_and_dense_on_tokens(layer_norm=True):
+  """The fix of the TimeDistributed refusal on [B, 3] tokens, a Dense on the table's [B, T, k]
+  rows; with ``layer_norm``, also the LayerNormalization one's, a weightless one before the
+  logit."""
+  def hidden(ids):
+    rows = keras.layers.Dense(3)(Embedding(VOCAB, 4, combiner=None)(ids))
+    pooled = keras.layers.GlobalAveragePooling1D()(rows)
+    if layer_norm:
+      pooled = keras.layers.LayerNormalization(center=False, scale=False)(pooled)
+    return keras.layers.Dense(1)(pooled)
+  return _functional(hidden, ids_shape=(3,))
+
+
+# The fast tier trains two models with all four fixes: the multi-task one's TFRS Ranking tasks
+# take [B, 1] labels; the other has both layer fixes. The slow tier trains each fix alone.
+@pytest.mark.parametrize("fixed", first_case_fast([
+    "multi-task", "LayerNormalization, Dense on [B, T, k]", "labels [B, 1]",
+    "LayerNormalization", "Dense on [B, T, k]"], fast=2))
 def test_the_fix_a_message_names_trains_privately(fixed):
   tokens = np.stack([IDS, (IDS + 1) % VOCAB, (IDS + 2) % VOCAB], 1)
   model, x = {
-      "labels [B, 1]": lambda: (_compiled(_Ranking(labels_shape=[-1, 1])), IDS),
       "multi-task": lambda: (_compiled(_TwoTasks()), IDS),
+      "LayerNormalization, Dense on [B, T, k]": lambda: (_layer_norm_and_dense_on_tokens(),
+                                                         tokens),
+      "labels [B, 1]": lambda: (_compiled(_Ranking(labels_shape=[-1, 1])), IDS),
       "LayerNormalization": lambda: (_functional(lambda ids: keras.layers.Dense(1)(
           keras.layers.LayerNormalization(center=False, scale=False)(
               Embedding(VOCAB, 4)(ids)))), IDS),
-      "Dense on [B, T, k]": lambda: (_functional(lambda ids: keras.layers.Dense(1)(
-          keras.layers.GlobalAveragePooling1D()(keras.layers.Dense(3)(
-              Embedding(VOCAB, 4, combiner=None)(ids)))), ids_shape=(3,)), tokens),
+      "Dense on [B, T, k]": lambda: (_layer_norm_and_dense_on_tokens(layer_norm=False),
+                                     tokens),
   }[fixed]()
   private = _make_private(model)
   model.fit(tf.data.Dataset.from_tensor_slices((x, LABELS)).batch(BATCH), verbose=0)
