@@ -1,5 +1,6 @@
 """One selection for all tables has the law of independent per-table selections."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -110,9 +111,20 @@ def test_each_table_gets_its_own_rows_counts_and_room(seed):
     assert int(selection.num_selected) == len(rows) and not bool(selection.over_capacity)
 
 
+def full_draws(seed):
+  """``select(seed + trial)`` for 200 trials, at the room the library makes: drawn (one trace)
+  once for the tests that cut it, as tensors (immutable)."""
+  return _full_draws(tuple(seed.numpy().tolist()))
+
+
+@functools.lru_cache(maxsize=None)
+def _full_draws(seed_words):
+  draw, seed = tf.function(select), tf.constant(seed_words, tf.int64)
+  return tuple(draw(seed + trial) for trial in range(200))
+
+
 def test_a_table_whose_false_positives_overflow_its_room_is_flagged(seed, monkeypatch):
-  draw = tf.function(select)
-  full = [draw(seed + trial) for trial in range(200)]
+  full = full_draws(seed)
   # No room for table 2's false positives: only its 3 pairs' worth of rows fit.
   real = table_selection.false_positive_capacity
   monkeypatch.setattr(table_selection, "false_positive_capacity",
@@ -130,8 +142,7 @@ def test_a_table_whose_false_positives_overflow_its_room_is_flagged(seed, monkey
 
 def test_the_tables_past_the_last_false_positive_of_a_full_joint_draw_are_flagged(
     seed, monkeypatch):
-  draw = tf.function(select)
-  full = [draw(seed + trial) for trial in range(200)]
+  full = full_draws(seed)
   # Room for one false positive over all tables (row_selection's bound: the joint one).
   monkeypatch.setattr(row_selection, "false_positive_capacity", lambda size, p, *_: 1)
   tight_draw = tf.function(select)  # traced after the patch

@@ -1,5 +1,6 @@
 """The DP step's clipped sums equal an explicit per-example computation."""
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -71,34 +72,47 @@ def reference_clipped_sum(model, x, y, clip, keep_rows=None):
   return total
 
 
-def run_step(model, x, y, noise, microbatch_size=None, debug_metrics=False):
+@functools.lru_cache(maxsize=None)
+def _traced_step(noise, microbatch_size, debug_metrics):
+  """The step of ``build_model()`` at ``noise`` but its gradient multiplier, which it takes as
+  an argument: one trace for the noises that differ only there (a number the step multiplies
+  by, as the replica's factor it already multiplies by is a tensor)."""
+  model = build_model()
   leaves = dense_layers.trainable_leaf_layers(model)
 
   def losses_of(data):
     return per_example_losses(model, *data), None, None
 
   @tf.function
-  def step(x, y):
-    return private_gradients(leaves, losses_of, (x, y), noise, tf.constant([1, 2], tf.int64),
-                             microbatch_size, debug_metrics=debug_metrics)
+  def step(x, y, gradient_multiplier):
+    return private_gradients(leaves, losses_of, (x, y),
+                             dataclasses.replace(noise, gradient_multiplier=gradient_multiplier),
+                             tf.constant([1, 2], tf.int64), microbatch_size,
+                             debug_metrics=debug_metrics)
+  return model, step
 
-  grads, losses, stats = step(x, y)
+
+def run_step(noise, microbatch_size=None, debug_metrics=False):
+  model, step = _traced_step(dataclasses.replace(noise, gradient_multiplier=0.0), microbatch_size,
+                             debug_metrics)
+  x, y = batch()
+  grads, losses, stats = step(x, y, tf.constant(noise.gradient_multiplier, tf.float32))
   assert losses.shape == (12,)
-  return [tf.convert_to_tensor(ordinary_slices(grads[v.ref()])).numpy()
-          for v in model.trainable_variables], stats
+  return model, [tf.convert_to_tensor(ordinary_slices(grads[v.ref()])).numpy()
+                 for v in model.trainable_variables], stats
 
 
 @functools.lru_cache(maxsize=None)
 def _cached_step(noise, microbatch_size, debug_metrics):
-  model, (x, y) = build_model(), batch()
-  grads, stats = run_step(model, x, y, noise, microbatch_size, debug_metrics)
+  model, grads, stats = run_step(noise, microbatch_size, debug_metrics)
   return ([w.numpy() for w in model.weights], grads,
           {key: value.numpy() for key, value in stats.items()})
 
 
 def step_of(noise, microbatch_size=None, debug_metrics=False):
-  """``run_step`` of ``build_model()`` on ``batch()``, traced once per configuration for all
-  tests: the model (at the step's weights), copies of the gradients, the statistics."""
+  """``run_step`` of ``build_model()`` on ``batch()``, run once per configuration (traced once
+  for the configurations alike but in their gradient multiplier) for all tests: the model (at
+  the step's weights), copies of the gradients, the statistics."""
   weights, grads, stats = _cached_step(noise, microbatch_size, debug_metrics)
   model = build_model()
   model.set_weights(weights)

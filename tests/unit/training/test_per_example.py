@@ -9,6 +9,8 @@ examples can miss; the step keeps the bound for each. A non-finite example is
 zeroed: the update equals the update without it.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -177,6 +179,14 @@ def masked_mean_history():
   return logit_on(keras.layers.Concatenate()([mean, numeric]), history, numeric)
 
 
+@functools.lru_cache(maxsize=None)
+def shared_masked_mean_history():
+  """``masked_mean_history()`` at seed 4, one model (so one trace of each step of
+  :func:`clipped_sum`) for the tests of non-finite examples, which do not change it."""
+  keras.utils.set_random_seed(4)
+  return masked_mean_history()
+
+
 def history_batch(empty=None, nan=None):
   rng = np.random.default_rng(2)
   history = rng.integers(1, VOCAB, (B, L))
@@ -191,8 +201,7 @@ def history_batch(empty=None, nan=None):
 
 @pytest.mark.parametrize("bad", [dict(empty=4), dict(nan=1)])
 def test_a_non_finite_example_adds_nothing(bad):
-  keras.utils.set_random_seed(4)
-  model = masked_mean_history()
+  model = shared_masked_mean_history()
   batch = history_batch(**bad)
   index = next(iter(bad.values()))
   whole, stats = clipped_sum(model, batch, debug_metrics=True)

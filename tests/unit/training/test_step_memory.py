@@ -32,6 +32,9 @@ def _traced_step(algorithm: str) -> tf.Graph:
             "adafest": sparse_dp.DPConfig("adafest", sigma1=1.0, sigma2=1.0, threshold=5.0,
                                           noise_seed=1)}[algorithm]
   sparse_dp.make_private(model, config, num_examples=10_000, batch_size=64)
+  # The optimizer's hyperparameter variables, made now: made by the first trace, they would
+  # have tf.function trace the step a second time (the graph is the same).
+  model.optimizer.learning_rate
   spec = (tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None, 1], tf.float32))
   return tf.function(model.train_step).get_concrete_function(spec).graph
 

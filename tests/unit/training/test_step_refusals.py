@@ -20,7 +20,11 @@ N, B, VOCAB = 256, 16, 20
 def compiled_private(budget=None):
   model = one_table_model(VOCAB, jit_compile=True)
   config = sparse_dp.DPConfig("dpsgd", noise_multiplier=0.8, epsilon_budget=budget, noise_seed=2)
-  return model, sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
+  private = sparse_dp.make_private(model, config, num_examples=N, batch_size=B)
+  # The optimizer's hyperparameter variables, made now: made by the first trace, they would
+  # have tf.function trace the step a second time (the graph is the same).
+  model.optimizer.learning_rate
+  return model, private
 
 
 def batch(rows):

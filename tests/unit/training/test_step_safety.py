@@ -1,5 +1,8 @@
 """What the DP step refuses, what it logs, and the penalties it adds after the noise."""
 
+import functools
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -46,18 +49,39 @@ def pctr_like(**dense_kwargs):
   return compiled(keras.Model(ids, keras.layers.Dense(1, name="logit")(hidden)))
 
 
-def test_logs_hold_only_dp_statistics_unless_debug():
+@functools.lru_cache(maxsize=None)
+def _traced_step(noise, debug_metrics):
+  """``step`` of ``pctr_like()`` at ``noise``, one trace for batches of any size (as a Poisson
+  batch's in ``fit``), and the names of the variables its gradients are keyed by."""
   model = pctr_like()
-  _, _, stats = step(model, batch())
+  leaves = dense_layers.trainable_leaf_layers(model)
+  spec = (tf.TensorSpec([None, L], tf.int64), tf.TensorSpec([None, 1], tf.float32))
+  traced = tf.function(lambda data: private_gradients(
+      leaves, per_example_loss_fn(model), data, noise, tf.constant([3, 4], tf.int64),
+      debug_metrics=debug_metrics), input_signature=[spec])
+  return traced, {v.ref(): v.name for v in model.trainable_variables}
+
+
+@functools.lru_cache(maxsize=None)
+def pctr_step(noise=ADAFEST, rows=B, debug_metrics=False):
+  """``step(pctr_like(), batch(rows), noise, debug_metrics)``, shared by the tests (one trace
+  per ``noise``): the gradients by variable name, the losses and statistics (read-only)."""
+  traced, names = _traced_step(noise, debug_metrics)
+  gradients, losses, stats = traced(batch(rows))
+  return (types.MappingProxyType({names[ref]: g for ref, g in gradients.items()}), losses,
+          types.MappingProxyType(stats))
+
+
+def test_logs_hold_only_dp_statistics_unless_debug():
+  _, _, stats = pctr_step()
   assert set(stats) == {"nonzero_rows", "nonzero_coordinates", "gradient_size_reduction",
                         "noisy_gradient_norm"}
-  _, _, debug = step(model, batch(), debug_metrics=True)
+  _, _, debug = pctr_step(debug_metrics=True)
   assert {"gradient_snr", "rows_dropped", "false_positive_rows"} <= set(debug)
 
 
 def test_noisy_gradient_norm_is_the_norm_of_the_update():
-  model = pctr_like()
-  gradients, _, stats = step(model, batch())
+  gradients, _, stats = pctr_step()
   total = sum(float(tf.reduce_sum(tf.square(g.values if isinstance(g, tf.IndexedSlices) else g)))
               for g in gradients.values())
   assert float(stats["noisy_gradient_norm"]) == pytest.approx(np.sqrt(total), rel=1e-5)
@@ -66,17 +90,15 @@ def test_noisy_gradient_norm_is_the_norm_of_the_update():
 def test_kernel_regularizer_is_added_after_the_noise():
   l2 = 0.3
   model = pctr_like(kernel_regularizer=keras.regularizers.L2(l2))
-  plain = pctr_like()  # same seed: same weights, no penalty
   data = batch()
-  model(data[0]), plain(data[0])
+  model(data[0])
   with_penalty = add_penalty_gradients(penalty_of(model), step(model, data)[0])
-  without = step(plain, data)[0]
+  without = pctr_step()[0]  # of pctr_like(): same seed, same weights, no penalty
   hidden = model.get_layer("hidden")
-  expected = without[plain.get_layer("hidden").kernel.ref()] + 2 * l2 * hidden.kernel
+  expected = without[hidden.kernel.name] + 2 * l2 * hidden.kernel
   np.testing.assert_allclose(with_penalty[hidden.kernel.ref()], expected, rtol=1e-5, atol=1e-6)
   logit = model.get_layer("logit").kernel
-  np.testing.assert_allclose(with_penalty[logit.ref()],
-                             without[plain.get_layer("logit").kernel.ref()], rtol=1e-6)
+  np.testing.assert_allclose(with_penalty[logit.ref()], without[logit.name], rtol=1e-6)
 
 
 def test_penalty_on_a_table_is_refused():
@@ -107,12 +129,9 @@ def test_data_dependent_losses_are_refused_by_name(layer):
 
 @pytest.mark.parametrize("noise", [ADAFEST, StepNoise(0.7, None, 1.0, 1.0, 0.0, float(B))])
 def test_an_empty_batch_gives_noise_only(noise):
-  model = pctr_like()
-  model(batch()[0])
-  x, y = batch(0)
-  gradients, losses, stats = step(model, (x, y), noise)
+  gradients, losses, stats = pctr_step(noise, rows=0)
   assert losses.shape == (0,)
-  kernel = gradients[model.get_layer("logit").kernel.ref()]
+  kernel = gradients["logit/kernel:0"]
   assert np.all(np.isfinite(kernel)) and np.any(kernel != 0)  # the noise, and nothing else
   assert np.isfinite(float(stats["noisy_gradient_norm"]))
 
