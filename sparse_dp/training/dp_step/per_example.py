@@ -306,6 +306,7 @@ def over_examples(fn, data, signature, positions=None):
   if positions is None:
     positions = tf.range(_examples(present[0]), dtype=tf.int64)
 
+  @traced_as_written  # tf.map_fn would convert it under a converted caller, fit's included
   def on_one(elements):
     *elements, position = elements
     elements = iter(elements)

@@ -5,7 +5,8 @@ function is marked. The step has no tensor-dependent Python control flow, so con
 only costs tracing time: about 16 s at the first trace in a process, for a one-table model,
 and 1 s at each later one. Marked, it runs as Keras ``fit`` runs it, with AutoGraph's status
 left as the caller set it, so Keras still converts a model's own ``call`` inside it
-(``tf.autograph.experimental.do_not_convert`` would turn that off too).
+(``tf.autograph.experimental.do_not_convert`` would turn that off too); a plain-function
+loss it calls runs unconverted, as under ``fit``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from scipy import stats
+from tensorflow.python.autograph.utils import ag_logging
 
 import sparse_dp
 from sparse_dp import keras
@@ -224,10 +225,11 @@ def _library_functions() -> set:
   return names
 
 
-def test_autograph_runs_the_step_as_written_and_converts_the_models_call(capsys):
+@pytest.mark.parametrize("ragged", [False, True])  # tf.vectorized_map; tf.map_fn
+def test_autograph_runs_the_step_as_written_and_converts_the_models_call(ragged, capsys):
   """A ``tf.function`` around ``private_gradients`` converts none of the library's step
   (``sparse_dp.training.dp_step.tracing``; 91 functions, about 16 s of tracing, when it did),
-  as ``fit`` runs it; the model's own ``call`` is still converted, as Keras does under
+  dense ids or ragged; the model's own ``call`` is still converted, as Keras does under
   ``fit``: a layer's Python condition on a tensor traces. AutoGraph logs "Not allowed" for
   each function it converts."""
 
@@ -238,8 +240,9 @@ def test_autograph_runs_the_step_as_written_and_converts_the_models_call(capsys)
       return -inputs
 
   keras.utils.set_random_seed(3)
-  ids = keras.Input(shape=(), dtype=tf.int64)
-  model = keras.Model(ids, keras.layers.Dense(1)(Sign()(Embedding(VOCAB_B, 3)(ids))))
+  ids = keras.Input(shape=(None,) if ragged else (), dtype=tf.int64, ragged=ragged)
+  table = Embedding(VOCAB_A, 3, combiner="mean" if ragged else None)
+  model = keras.Model(ids, keras.layers.Dense(1)(Sign()(table(ids))))
   leaves = dense_layers.trainable_leaf_layers(model)
   noise = StepNoise(gradient_multiplier=0.0, contribution_multiplier=None, l2_norm_clip=0.7,
                     contribution_clip=3.0, threshold=1.0, expected_batch_size=1.0)
@@ -250,11 +253,12 @@ def test_autograph_runs_the_step_as_written_and_converts_the_models_call(capsys)
   step = tf.function(lambda data: private_gradients(leaves, losses_of, data, noise,
                                                     tf.constant([1, 2], tf.int64)))
   x, y = batch()
+  verbosity, to_stdout = ag_logging.get_verbosity(), ag_logging.echo_log_to_stdout
   tf.autograph.set_verbosity(2, alsologtostdout=True)
   try:
-    _, losses, _ = step((x["b"], y))
+    _, losses, _ = step((x["a"] if ragged else x["b"], y))
   finally:
-    tf.autograph.set_verbosity(0, alsologtostdout=False)
+    tf.autograph.set_verbosity(verbosity, alsologtostdout=to_stdout)
   log = capsys.readouterr().out
   assert losses.shape == (12,)
   # Marked ("Permanently allowed"), or found so by an earlier test of the process ("Allowlisted").

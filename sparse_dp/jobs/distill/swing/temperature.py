@@ -5,14 +5,14 @@ arXiv:2212.08349, 2022) change two things in Hinton's KD, here on next-item pred
 
 * dynamic temperature (Eqs. 5-6, Eq. 5 rebuilt from the paper's prose):
   ``tau_t = T + beta / d_t``, ``d_t >= 1`` the distance to the closest clue item
-  (``tau_t = T`` without one), and ``q_{t,i} = softmax(z_t / tau_t)_i``;
+  (``tau_t = T`` without one; clue items: :mod:`~sparse_dp.jobs.distill.swing.swing_data`),
+  and ``q_{t,i} = softmax(z_t / tau_t)_i``;
 * soft target protection (Eq. 8): ``Lap(0, b)`` on the top-K targets only (K = 3), the scale
   ``b`` taken as it is (see :data:`NO_EPSILON_REASON`), then clipped at 0 and renormalised;
 * the loss (Eqs. 10-11): ``L = alpha L_SD + (1 - alpha) CE(y, softmax(z_s))``, ``L_SD`` the
   cross-entropy of the protected targets and ``softmax(z_s / T)``, no ``T**2`` factor.
 
-Plain KD is the same code with ``beta = 0`` and ``b = 0``. See docs/commands/distill.md
-("Swing's formulas, as rebuilt here").
+Plain KD: ``beta = 0`` and ``b = 0``. See docs/commands/distill.md ("Swing's formulas").
 """
 
 from __future__ import annotations
