@@ -10,8 +10,8 @@ from sparse_dp.layers import embedding_backends
 from sparse_dp.training.checks.validation import ModelValidationError
 from sparse_dp.training.poisson import padded_batches
 
+from support.gaussian_composition import poisson_gaussians_epsilon
 from support.keras_models import N, functional_model, synthetic_data
-from support.poisson_composition import poisson_gaussians_epsilon
 
 SIGMA, BATCH = 1.0, 256  # q = 1/16: 16 steps per epoch
 

@@ -16,8 +16,8 @@ from sparse_dp.training.poisson.poisson_sampling import (
   poisson_passes,
 )
 
+from support.gaussian_composition import poisson_gaussians_epsilon
 from support.keras_models import VOCAB, N, functional_model, synthetic_data
-from support.poisson_composition import poisson_gaussians_epsilon
 from support.stacks import ALPHA
 
 SIGMA = 1.0
