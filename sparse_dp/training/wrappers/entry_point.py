@@ -189,6 +189,7 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
           per_example_input_ids(input_ids or functional_input_ids(model, tables), tables)))
   else:
     training.track_weights()
+  training.create_optimizer_weights()  # a custom loop's step is then traced once, as fit's
   fit_wrappers.install(training)
   fit_wrappers.unnest_tpu_step(model)
   model.train_function = None

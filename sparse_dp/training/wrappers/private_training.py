@@ -271,8 +271,9 @@ class PrivateTraining(PoissonInputs):
 
     The slots are those of the variables the DP step updates through the optimizer
     (:func:`sparse_dp.optimizers.create_weights`). Made in the first trace, they would
-    make ``fit`` trace its step twice. A model not built yet gets none here: its first
-    trace makes them.
+    make ``fit``, or a custom loop's ``tf.function`` around ``train_step``, trace its step
+    twice. ``make_private`` calls it, and ``fit`` again (a recompiled optimizer). A model
+    not built yet gets none here: its first trace makes them.
     """
     if self.model.built:
       with self.model.distribute_strategy.scope():

@@ -72,6 +72,9 @@ def test_train_step_and_make_train_function_called_directly_are_dp_steps():
   for _ in range(2):
     step(batch())
   assert int(private.steps_taken.numpy()) == 2
+  # make_private made the optimizer's slots: the first trace makes no variable, so the
+  # step is traced once (a trace that makes variables is traced again).
+  assert step.experimental_get_tracing_count() == 1
   once = private.epsilon()
   assert once > 0 and not private.poisson_sampling  # its own batches: not Poisson
   train = model.make_train_function()
