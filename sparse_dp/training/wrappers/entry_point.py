@@ -189,7 +189,10 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
           per_example_input_ids(input_ids or functional_input_ids(model, tables), tables)))
   else:
     training.track_weights()
-  training.create_optimizer_weights()  # a custom loop's step is then traced once, as fit's
+  if choice.name != "tpu" and not any(table.table_placement == "host" for table in tables):
+    # A custom loop's step is then traced once, as fit's. The tables of the V1 engine's loop
+    # (TPUTrainer; host tables are its) get its slots, not Keras's: the loop makes the rest.
+    training.create_optimizer_weights()
   fit_wrappers.install(training)
   fit_wrappers.unnest_tpu_step(model)
   model.train_function = None
