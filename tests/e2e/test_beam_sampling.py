@@ -172,10 +172,12 @@ def test_a_changed_shard_stops_training_in_one_line(tmp_path, capsys, small_samp
 
 @pytest.mark.slow
 @one_stack("tf2.15")
-def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
+def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path, capsys,
+                                                     monkeypatch):
   """``train --reader batches --strategy multi-worker`` on two localhost workers: each step's
   batch is split between them, the chief alone claims the steps, and the model is the one
-  a single process trains on the same batches (a fresh copy of the sample)."""
+  a single process trains on the same batches (a fresh copy of the sample): this one, while
+  the workers run (no third TensorFlow start)."""
   import tensorflow as tf
 
   from sparse_dp.jobs.sample import step_claims
@@ -196,23 +198,24 @@ def test_two_workers_train_on_a_sample_as_one_process(small_sample, tmp_path):
   environments = [dict(os.environ, TF_CONFIG=json.dumps(
       {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}))
                   for index in range(2)]
-  environments.append({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
-  commands = [cluster, cluster, train(tmp_path / "alone_sample", tmp_path / "alone", "default")]
-  processes = [subprocess.Popen([sys.executable, "-m", "sparse_dp", *argv], text=True,
+  processes = [subprocess.Popen([sys.executable, "-m", "sparse_dp", *cluster], text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 # Outside the checkout: its sparse_dp/ has no models/
                                 # (installed as sparse_dp.models) and would shadow the package.
                                 cwd=tmp_path, env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
-               for argv, env in zip(commands, environments)]
+               for env in environments]
   try:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    capsys.readouterr()
+    assert main(train(tmp_path / "alone_sample", tmp_path / "alone", "default")) == 0
+    alone = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for process in processes:
-      out, err = process.communicate(timeout=600)
+      _, err = process.communicate(timeout=600)
       assert process.returncode == 0, err[-3000:]
   finally:
     for process in processes:
       if process.poll() is None:
         process.kill()
-  alone = json.loads(out.strip().splitlines()[-1])
   runs = [tmp_path / "cluster", tmp_path / "cluster" / "workers" / "worker_1"]
   # q = 20 / 1,000: 3 steps; each counted once, claimed once (by the chief).
   assert [(c.first, c.end)

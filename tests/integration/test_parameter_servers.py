@@ -15,7 +15,6 @@ from support.stacks import one_stack
 pytestmark = [pytest.mark.slow, one_stack("tf2.15")]
 
 SCRIPT = support.FOLDER / "ps_steps.py"
-REPLICAS_SCRIPT = support.FOLDER / "ps_replicas.py"
 
 
 def printed_json(script: pathlib.Path) -> dict:
@@ -27,9 +26,16 @@ def printed_json(script: pathlib.Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-  """``ps_steps.py``'s JSON: one in-process cluster (2 PS, 2 workers) for the module."""
+def printed():
+  """``ps_steps.py``'s JSON: one fresh process for the module, which runs ``ps_replicas.py``'s
+  replicas, then one in-process cluster (2 PS, 2 workers)."""
   return printed_json(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def cluster(printed):
+  """The cluster's results."""
+  return printed
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "dpsgd-chunks", "adafest", "adafest-rowwise"])
@@ -84,9 +90,9 @@ def test_keras_fit_is_refused_naming_the_fix(cluster):
 
 
 @pytest.fixture(scope="module")
-def replicas():
-  """``ps_replicas.py``'s JSON: every algorithm on one device and on two mirrored replicas."""
-  return printed_json(REPLICAS_SCRIPT)
+def replicas(printed):
+  """``ps_replicas.py``'s results: every algorithm on one device and on two mirrored replicas."""
+  return printed["replicas"]
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "fest", "adafest", "adafest+"])

@@ -1,7 +1,8 @@
 """Trains a few DP steps on one device and on two mirrored replicas; prints the weights.
 
 Run as a script: logical CPU devices must be configured before TensorFlow
-starts, so ``test_distribute.py`` runs this in a fresh process.
+starts, so ``test_distribute.py`` runs this in a fresh process, once for all its
+configurations (a JSON list in ``argv[1]``): one TensorFlow start, one strategy of each kind.
 """
 
 import json
@@ -20,12 +21,13 @@ from sparse_dp.mechanisms.noise import dense_noise  # noqa: E402
 from sparse_dp.optimizers import RowwiseAdagrad  # noqa: E402
 
 VOCAB, BATCH = 200, 64
+SINGLE_DRAW = dense_noise.CHUNK_ROWS  # the default: a configuration's "chunk_rows" is its own
 
 
 def train(strategy, config):
   config = dict(config)
   optimizer = config.pop("optimizer", None)
-  dense_noise.CHUNK_ROWS = config.pop("chunk_rows", dense_noise.CHUNK_ROWS)
+  dense_noise.CHUNK_ROWS = config.pop("chunk_rows", SINGLE_DRAW)
   rng = np.random.default_rng(0)
   ids = (rng.zipf(1.5, BATCH * 3) % VOCAB).astype("int64")
   labels = rng.integers(0, 2, (BATCH * 3, 1)).astype("float32")
@@ -43,7 +45,11 @@ def train(strategy, config):
 
 
 if __name__ == "__main__":
-  config = json.loads(sys.argv[1])
-  one = train(tf.distribute.OneDeviceStrategy("/cpu:0"), config)
-  two = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), config)
-  print(json.dumps({"one": one, "two": two}))
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  # One strategy for all: a second one in this process would number its collectives anew.
+  two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  results = []
+  for config in json.loads(sys.argv[1]):
+    print("training", config, file=sys.stderr, flush=True)
+    results.append({"one": train(one, config), "two": train(two, config)})
+  print(json.dumps(results))

@@ -4,10 +4,11 @@ Each algorithm trains a few DP steps on the cluster with no ``noise_seed``
 (each worker draws its own, ``make_private`` must share worker 0's) on the
 run's Poisson batches (each global batch split across the workers), each
 worker with its own TensorFlow global seed (which the batches must not depend
-on). Worker 0 then trains the same model in this process alone, with that
-seed, hence the same global batches. Last, worker 1 makes one Poisson dataset
-more than worker 0 before both fit: ``fit`` must refuse on both; and both
-must refuse Poisson batches whose auto-shard policy was set to ``OFF``.
+on). Then worker 1 makes one Poisson dataset more than worker 0 before both
+fit: ``fit`` must refuse on both; and both must refuse Poisson batches whose
+auto-shard policy was set to ``OFF``. Last, each worker trains one
+algorithm's model in its process alone (worker 0 DP-SGD, worker 1 DP-AdaFEST,
+side by side), with the seed the cluster shared, hence the same global batches.
 Prints the results as one JSON line.
 """
 
@@ -57,13 +58,8 @@ def train(strategy, config, noise_seed, global_seed):
 def main():
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   worker = strategy.cluster_resolver.task_id
-  results = {}
-  for name, config in CONFIGS.items():
-    cluster = train(strategy, config, None, global_seed=1 + worker)
-    results[name] = {"cluster": cluster}
-    if worker == 0:
-      results[name]["alone"] = train(tf.distribute.OneDeviceStrategy("/cpu:0"), config,
-                                     cluster["seed"], global_seed=3)
+  results = {name: {"cluster": train(strategy, config, None, global_seed=1 + worker)}
+             for name, config in CONFIGS.items()}
   model, private = private_model(strategy, CONFIGS["dpsgd"], None)
   ids, labels = data()
   if worker == 1:
@@ -82,6 +78,10 @@ def main():
     results["unsliced"] = {"steps": private.accountant.steps}
   except ValueError as error:
     results["unsliced"] = {"refused": str(error), "steps": private.accountant.steps}
+  # The cluster's work is done: each worker trains one reference alone, both at once.
+  name = list(CONFIGS)[worker]
+  results[name]["alone"] = train(tf.distribute.OneDeviceStrategy("/cpu:0"), CONFIGS[name],
+                                 results[name]["cluster"]["seed"], global_seed=3)
   print(json.dumps(results))
 
 

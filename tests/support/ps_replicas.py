@@ -1,6 +1,7 @@
 """ParameterServerTraining on one device and on two mirrored replicas; prints JSON.
 
-Run as a script: logical CPU devices must be configured before TensorFlow
+Run as a script, or imported first by ``ps_steps.py`` (which runs :func:`replica_results`
+before it starts its cluster): logical CPU devices must be configured before TensorFlow
 starts, so ``test_parameter_servers.py`` runs this in a fresh process.
 """
 
@@ -41,27 +42,27 @@ def trainer(strategy, algorithm, resume_from=None):
 
 
 def train(strategy, algorithm):
+  """``STEPS`` steps: the results, and the trainer (restarted and writes_after_count read it)."""
   training = trainer(strategy, algorithm)
   logs = training.fit(steps=STEPS)
   return {"weights": [w.numpy().tolist() for w in training.model.trainable_weights],
-          "counted": training.private.accountant.steps, "logs": logs}
+          "counted": training.private.accountant.steps, "logs": logs}, training
 
 
-def restarted(strategy, folder):
-  """The keys of two steps, then of two more by a new model restored from the first's
-  checkpoint (the same noise seed, as ``--noise-seed`` after a restart)."""
-  first = trainer(strategy, "dpsgd")
-  keys = first.fit(steps=STEPS)["keys"]
+def restarted(strategy, first, keys, folder):
+  """The ``keys`` of ``first``'s two steps (dpsgd on ``strategy``, from a fresh model), then
+  of two more by a new model restored from its checkpoint (the same noise seed, as
+  ``--noise-seed`` after a restart)."""
   first.model.save_weights(os.path.join(folder, "weights"))
   second = trainer(strategy, "dpsgd", resume_from=os.path.join(folder, "weights"))
   second.model.load_weights(os.path.join(folder, "weights"))
   return {"first": keys, "restored": second.fit(steps=STEPS)["keys"]}
 
 
-def writes_after_count(strategy, algorithm):
-  """In the step's graph: the ops that write a trained weight (every replica's copy),
-  and how many of them have an op that counts the step (writes ``steps_taken``) before them."""
-  training = trainer(strategy, algorithm)
+def writes_after_count(strategy, training):
+  """In the graph of ``training``'s step (the one its fit ran): the ops that write a trained
+  weight (every replica's copy), and how many of them have an op that counts the step (writes
+  ``steps_taken``) before them."""
   graph = training._step.get_concrete_function().graph
   inside = {id(outer): inner for outer, inner in graph.captures}
 
@@ -80,15 +81,23 @@ def writes_after_count(strategy, algorithm):
   return {"writes": len(writes), "after_count": sum(bool(counts & ancestors(op)) for op in writes)}
 
 
-if __name__ == "__main__":
+def replica_results() -> dict:
+  """Every algorithm on one device and on two mirrored replicas, a restart, the steps' order."""
   one = tf.distribute.OneDeviceStrategy("/cpu:0")
   # One strategy for all: a second one in this process would number its collectives anew.
   two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  results = {}
+  results, trainers = {}, {}
   for name in CONFIGS:
     print("training", name, file=sys.stderr, flush=True)
-    results[name] = {"one": train(one, name), "two": train(two, name)}
-  results["restarted"] = restarted(one, tempfile.mkdtemp())
-  # After the training above: tracing numbers the strategy's collectives too.
-  results["ordered"] = {name: writes_after_count(two, name) for name in ("dpsgd", "adafest")}
-  print(json.dumps(results))
+    (alone, trainers[name, 1]), (split, trainers[name, 2]) = train(one, name), train(two, name)
+    results[name] = {"one": alone, "two": split}
+  # The steps checked are the ones trained above: no model or trace more.
+  keys = results["dpsgd"]["one"]["logs"]["keys"]
+  results["restarted"] = restarted(one, trainers["dpsgd", 1], keys, tempfile.mkdtemp())
+  results["ordered"] = {name: writes_after_count(two, trainers[name, 2])
+                        for name in ("dpsgd", "adafest")}
+  return results
+
+
+if __name__ == "__main__":
+  print(json.dumps(replica_results()))

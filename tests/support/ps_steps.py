@@ -1,5 +1,7 @@
 """DP steps on an in-process parameter-server cluster (2 PS, 2 workers); prints JSON.
 
+Its ``"replicas"`` are ``ps_replicas.py``'s results, run first in this process.
+
 Run as a script: the cluster connects this process's eager context to it, so
 ``test_parameter_servers.py`` runs it in a fresh process.
 """
@@ -10,6 +12,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+from ps_replicas import replica_results  # first: it gives this process two logical CPUs
 
 import sparse_dp
 from sparse_dp import keras
@@ -109,8 +112,11 @@ def lost_after_update(strategy, steps=4, lost_key=1):
 
 
 def main():
+  # ps_replicas.py's mirrored replicas, before the cluster connects this process to it: one
+  # TensorFlow start for both.
+  replicas = replica_results()
   strategy = local_cluster.parameter_server_strategy(table_shards=2, min_shard_bytes=1024)
-  results = {}
+  results = {"replicas": replicas}
   single_draw = dense_noise.CHUNK_ROWS
   for name, config in CONFIGS.items():
     print("training", name, file=sys.stderr, flush=True)
