@@ -18,6 +18,7 @@ from sparse_dp.training.dp_step.losses import per_example_loss_fn
 from sparse_dp.training.dp_step.step import StepNoise, private_gradients
 
 from support.keras_models import N, synthetic_data
+from support.stacks import one_stack
 from support.tiers import first_case_fast
 
 VOCAB, B = 50, 12
@@ -80,9 +81,10 @@ def trained(policy: str, algorithm: str):
 
 
 @pytest.mark.slow  # the properties it rests on are the fast tests below
-@pytest.mark.parametrize("policy, algorithm", [
-    ("mixed_bfloat16", "dpsgd"), ("mixed_bfloat16", "adafest"),
-    ("mixed_float16", "adafest"), ("mixed_float16", "dpsgd")])
+@pytest.mark.parametrize("policy, algorithm", [  # an algorithm's cases on one stack: one
+    pytest.param(policy, algorithm, marks=one_stack(stack))  # float32 fit (trained) serves both
+    for algorithm, stack in (("dpsgd", "tf2.21"), ("adafest", "tf2.15"))
+    for policy in ("mixed_bfloat16", "mixed_float16")])
 def test_a_mixed_precision_fit_compiles_and_stays_close_to_the_float32_fit(policy, algorithm):
   # Same seed: the same noise and (DP-AdaFEST) the same selected rows, drawn in
   # float32; only the clipped per-example gradients differ, by 16-bit rounding
@@ -207,7 +209,8 @@ def per_example_norms(model) -> np.ndarray:
   return np.array(norms)
 
 
-@pytest.mark.parametrize("microbatch_size", [None, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("microbatch_size", [  # 5: the loss scale test's [5] compiled step
+    None, pytest.param(5, marks=[pytest.mark.slow, one_stack("tf2.15")])])
 def test_a_float16_overflow_zeroes_its_example_as_any_non_finite_example(microbatch_size):
   # S = 2^20: dl/dz ~ 0.5 S overflows float16 (largest 65504) in every example;
   # each is zeroed before clipping and counted; the update is finite (the noise).

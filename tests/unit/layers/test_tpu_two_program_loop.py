@@ -8,6 +8,7 @@ loop give the CPU backend's tables through ``fit`` on the same batches within
 ``2e-5`` (lazy Adam, as in ``test_tpu_embedding_live.py``; other float order).
 """
 
+import functools
 import json
 import subprocess
 import sys
@@ -45,13 +46,35 @@ def _private(embedding="cpu", table_placement="default_device", **config):
                                        num_examples=N, batch_size=128, embedding=embedding)
 
 
-def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_the_caveat(
-    tmp_path):
+def _fixed_batches():
   ids, labels = synthetic_data()
-  fixed = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
+  return tf.data.Dataset.from_tensor_slices((ids, labels)).batch(128).take(3)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_replica_loop():
+  """The loop's 3 steps on :func:`_fixed_batches`, one replica, the table on the host.
+
+  Returns:
+    ``(model, private, trainer, history, result)``: the live objects, which only
+    ``test_loop_steps_equal_fit_...`` reads; and ``result``, the run as it ended (copies: the
+    weights, the steps, each step's ``nonzero_rows`` and the API calls), for the two-replica
+    test to compare with.
+  """
   looped, private = _private(table_placement="host")  # as the loop keeps tables on a TPU
   trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
-  history = trainer.fit(fixed)
+  history = trainer.fit(_fixed_batches())
+  result = {"weights": tuple(w.numpy() for w in looped.trainable_weights),
+            "steps": private.accountant.steps,
+            "nonzero_rows": [step["nonzero_rows"] for step in history],
+            "calls": [list(call) for call in trainer.engine.api.calls]}
+  return looped, private, trainer, history, result
+
+
+def test_loop_steps_equal_fit_on_the_cpu_backend_and_a_fixed_batch_input_gets_the_caveat(
+    tmp_path):
+  fixed = _fixed_batches()
+  looped, private, trainer, history, _ = _one_replica_loop()
   reference, _ = _private()
   reference.fit(fixed, verbose=0)
   for a, b in zip(looped.trainable_weights, reference.trainable_weights):
@@ -103,14 +126,25 @@ def test_on_a_tpu_the_loop_refuses_tables_in_hbm_and_fit_refuses_host_tables(mon
   TPUTrainer(_private("auto", table_placement="host")[1], api_factory=TPUEmbeddingAPIDouble)
 
 
-def test_poisson_steps_are_accounted_and_the_loop_stops_at_the_step_limit():
-  """The limit is the one an epsilon budget sets (``max_steps_within_budget``)."""
+def test_auto_on_v1_keeps_the_tables_in_the_engine_refuses_fit_and_the_loop_counts_poisson_steps(
+    monkeypatch):
+  """The V1 hardware is a double of ``tpu_hardware_feature.embedding_feature`` (no TPU here).
+  The loop stops after ``steps`` and at the step limit, the one an epsilon budget sets
+  (``max_steps_within_budget``)."""
   ids, labels = synthetic_data()
-  _, private = _private()
-  private.step_limit.assign(2)
+  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
+  model, private = _private("auto")
+  assert private.embedding_choice.name == "tpu"
+  batches = private.poisson_dataset(ids, labels, epochs=0.2)  # 6 batches
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.fit(batches, verbose=0)
+  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
+    model.train_on_batch(ids[:128], labels[:128])
   trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
+  assert len(trainer.fit(batches, steps=1)) == 1 == private.accountant.steps
+  private.step_limit.assign(2)
   history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.2))  # 6 batches
-  assert len(history) == 2 and private.accountant.steps == 2 and private.poisson_sampling
+  assert len(history) == 1 and private.accountant.steps == 2 and private.poisson_sampling
   epsilon = private.epsilon()
   assert private.epsilon_text(epsilon) == f"{epsilon:.4g}"  # no caveat
   assert trainer.engine.api.calls == STEP * 2
@@ -128,22 +162,6 @@ def test_the_real_engine_is_refused_off_tpu_naming_the_alternatives():
   _, private = _private()
   with pytest.raises(ValueError, match="no TPU strategy: use 'cpu' .or 'engine-double'"):
     TPUTrainer(private)  # the real TPUEmbedding: a TPU with the V1 engine only
-
-
-@pytest.mark.slow
-def test_auto_on_v1_hardware_keeps_the_tables_in_the_engine_and_refuses_fit(monkeypatch):
-  """The V1 hardware is a double of ``tpu_hardware_feature.embedding_feature`` (no TPU here)."""
-  ids, labels = synthetic_data()
-  monkeypatch.setattr(hardware, "embedding_feature", lambda strategy: EmbeddingFeature.V1)
-  model, private = _private("auto")
-  assert private.embedding_choice.name == "tpu"
-  batches = private.poisson_dataset(ids, labels, epochs=0.1)
-  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
-    model.fit(batches, verbose=0)
-  with pytest.raises(RuntimeError, match="DP steps only in .*TPUTrainer"):
-    model.train_on_batch(ids[:128], labels[:128])
-  history = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble).fit(batches, steps=2)
-  assert len(history) == 2 == private.accountant.steps
 
 
 @pytest.mark.slow
@@ -250,17 +268,18 @@ def test_two_replicas_give_the_one_replica_steps_and_fits_tables():
   clipped share (noise on replica 0 only) and the API double sums the cores' gradients into
   the rows: the tables are one replica's and those of ``fit`` on the two replicas. Noise
   added on both replicas, or each core's share applied as an optimizer step of its own,
-  would move the weights apart."""
+  would move the weights apart. The one-replica run is this process's (the subprocess's two
+  runs take the same 3 batches), shared with the first test."""
   script = support.FOLDER / "mirrored_tpu_loop.py"
   done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
-  one, two, fit_two = result["one"], result["two"], result["fit_two"]
-  assert one["steps"] == two["steps"] == fit_two["steps"] == 2  # each step counted once
+  one, two, fit_two = _one_replica_loop()[-1], result["two"], result["fit_two"]  # one: here
+  assert one["steps"] == two["steps"] == fit_two["steps"] == 3  # each step counted once
   assert two["nonzero_rows"] == one["nonzero_rows"]  # one selection, the whole batch's
-  assert one["calls"] == [list(call) for call in STEP * 2]
-  assert two["calls"] == [list(call) for call in STEP for _ in range(2)] * 2  # per core
+  assert one["calls"] == [list(call) for call in STEP * 3]
+  assert two["calls"] == [list(call) for call in STEP for _ in range(2)] * 3  # per core
   # The two-replica run's host table: one variable, on the host CPU; fit's is mirrored.
   assert two["table"]["copies"] == 1 and two["table"]["device"].endswith("/device:CPU:0")
   assert fit_two["table"]["copies"] == 2
