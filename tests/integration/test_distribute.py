@@ -31,7 +31,8 @@ def trained(request):
   fresh process (TensorFlow started once, not once a configuration)."""
   wanted = sorted({CONFIGS.index(item.callspec.params["config"])
                    for item in request.session.items if item.module is request.module
-                   and not any(mark.args[0] is True for mark in item.iter_markers("skipif"))})
+                   and not any((mark.args or (mark.kwargs.get("condition"),))[0] is True
+                           for mark in item.iter_markers("skipif"))})
   done = subprocess.run([sys.executable, str(SCRIPT), json.dumps([CONFIGS[i] for i in wanted])],
                         capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]

@@ -189,9 +189,12 @@ def make_private(model: keras.Model, config: DPConfig, *, num_examples: int,
           per_example_input_ids(input_ids or functional_input_ids(model, tables), tables)))
   else:
     training.track_weights()
-  if choice.name != "tpu" and not any(table.table_placement == "host" for table in tables):
-    # A custom loop's step is then traced once, as fit's. The tables of the V1 engine's loop
-    # (TPUTrainer; host tables are its) get its slots, not Keras's: the loop makes the rest.
+  engine_loop = choice.name == "tpu" or (  # TPUTrainer, V1's loop: host tables are its
+      isinstance(training.embedding_backend, embedding_backends.CpuBackend)
+      and any(table.table_placement == "host" for table in tables))
+  if not engine_loop:
+    # A custom loop's step is then traced once, as fit's. The V1 engine's loop keeps its
+    # tables' slots (Keras's would double their memory) and makes the others' itself.
     training.create_optimizer_weights()
   fit_wrappers.install(training)
   fit_wrappers.unnest_tpu_step(model)

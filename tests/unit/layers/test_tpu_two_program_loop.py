@@ -142,6 +142,12 @@ def test_auto_on_v1_keeps_the_tables_in_the_engine_refuses_fit_and_the_loop_coun
     model.train_on_batch(ids[:128], labels[:128])
   trainer = TPUTrainer(private, api_factory=TPUEmbeddingAPIDouble)
   assert len(trainer.fit(batches, steps=1)) == 1 == private.accountant.steps
+  # The engine keeps the table's Adam slots: Keras's optimizer made none for it.
+  table = model.get_layer("ids").embeddings
+  assert set(model.optimizer.get_slot_names()) == {"m", "v"}
+  for name in model.optimizer.get_slot_names():
+    with pytest.raises(KeyError):
+      model.optimizer.get_slot(table, name)
   private.step_limit.assign(2)
   history = trainer.fit(private.poisson_dataset(ids, labels, epochs=0.2))  # 6 batches
   assert len(history) == 1 and private.accountant.steps == 2 and private.poisson_sampling
