@@ -215,7 +215,7 @@ def test_train_reports_bad_lines_or_skips_and_counts_them(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@one_stack("tf2.21")
+@one_stack("tf2.15")  # CI's tf2.21 stack is the longer
 def test_tfdata_reader_streams_training_files_and_evaluates_on_others(tmp_path, capsys):
   synthetic = SyntheticCriteo(scale=0.01, seed=5)
   train_days = [synthetic.write_day(tmp_path / f"day_{d}.gz", d, 1200) for d in (1, 2)]
